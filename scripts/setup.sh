@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what Weir needs on a fresh Debian machine, idempotently:
+# redis-server (and mosquitto, the peer broker of `weir bench --vs`) from
+# Debian when missing, then a virtualenv in .venv from requirements.lock.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]} from Debian" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  # Debian starts these as services where systemd runs; Weir starts its own.
+  $SUDO service mosquitto stop >/dev/null 2>&1 || true
+  $SUDO service redis-server stop >/dev/null 2>&1 || true
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+if [ ! -f .venv/.installed ] || [ requirements.lock -nt .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
+  .venv/bin/python -m pip install -q --upgrade pip uv
+  .venv/bin/uv pip install -q --python .venv/bin/python -r requirements.lock
+  .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
+  touch .venv/.installed
+fi

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# One command: install what is needed, then run the whole test suite
+# (fixtures start their own redis-server and embedded Kafka on free ports).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/mypy
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,7 @@
+"""The event catalogue (being built: issue 4)."""
+
+from __future__ import annotations
+
+
+class Event:
+    pass

@@ -1,0 +1,130 @@
+"""What a channel asks its node to do: small frozen values, no behaviour.
+
+Theory of operation: the node feeds a `Channel` decoded packets, timer
+firings and the results of work it did for the channel; every call returns a
+list of actions that the node carries out in order. The node answers the
+actions that need an answer through the channel's explicit methods:
+
+- `OpenSession`  -> `channel.session_opened(...)` (CONNACK follows)
+- `Route` with a token -> `channel.routed(token, ok)` (PUBACK / PUBREC follow)
+- `SubscribeRequest` -> `channel.subscribed(packet_id, codes)` (SUBACK)
+- `UnsubscribeRequest` -> `channel.unsubscribed(packet_id, codes)` (UNSUBACK)
+
+Everything else is fire-and-forget for the node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.mqtt.packets import Connect, Message, Packet, Subscription, Will
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Encode and write this packet to the connection."""
+
+    packet: Packet
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close the connection after writing everything sent before.
+
+    `will` is the will message to publish (after `will_delay_s`, cancelled if
+    the session resumes first), or None when the close is normal or the will
+    was already dealt with. `reason` is for logs and the disconnected event.
+    """
+
+    reason: str
+    will: Will | None = None
+    will_delay_s: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSession:
+    """CONNECT was valid: claim the session for `client_id` (maybe assigned).
+
+    `session_expiry_s`: 0 for a clean session that ends with the connection,
+    0xFFFFFFFF for never; a 3.1.1 clean_session=0 maps to never.
+    """
+
+    connect: Connect
+    client_id: str
+    clean_start: bool
+    session_expiry_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Route an application message published by this client.
+
+    When `token` is not None the node must call `channel.routed(token, ok)`
+    once every durable enqueue is confirmed (ok=True) or has failed. For an
+    incoming QoS 2 message, `qos2_packet_id` must be stored as awaiting
+    PUBREL in the same durable step.
+    """
+
+    message: Message
+    token: int | None = None
+    qos2_packet_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeRequest:
+    packet_id: int
+    subscriptions: tuple[Subscription, ...]
+    subscription_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UnsubscribeRequest:
+    packet_id: int
+    topic_filters: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """The client finished an outgoing message: PUBACK (QoS 1) or PUBCOMP (QoS 2)."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """The client sent PUBREC for an outgoing QoS 2 message (now awaiting PUBCOMP)."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """The client sent PUBREL: forget the incoming QoS 2 packet id."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartTimer:
+    name: str
+    delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    name: str
+
+
+Action = (
+    Send
+    | Close
+    | OpenSession
+    | Route
+    | SubscribeRequest
+    | UnsubscribeRequest
+    | Acked
+    | Received
+    | Released
+    | StartTimer
+    | CancelTimer
+)

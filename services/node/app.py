@@ -1,0 +1,11 @@
+"""Composition root and `weir up` (being built: issue 2)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str]) -> int:
+    print("weir up: the node is not built yet", file=sys.stderr)
+    return 1

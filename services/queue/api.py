@@ -8,13 +8,14 @@ already adjusted per subscription).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from services.mqtt.packets import Message
 
 DEFAULT_QUEUE_LIMIT = 1000  # messages per client, as Mosquitto's max_queued_messages
+MAX_PACKET_ID = 65535  # packet ids run 1..65535, then wrap (MQTT 2.2.1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,17 @@ class EnqueueResult:
     dropped: int  # dropped by the overflow policy (QoS 0 first, then oldest)
 
 
+@dataclass(frozen=True, slots=True)
+class TakeResult:
+    """What `enqueue_and_take` did: the enqueue counts, plus per taking client
+    the messages moved into its inflight window (as `take` returns them)."""
+
+    accepted: int
+    dropped: int
+    taken: dict[str, list[Inflight]]
+    fenced: frozenset[str]  # takers whose epoch was stale: enqueued, nothing taken
+
+
 class QueueStore(Protocol):
     async def enqueue(self, items: Sequence[tuple[str, Message]]) -> EnqueueResult:
         """Append each message to its client's queue, durably, in order.
@@ -40,7 +52,17 @@ class QueueStore(Protocol):
     async def take(self, client_id: str, epoch: int, window: int) -> list[Inflight]:
         """Move messages from the queue into the inflight window until it
         holds `window` entries, assigning packet ids; returns the new ones.
-        QoS 0 messages are returned and removed (never held inflight)."""
+        QoS 0 messages are returned and removed (never held inflight), with
+        packet_id 0. Messages past `expires_at_ms` are removed, not returned."""
+        ...
+
+    async def enqueue_and_take(
+        self, items: Sequence[tuple[str, Message]], takers: Mapping[str, tuple[int, int]]
+    ) -> TakeResult:
+        """`enqueue(items)`, then `take(client, epoch, window)` for every
+        `takers[client] = (epoch, window)` (the online local subscribers),
+        in one round trip. A stale taker epoch does not fail the batch: the
+        client is listed in `fenced` and gets nothing taken."""
         ...
 
     async def pending(self, client_id: str, epoch: int) -> list[Inflight]:
@@ -49,6 +71,16 @@ class QueueStore(Protocol):
 
     async def ack(self, client_id: str, epoch: int, packet_id: int) -> bool:
         """PUBACK / PUBCOMP: drop from inflight. False if unknown."""
+        ...
+
+    async def ack_many(self, client_id: str, epoch: int, packet_ids: Sequence[int]) -> int:
+        """`ack` for several ids in one round trip; returns how many were known."""
+        ...
+
+    async def ack_and_take(
+        self, client_id: str, epoch: int, packet_ids: Sequence[int], window: int
+    ) -> list[Inflight]:
+        """`ack_many`, then `take`, in one round trip."""
         ...
 
     async def received(self, client_id: str, epoch: int, packet_id: int) -> bool:
@@ -72,4 +104,7 @@ class QueueStore(Protocol):
 
     async def discard(self, client_id: str) -> None:
         """Forget every message and id of this client (session ended)."""
+        ...
+
+    async def close(self) -> None:
         ...

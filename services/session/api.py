@@ -58,8 +58,18 @@ class SessionStore(Protocol):
         ...
 
     async def next_version(self, client_id: str, epoch: int) -> int:
-        """The next per-client event version, after checking the epoch."""
+        """The next per-client event version, after checking the epoch.
+        Epochs and versions only grow, even across a discarded and recreated
+        session (they are hybrid logical clocks: max(last + 1, now in us))."""
+        ...
+
+    async def next_topic_version(self, topic: str) -> int:
+        """The next event version of a retained topic (no epoch: any node may
+        set or clear a retained message)."""
         ...
 
     async def get(self, client_id: str) -> SessionInfo | None:
+        ...
+
+    async def close(self) -> None:
         ...

@@ -1,0 +1,175 @@
+"""Per-client message state in one process's memory, with the Redis store's semantics.
+
+The state hangs off the client's `services.session.memory.ClientRecord`, so
+fencing, clean start and expiry act on it exactly as on the Redis keys that
+share the client's hash tag. Messages for a client without a session are
+ignored by `enqueue` (neither accepted nor dropped): there is nobody to
+deliver them to, and storing them would leak.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from services.mqtt.packets import Message
+from services.queue.api import (
+    DEFAULT_QUEUE_LIMIT,
+    MAX_PACKET_ID,
+    EnqueueResult,
+    Inflight,
+    TakeResult,
+)
+from services.session.api import Fenced
+from services.session.memory import ClientRecord, MemorySessionStore
+
+
+@dataclass(slots=True)
+class _Entry:
+    message: Message
+    released: bool = False
+
+
+@dataclass(slots=True)
+class _State:
+    queue: dict[int, Message] = field(default_factory=dict)  # seq -> message, oldest first
+    qos0: deque[int] = field(default_factory=deque)  # seqs of queued QoS 0 messages
+    seq: int = 0
+    inflight: dict[int, _Entry] = field(default_factory=dict)  # packet id -> entry, oldest first
+    last_pid: int = 0
+    incoming: set[int] = field(default_factory=set)
+    drops: int = 0
+
+
+def _state(rec: ClientRecord) -> _State:
+    if rec.queue is None:
+        rec.queue = _State()
+    assert isinstance(rec.queue, _State)
+    return rec.queue
+
+
+class MemoryQueueStore:
+    def __init__(
+        self,
+        sessions: MemorySessionStore,
+        limit: int = DEFAULT_QUEUE_LIMIT,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self._sessions = sessions
+        self._limit = limit
+        self._wall_ms = wall_ms
+
+    def _checked(self, client_id: str, epoch: int) -> _State:
+        return _state(self._sessions.check(client_id, epoch))
+
+    async def enqueue(self, items: Sequence[tuple[str, Message]]) -> EnqueueResult:
+        accepted = dropped = 0
+        for client_id, message in items:
+            rec = self._sessions.record(client_id)
+            if rec is None:
+                continue
+            st = _state(rec)
+            st.seq += 1
+            st.queue[st.seq] = message
+            if message.qos == 0:
+                st.qos0.append(st.seq)
+            accepted += 1
+            if len(st.queue) > self._limit:
+                victim = st.qos0.popleft() if st.qos0 else next(iter(st.queue))
+                del st.queue[victim]
+                st.drops += 1
+                dropped += 1
+        return EnqueueResult(accepted, dropped)
+
+    async def enqueue_and_take(
+        self, items: Sequence[tuple[str, Message]], takers: Mapping[str, tuple[int, int]]
+    ) -> TakeResult:
+        result = await self.enqueue(items)
+        taken: dict[str, list[Inflight]] = {}
+        fenced: set[str] = set()
+        for client_id, (epoch, window) in takers.items():
+            try:
+                taken[client_id] = await self.take(client_id, epoch, window)
+            except Fenced:
+                fenced.add(client_id)
+        return TakeResult(result.accepted, result.dropped, taken, frozenset(fenced))
+
+    async def take(self, client_id: str, epoch: int, window: int) -> list[Inflight]:
+        st = self._checked(client_id, epoch)
+        out: list[Inflight] = []
+        now = self._wall_ms()
+        while st.queue:
+            seq, message = next(iter(st.queue.items()))
+            expired = message.expires_at_ms is not None and message.expires_at_ms <= now
+            if message.qos > 0 and not expired and len(st.inflight) >= min(window, MAX_PACKET_ID):
+                break
+            del st.queue[seq]
+            if message.qos == 0:
+                st.qos0.popleft()
+            if expired:
+                continue
+            if message.qos == 0:
+                out.append(Inflight(0, message, dup=False))
+                continue
+            pid = st.last_pid
+            while True:
+                pid = pid % MAX_PACKET_ID + 1
+                if pid not in st.inflight:
+                    break
+            st.last_pid = pid
+            st.inflight[pid] = _Entry(message)
+            out.append(Inflight(pid, message, dup=False))
+        return out
+
+    async def pending(self, client_id: str, epoch: int) -> list[Inflight]:
+        st = self._checked(client_id, epoch)
+        return [Inflight(pid, e.message, True, e.released) for pid, e in st.inflight.items()]
+
+    async def ack(self, client_id: str, epoch: int, packet_id: int) -> bool:
+        return await self.ack_many(client_id, epoch, (packet_id,)) == 1
+
+    async def ack_many(self, client_id: str, epoch: int, packet_ids: Sequence[int]) -> int:
+        st = self._checked(client_id, epoch)
+        return sum(st.inflight.pop(pid, None) is not None for pid in packet_ids)
+
+    async def ack_and_take(
+        self, client_id: str, epoch: int, packet_ids: Sequence[int], window: int
+    ) -> list[Inflight]:
+        await self.ack_many(client_id, epoch, packet_ids)
+        return await self.take(client_id, epoch, window)
+
+    async def received(self, client_id: str, epoch: int, packet_id: int) -> bool:
+        entry = self._checked(client_id, epoch).inflight.get(packet_id)
+        if entry is None:
+            return False
+        entry.released = True
+        return True
+
+    async def incoming_add(self, client_id: str, epoch: int, packet_id: int) -> bool:
+        st = self._checked(client_id, epoch)
+        if packet_id in st.incoming:
+            return False
+        st.incoming.add(packet_id)
+        return True
+
+    async def incoming_release(self, client_id: str, epoch: int, packet_id: int) -> None:
+        self._checked(client_id, epoch).incoming.discard(packet_id)
+
+    async def incoming_ids(self, client_id: str, epoch: int) -> set[int]:
+        return set(self._checked(client_id, epoch).incoming)
+
+    async def drops(self, client_id: str) -> int:
+        rec = self._sessions.record(client_id)
+        if rec is None or rec.queue is None:
+            return 0
+        return _state(rec).drops
+
+    async def discard(self, client_id: str) -> None:
+        rec = self._sessions.record(client_id)
+        if rec is not None:
+            rec.queue = None
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,291 @@
+"""The subscription trie: which (client, value) pairs a published topic reaches.
+
+Theory of operation. A filter is stored as a path of nodes, one per level,
+with `+` and `#` as ordinary child names; the node at the end of the path
+holds that filter's subscribers. Matching a topic walks its levels keeping a
+set of live nodes: at each level a node hands on its child of that name and
+its `+` child, and its `#` child matches right there. At the end the live
+nodes match, and so do their `#` children (`a/#` matches `a`). A topic that
+starts with `$` takes only the exact child at the first level. The cost is
+the topic's depth times the number of live branches, independent of how
+many subscriptions the trie holds.
+
+Entries. A node holds its non-shared subscribers inline while there is one
+(`one`, the most common case for per-client filters) and in a dict keyed by
+client id from the second on; every entry is stored as the ready-made
+`(key, value)` tuple that `match` returns, so matching allocates only the
+result list. Shared subscriptions (`$share/g/f`) are kept at the node of `f`
+under `(g, f)`. Removing the last entry of a node prunes it and every
+emptied ancestor, so memory follows the live subscriptions, not churn.
+
+Cache. `match` remembers, per topic, the list of nodes the walk reached (a
+bounded FIFO). Entries are read from those nodes at match time, so adding or
+removing a subscriber at an existing node needs no invalidation; creating a
+node clears the cache (the walk could now reach it). A pruned node left in a
+cached list is empty forever and contributes nothing.
+
+Precondition: `match` takes a valid topic name (no wildcards); the codec and
+channel validate names before routing. `add` validates filters.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+from services.mqtt.errors import TopicFilterInvalid
+from services.mqtt.topics import parse_shared, validate_topic_filter
+
+V = TypeVar("V")
+
+DEFAULT_CACHE_SIZE = 4096  # topics; a hot set of topics fits, a bound keeps memory flat
+
+
+class _Node(Generic[V]):
+    __slots__ = ("children", "one", "shared", "subs")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node[V]] | None = None
+        self.one: tuple[str, V] | None = None
+        self.subs: dict[str, tuple[str, V]] | None = None
+        self.shared: dict[tuple[str, str], dict[str, tuple[str, V]]] | None = None
+
+    def is_empty(self) -> bool:
+        return (
+            self.one is None and self.subs is None and self.shared is None and not self.children
+        )
+
+    def put(self, entry: tuple[str, V]) -> bool:
+        key = entry[0]
+        one = self.one
+        if one is not None:
+            if one[0] == key:
+                self.one = entry
+                return False
+            self.subs = {one[0]: one, key: entry}
+            self.one = None
+            return True
+        subs = self.subs
+        if subs is None:
+            self.one = entry
+            return True
+        new = key not in subs
+        subs[key] = entry
+        return new
+
+    def drop(self, key: str) -> bool:
+        one = self.one
+        if one is not None:
+            if one[0] != key:
+                return False
+            self.one = None
+            return True
+        subs = self.subs
+        if subs is None or subs.pop(key, None) is None:
+            return False
+        if len(subs) == 1:
+            self.one = next(iter(subs.values()))
+            self.subs = None
+        return True
+
+    def put_shared(self, group_filter: tuple[str, str], entry: tuple[str, V]) -> bool:
+        shared = self.shared
+        if shared is None:
+            shared = self.shared = {}
+        members = shared.get(group_filter)
+        if members is None:
+            shared[group_filter] = {entry[0]: entry}
+            return True
+        new = entry[0] not in members
+        members[entry[0]] = entry
+        return new
+
+    def drop_shared(self, group_filter: tuple[str, str], key: str) -> bool:
+        shared = self.shared
+        if shared is None:
+            return False
+        members = shared.get(group_filter)
+        if members is None or members.pop(key, None) is None:
+            return False
+        if not members:
+            del shared[group_filter]
+            if not shared:
+                self.shared = None
+        return True
+
+
+class TopicTrie(Generic[V]):
+    """Subscriptions by topic filter; `key` is a client id, `value` its options."""
+
+    __slots__ = ("_by_key", "_cache", "_cache_size", "_count", "_root")
+
+    def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+        self._root: _Node[V] = _Node()
+        self._count = 0
+        self._by_key: dict[str, dict[str, None]] = {}
+        self._cache: dict[str, list[_Node[V]]] = {}
+        self._cache_size = cache_size
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, topic_filter: str, key: str, value: V) -> bool:
+        """Subscribe `key` to `topic_filter` (plain or `$share/g/f`).
+
+        True if the (filter, key) pair is new; otherwise its value is
+        replaced and False is returned. Raises TopicFilterInvalid.
+        """
+        shared = parse_shared(topic_filter)
+        if shared is None:
+            validate_topic_filter(topic_filter)
+            path = topic_filter
+        else:
+            path = shared[1]
+        key = sys.intern(key)
+        node = self._root
+        created = False
+        for level in path.split("/"):
+            children = node.children
+            if children is None:
+                children = node.children = {}
+            child = children.get(level)
+            if child is None:
+                child = children[sys.intern(level)] = _Node()
+                created = True
+            node = child
+        if created:
+            self._cache.clear()
+        entry = (key, value)
+        new = node.put(entry) if shared is None else node.put_shared(shared, entry)
+        if new:
+            self._count += 1
+            held = self._by_key.get(key)
+            if held is None:
+                held = self._by_key[key] = {}
+            held[topic_filter] = None
+        return new
+
+    def remove(self, topic_filter: str, key: str) -> bool:
+        """Unsubscribe; True if the (filter, key) pair existed. Prunes empty nodes."""
+        try:
+            shared = parse_shared(topic_filter)
+        except TopicFilterInvalid:
+            return False
+        path = topic_filter if shared is None else shared[1]
+        trail: list[tuple[_Node[V], str]] = []
+        node = self._root
+        for level in path.split("/"):
+            children = node.children
+            child = None if children is None else children.get(level)
+            if child is None:
+                return False
+            trail.append((node, level))
+            node = child
+        if not (node.drop(key) if shared is None else node.drop_shared(shared, key)):
+            return False
+        self._count -= 1
+        held = self._by_key[key]
+        del held[topic_filter]
+        if not held:
+            del self._by_key[key]
+        for parent, level in reversed(trail):
+            if not node.is_empty():
+                break
+            children = parent.children
+            assert children is not None
+            del children[level]
+            if not children:
+                parent.children = None
+            node = parent
+        return True
+
+    def remove_key(self, key: str) -> list[str]:
+        """Remove every subscription of `key`; returns the filters it held."""
+        held = list(self._by_key.get(key, ()))
+        for topic_filter in held:
+            self.remove(topic_filter, key)
+        return held
+
+    def filters(self, key: str) -> list[str]:
+        """The filters `key` holds, in the order they were first added."""
+        return list(self._by_key.get(key, ()))
+
+    def keys(self) -> Iterator[str]:
+        """Every key holding at least one subscription."""
+        return iter(self._by_key)
+
+    def match(self, topic: str) -> list[tuple[str, V]]:
+        """Non-shared (key, value) pairs whose filter matches `topic`: one per
+        matching (filter, key), so a key may appear several times. A fresh
+        list the caller may keep; the tuples are shared, never mutated."""
+        out: list[tuple[str, V]] = []
+        for node in self._nodes(topic):
+            one = node.one
+            if one is not None:
+                out.append(one)
+            elif node.subs is not None:
+                out.extend(node.subs.values())
+        return out
+
+    def match_shared(self, topic: str) -> dict[tuple[str, str], list[tuple[str, V]]]:
+        """(group, filter) -> its members, for each shared subscription
+        whose filter matches `topic`. Picking one member is the caller's job."""
+        out: dict[tuple[str, str], list[tuple[str, V]]] = {}
+        for node in self._nodes(topic):
+            shared = node.shared
+            if shared is not None:
+                for group_filter, members in shared.items():
+                    out[group_filter] = list(members.values())
+        return out
+
+    def _nodes(self, topic: str) -> list[_Node[V]]:
+        cache = self._cache
+        nodes = cache.get(topic)
+        if nodes is None:
+            nodes = self._walk(topic)
+            if self._cache_size > 0:
+                if len(cache) >= self._cache_size:
+                    del cache[next(iter(cache))]
+                cache[topic] = nodes
+        return nodes
+
+    def _walk(self, topic: str) -> list[_Node[V]]:
+        found: list[_Node[V]] = []
+        levels = topic.split("/")
+        live: list[_Node[V]]
+        if topic[:1] == "$":
+            children = self._root.children
+            first = None if children is None else children.get(levels[0])
+            if first is None:
+                return found
+            live = [first]
+            levels = levels[1:]
+        else:
+            live = [self._root]
+        for level in levels:
+            nxt: list[_Node[V]] = []
+            for node in live:
+                children = node.children
+                if children is None:
+                    continue
+                child = children.get("#")
+                if child is not None:
+                    found.append(child)
+                child = children.get(level)
+                if child is not None:
+                    nxt.append(child)
+                child = children.get("+")
+                if child is not None:
+                    nxt.append(child)
+            if not nxt:
+                return found
+            live = nxt
+        for node in live:
+            found.append(node)
+            children = node.children
+            if children is not None:
+                child = children.get("#")
+                if child is not None:
+                    found.append(child)
+        return found

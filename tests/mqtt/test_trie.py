@@ -1,0 +1,218 @@
+"""The subscription trie against the brute-force matcher of services.mqtt.topics."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.mqtt.errors import TopicFilterInvalid
+from services.mqtt.topics import matches, parse_shared
+from services.mqtt.trie import TopicTrie
+
+TOPIC_LEVELS = ["a", "b", "", "$s", "$share", "g"]
+FILTER_LEVELS = ["a", "b", "", "$s", "+", "g"]
+
+topics = st.lists(st.sampled_from(TOPIC_LEVELS), min_size=1, max_size=4).map("/".join).filter(
+    bool
+)
+
+
+@st.composite
+def filters(draw: st.DrawFn) -> str:
+    levels = draw(st.lists(st.sampled_from(FILTER_LEVELS), min_size=0, max_size=4))
+    if draw(st.booleans()):
+        levels.append("#")
+    if not levels:
+        levels = ["#"]
+    plain = "/".join(levels)
+    if not plain:
+        plain = "+"
+    if draw(st.integers(0, 3)) == 0:
+        return f"$share/{draw(st.sampled_from(['g1', 'g2']))}/{plain}"
+    return plain
+
+
+keys = st.sampled_from(["c1", "c2", "c3", "c4"])
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), filters(), keys, st.integers(0, 9)),
+        st.tuples(st.just("remove"), filters(), keys, st.just(0)),
+        st.tuples(st.just("match"), topics, st.just(""), st.just(0)),
+    ),
+    max_size=60,
+)
+
+Model = dict[tuple[str, str], int]
+
+
+def expected_match(model: Model, topic: str) -> list[tuple[str, int]]:
+    return sorted(
+        (k, v) for (f, k), v in model.items() if parse_shared(f) is None and matches(f, topic)
+    )
+
+
+def expected_shared(model: Model, topic: str) -> dict[tuple[str, str], list[tuple[str, int]]]:
+    out: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    for (f, k), v in model.items():
+        shared = parse_shared(f)
+        if shared is not None and matches(f, topic):
+            out.setdefault(shared, []).append((k, v))
+    return {gf: sorted(members) for gf, members in out.items()}
+
+
+def check(trie: TopicTrie[int], model: Model, topic: str) -> None:
+    assert sorted(trie.match(topic)) == expected_match(model, topic), topic
+    got = {gf: sorted(m) for gf, m in trie.match_shared(topic).items()}
+    assert got == expected_shared(model, topic), topic
+
+
+@settings(max_examples=400, deadline=None)
+@given(ops, st.lists(topics, min_size=1, max_size=8), st.sampled_from([0, 2, 4096]))
+def test_trie_equals_brute_force(
+    operations: list[tuple[str, str, str, int]], probes: list[str], cache_size: int
+) -> None:
+    trie: TopicTrie[int] = TopicTrie(cache_size=cache_size)
+    model: Model = {}
+    for op, text, key, value in operations:
+        if op == "add":
+            assert trie.add(text, key, value) is ((text, key) not in model)
+            model[(text, key)] = value
+        elif op == "remove":
+            assert trie.remove(text, key) is ((text, key) in model)
+            model.pop((text, key), None)
+        else:
+            check(trie, model, text)
+        assert len(trie) == len(model)
+    for topic in probes:
+        check(trie, model, topic)
+    for key in ["c1", "c2", "c3", "c4"]:
+        assert sorted(trie.filters(key)) == sorted(f for f, k in model if k == key)
+    for f, k in list(model):
+        assert trie.remove(f, k)
+    assert len(trie) == 0
+    assert trie._root.is_empty()
+    assert list(trie.keys()) == []
+
+
+def test_add_replaces_value_and_match_sees_it() -> None:
+    trie: TopicTrie[str] = TopicTrie()
+    assert trie.add("a/+", "c1", "qos0")
+    assert trie.match("a/b") == [("c1", "qos0")]
+    assert not trie.add("a/+", "c1", "qos1")
+    assert trie.match("a/b") == [("c1", "qos1")]
+    assert len(trie) == 1
+
+
+def test_one_key_may_match_through_several_filters() -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    trie.add("a/b", "c1", 1)
+    trie.add("a/+", "c1", 2)
+    trie.add("#", "c1", 3)
+    assert sorted(trie.match("a/b")) == [("c1", 1), ("c1", 2), ("c1", 3)]
+
+
+def test_dollar_topics_skip_first_level_wildcards() -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    trie.add("#", "all", 0)
+    trie.add("+/x", "plus", 0)
+    trie.add("$SYS/#", "sys", 0)
+    trie.add("$share/g/#", "shared", 0)
+    assert trie.match("$SYS/x") == [("sys", 0)]
+    assert trie.match_shared("$SYS/x") == {}
+    assert sorted(trie.match("a/x")) == [("all", 0), ("plus", 0)]
+    assert trie.match_shared("a/x") == {("g", "#"): [("shared", 0)]}
+
+
+def test_shared_groups_are_separate_from_plain() -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    trie.add("$share/g1/a/+", "c1", 1)
+    trie.add("$share/g1/a/+", "c2", 1)
+    trie.add("$share/g2/a/+", "c3", 1)
+    trie.add("a/+", "c4", 1)
+    assert trie.match("a/b") == [("c4", 1)]
+    shared = trie.match_shared("a/b")
+    assert sorted(shared) == [("g1", "a/+"), ("g2", "a/+")]
+    assert sorted(shared[("g1", "a/+")]) == [("c1", 1), ("c2", 1)]
+    assert trie.filters("c1") == ["$share/g1/a/+"]
+
+
+def test_invalid_filters_are_rejected() -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    for bad in ["", "a/#/b", "a+", "$share/g", "$share//a"]:
+        with pytest.raises(TopicFilterInvalid):
+            trie.add(bad, "c1", 0)
+        assert not trie.remove(bad, "c1")
+    assert len(trie) == 0
+
+
+def test_remove_key_and_pruning() -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    trie.add("a/b/c", "c1", 0)
+    trie.add("a/b/#", "c1", 0)
+    trie.add("$share/g/a/b", "c1", 0)
+    trie.add("a/b/c", "c2", 0)
+    assert trie.remove_key("c1") == ["a/b/c", "a/b/#", "$share/g/a/b"]
+    assert trie.filters("c1") == []
+    assert trie.match("a/b/c") == [("c2", 0)]
+    assert trie.remove("a/b/c", "c2")
+    assert not trie.remove("a/b/c", "c2")
+    assert trie._root.is_empty()
+
+
+def test_churn_does_not_grow_the_trie() -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    trie.add("keep/+", "k", 0)
+    for i in range(2000):
+        f = f"dev/{i}/cmd/#"
+        trie.add(f, f"c{i}", 0)
+        assert trie.match(f"dev/{i}/cmd/x") == [(f"c{i}", 0)]
+        assert trie.remove(f, f"c{i}")
+    root_children = trie._root.children
+    assert root_children is not None
+    assert list(root_children) == ["keep"]
+    assert len(trie._cache) <= 4096
+
+
+def test_cache_sees_new_subscribers_at_existing_nodes() -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    trie.add("a/b", "c1", 0)
+    assert trie.match("a/b") == [("c1", 0)]
+    trie.add("a/b", "c2", 0)
+    assert sorted(trie.match("a/b")) == [("c1", 0), ("c2", 0)]
+    trie.add("a/#", "c3", 0)
+    assert sorted(trie.match("a/b")) == [("c1", 0), ("c2", 0), ("c3", 0)]
+    trie.remove("a/b", "c1")
+    trie.remove("a/b", "c2")
+    assert trie.match("a/b") == [("c3", 0)]
+    trie.add("a/b", "c1", 5)
+    assert sorted(trie.match("a/b")) == [("c1", 5), ("c3", 0)]
+
+
+def test_match_returns_a_fresh_list() -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    trie.add("a", "c1", 0)
+    first = trie.match("a")
+    first.append(("x", 1))
+    assert trie.match("a") == [("c1", 0)]
+
+
+def test_match_cost_does_not_grow_with_unrelated_subscriptions() -> None:
+    def cost(trie: TopicTrie[int], topic_count: int) -> float:
+        start = time.perf_counter()
+        for i in range(20_000):
+            trie.match(f"dev/{i % topic_count}/state")
+        return time.perf_counter() - start
+
+    small: TopicTrie[int] = TopicTrie(cache_size=0)
+    big: TopicTrie[int] = TopicTrie(cache_size=0)
+    for trie, n in ((small, 100), (big, 50_000)):
+        for i in range(n):
+            trie.add(f"dev/{i}/state", f"c{i}", 0)
+            trie.add(f"other/{i}/+", f"c{i}", 0)
+        trie.add("dev/+/state", "watcher", 0)
+    small_cost = min(cost(small, 100) for _ in range(3))
+    big_cost = min(cost(big, 100) for _ in range(3))
+    assert big_cost < small_cost * 3

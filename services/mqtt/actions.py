@@ -34,11 +34,19 @@ class Close:
     `will` is the will message to publish (after `will_delay_s`, cancelled if
     the session resumes first), or None when the close is normal or the will
     was already dealt with. `reason` is for logs and the disconnected event.
+    The channel emits `reason` as one of the event schema's close reasons
+    ("normal", "keepalive", "takenover", "kicked", "error") and clamps
+    `will_delay_s` to the session expiry (a session that ends now publishes
+    its will now).
     """
 
     reason: str
     will: Will | None = None
     will_delay_s: int = 0
+    detail: str = ""
+    """Free text for logs: what exactly ended the connection."""
+    session_expiry_s: int | None = None
+    """A new session expiry the client set in its DISCONNECT (5.0); None: unchanged."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,179 @@
+"""SessionStore contract: one suite over the memory and the Redis store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from services.session.api import Fenced, SessionStore, StoreUnavailable
+from services.session.memory import MemorySessionStore
+from services.session.redis import RedisSessionStore
+from services.session.redis_server import RedisServer
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
+    s: SessionStore
+    if request.param == "memory":
+        s = MemorySessionStore()
+    else:
+        s = RedisSessionStore.from_url(request.getfixturevalue("redis_url"))
+    yield s
+    await s.close()
+
+
+async def wait_for(predicate: object, deadline_s: float = 5.0) -> None:
+    assert callable(predicate)
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if await predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+async def test_first_claim_is_new_and_online(store: SessionStore) -> None:
+    claim = await store.claim("c1", "n1", clean_start=False, expiry_s=60)
+    assert claim.client_id == "c1"
+    assert claim.epoch > 0
+    assert not claim.session_present
+    assert claim.previous_node is None
+    info = await store.get("c1")
+    assert info is not None
+    assert (info.node, info.epoch, info.expiry_s, info.online) == ("n1", claim.epoch, 60, True)
+    assert await store.get("other") is None
+
+
+async def test_takeover_bumps_epoch_and_names_previous_node(store: SessionStore) -> None:
+    first = await store.claim("c1", "n1", False, 60)
+    second = await store.claim("c1", "n2", False, 60)
+    assert second.epoch > first.epoch
+    assert second.session_present
+    assert second.previous_node == "n1"
+    with pytest.raises(Fenced):
+        await store.release("c1", first.epoch, 60)
+    with pytest.raises(Fenced):
+        await store.next_version("c1", first.epoch)
+    info = await store.get("c1")
+    assert info is not None and info.node == "n2" and info.online
+
+
+async def test_clean_start_reports_no_session(store: SessionStore) -> None:
+    await store.claim("c1", "n1", False, 60)
+    claim = await store.claim("c1", "n1", clean_start=True, expiry_s=0)
+    assert not claim.session_present
+    assert claim.previous_node == "n1"
+
+
+async def test_release_marks_offline_and_resume_is_present(store: SessionStore) -> None:
+    first = await store.claim("c1", "n1", False, 60)
+    await store.release("c1", first.epoch, 60)
+    info = await store.get("c1")
+    assert info is not None
+    assert (info.online, info.node, info.epoch) == (False, None, first.epoch)
+    again = await store.claim("c1", "n2", False, 60)
+    assert again.session_present
+    assert again.previous_node is None  # it was offline: nobody to take over from
+    assert again.epoch > first.epoch
+
+
+async def test_release_with_zero_expiry_discards_and_epochs_still_grow(
+    store: SessionStore,
+) -> None:
+    first = await store.claim("c1", "n1", False, 0)
+    v1 = await store.next_version("c1", first.epoch)
+    await store.release("c1", first.epoch, 0)
+    assert await store.get("c1") is None
+    second = await store.claim("c1", "n1", False, 0)
+    assert not second.session_present
+    assert second.epoch > first.epoch  # a stale owner never becomes valid again
+    assert await store.next_version("c1", second.epoch) > v1
+    with pytest.raises(Fenced):
+        await store.next_version("c1", first.epoch)
+
+
+async def test_session_expires_after_release(store: SessionStore) -> None:
+    claim = await store.claim("c1", "n1", False, 1)
+    await store.release("c1", claim.epoch, 1)
+    assert await store.get("c1") is not None
+
+    async def gone() -> bool:
+        return await store.get("c1") is None
+
+    await wait_for(gone)
+    again = await store.claim("c1", "n1", False, 1)
+    assert not again.session_present
+
+
+async def test_never_expiring_session_stays(store: SessionStore) -> None:
+    claim = await store.claim("c1", "n1", False, 0xFFFFFFFF)
+    await store.release("c1", claim.epoch, 0xFFFFFFFF)
+    info = await store.get("c1")
+    assert info is not None and info.expiry_s == 0xFFFFFFFF and not info.online
+
+
+async def test_versions_increase(store: SessionStore) -> None:
+    claim = await store.claim("c1", "n1", False, 60)
+    versions = [await store.next_version("c1", claim.epoch) for _ in range(20)]
+    assert versions == sorted(set(versions))
+    topic = [await store.next_topic_version("a/b") for _ in range(20)]
+    assert topic == sorted(set(topic))
+    assert await store.next_topic_version("other") > 0
+    with pytest.raises(Fenced):
+        await store.next_version("nobody", 1)
+
+
+async def test_client_ids_with_braces_are_distinct(store: SessionStore) -> None:
+    a = await store.claim("x}:s", "n1", False, 60)
+    b = await store.claim("x", "n2", False, 60)
+    info_a, info_b = await store.get("x}:s"), await store.get("x")
+    assert info_a is not None and info_a.node == "n1" and info_a.epoch == a.epoch
+    assert info_b is not None and info_b.node == "n2" and info_b.epoch == b.epoch
+
+
+@pytest.mark.redis
+async def test_redis_down_raises_unavailable_then_recovers(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    store = RedisSessionStore.from_url(server.url, timeout=1.0)
+    try:
+        claim = await store.claim("c1", "n1", False, 60)
+        server.stop()
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            await store.next_version("c1", claim.epoch)
+        with pytest.raises(StoreUnavailable):
+            await store.get("c1")
+        assert time.monotonic() - started < 5
+        server.start()  # same port, same data dir (AOF)
+        assert await store.next_version("c1", claim.epoch) > 0
+        info = await store.get("c1")
+        assert info is not None and info.epoch == claim.epoch
+    finally:
+        await store.close()
+        server.stop()
+
+
+@pytest.mark.redis
+async def test_hung_redis_raises_unavailable_within_timeout(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    assert server.process is not None
+    store = RedisSessionStore.from_url(server.url, timeout=0.5)
+    try:
+        await store.claim("c1", "n1", False, 60)
+        server.process.send_signal(19)  # SIGSTOP: accepts nothing, answers nothing
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            await store.get("c1")
+        assert time.monotonic() - started < 3
+        server.process.send_signal(18)  # SIGCONT
+        info = await store.get("c1")
+        assert info is not None
+    finally:
+        if server.process is not None:
+            server.process.send_signal(18)
+        await store.close()
+        server.stop()

@@ -1,0 +1,202 @@
+"""Per-client message state in Redis: one Lua script per atomic step.
+
+The keys are the client's hash-tagged set from `services.session.redis.
+client_keys`, so fencing (the session hash's epoch), clean start and expiry
+act on them in the same scripts as the session. Messages travel in the
+compact form of `services.queue.serial`.
+
+Batching: `enqueue` and `enqueue_and_take` send every client of a batch in
+ONE script call (8 keys per client). That is valid on a single Redis (and
+its replicas); on Redis Cluster a caller must split a batch by hash slot
+(`redis.crc.key_slot` of any key of the client) and issue one call per slot,
+since a script may touch one slot only. This class talks to one Redis.
+`ack_and_take` pipelines two scripts in one round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from services.mqtt.packets import Message
+from services.queue.api import DEFAULT_QUEUE_LIMIT, EnqueueResult, Inflight, TakeResult
+from services.queue.serial import dumps, loads
+from services.session.api import Fenced
+from services.session.redis import (
+    DEFAULT_TIMEOUT_S,
+    FENCED,
+    bounded,
+    client_keys,
+    connect,
+    load_script,
+)
+
+_S, _Q, _O, _Z, _F, _FO, _X, _R = range(8)
+
+
+def _inflight(flat: list[Any], start: int) -> tuple[list[Inflight], int]:
+    """Parse `k, (pid, message) * k` from a script's flat reply."""
+    count = int(flat[start])
+    out = [
+        Inflight(int(flat[i]), loads(flat[i + 1]), dup=False)
+        for i in range(start + 1, start + 1 + 2 * count, 2)
+    ]
+    return out, start + 1 + 2 * count
+
+
+class RedisQueueStore:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        limit: int = DEFAULT_QUEUE_LIMIT,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self._client = client
+        self._limit = limit
+        self._timeout = timeout
+
+        def script(name: str) -> AsyncScript:
+            return load_script(client, "services.queue", name)
+
+        self._enqueue_take = script("enqueue_take.lua")
+        self._ack = script("ack.lua")
+        self._received = script("received.lua")
+        self._pending = script("pending.lua")
+        self._incoming_add = script("incoming_add.lua")
+        self._incoming_release = script("incoming_release.lua")
+        self._incoming_ids = script("incoming_ids.lua")
+        self._discard = script("discard.lua")
+
+    @classmethod
+    def from_url(
+        cls, url: str, limit: int = DEFAULT_QUEUE_LIMIT, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> RedisQueueStore:
+        return cls(connect(url, timeout), limit, timeout)
+
+    async def _run(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        return await bounded(script(keys=keys, args=args), self._timeout)
+
+    async def _fenced_run(
+        self, script: AsyncScript, client_id: str, slots: Sequence[int], args: list[Any]
+    ) -> Any:
+        keys = client_keys(client_id)
+        result = await self._run(script, [keys[i] for i in slots], args)
+        if result == FENCED:
+            raise Fenced(client_id)
+        return result
+
+    def _batch(
+        self, items: Sequence[tuple[str, Message]], takers: Mapping[str, tuple[int, int]]
+    ) -> tuple[list[str], list[Any], list[str]]:
+        groups: dict[str, list[bytes]] = {}
+        for client_id, message in items:
+            groups.setdefault(client_id, []).append(dumps(message))
+        for client_id in takers:
+            groups.setdefault(client_id, [])
+        keys: list[str] = []
+        args: list[Any] = [self._limit]
+        order: list[str] = []
+        for client_id, blobs in groups.items():
+            keys.extend(client_keys(client_id))
+            taker = takers.get(client_id)
+            if taker is None:
+                args.extend((0, 0, len(blobs)))
+            else:
+                args.extend((taker[0], taker[1], len(blobs)))
+                order.append(client_id)
+            args.extend(blobs)
+        return keys, args, order
+
+    async def enqueue(self, items: Sequence[tuple[str, Message]]) -> EnqueueResult:
+        if not items:
+            return EnqueueResult(0, 0)
+        keys, args, _ = self._batch(items, {})
+        flat = await self._run(self._enqueue_take, keys, args)
+        return EnqueueResult(int(flat[0]), int(flat[1]))
+
+    async def enqueue_and_take(
+        self, items: Sequence[tuple[str, Message]], takers: Mapping[str, tuple[int, int]]
+    ) -> TakeResult:
+        if not items and not takers:
+            return TakeResult(0, 0, {}, frozenset())
+        keys, args, order = self._batch(items, takers)
+        flat = await self._run(self._enqueue_take, keys, args)
+        return self._parse_take(flat, order)
+
+    @staticmethod
+    def _parse_take(flat: list[Any], order: list[str]) -> TakeResult:
+        taken: dict[str, list[Inflight]] = {}
+        fenced: set[str] = set()
+        pos = 2
+        for client_id in order:
+            if int(flat[pos]) == FENCED:
+                fenced.add(client_id)
+                pos += 1
+            else:
+                taken[client_id], pos = _inflight(flat, pos)
+        return TakeResult(int(flat[0]), int(flat[1]), taken, frozenset(fenced))
+
+    async def take(self, client_id: str, epoch: int, window: int) -> list[Inflight]:
+        result = await self.enqueue_and_take((), {client_id: (epoch, window)})
+        if client_id in result.fenced:
+            raise Fenced(client_id)
+        return result.taken[client_id]
+
+    async def pending(self, client_id: str, epoch: int) -> list[Inflight]:
+        flat = await self._fenced_run(self._pending, client_id, (_S, _F, _FO, _X), [epoch])
+        return [
+            Inflight(int(flat[i]), loads(flat[i + 2]), dup=True, released=bool(flat[i + 1]))
+            for i in range(0, len(flat), 3)
+        ]
+
+    async def ack(self, client_id: str, epoch: int, packet_id: int) -> bool:
+        return await self.ack_many(client_id, epoch, (packet_id,)) == 1
+
+    async def ack_many(self, client_id: str, epoch: int, packet_ids: Sequence[int]) -> int:
+        args = [epoch, *packet_ids]
+        return int(await self._fenced_run(self._ack, client_id, (_S, _F, _FO, _X), args))
+
+    async def ack_and_take(
+        self, client_id: str, epoch: int, packet_ids: Sequence[int], window: int
+    ) -> list[Inflight]:
+        keys = client_keys(client_id)
+        pipe = self._client.pipeline(transaction=False)
+        await self._ack(
+            keys=[keys[i] for i in (_S, _F, _FO, _X)], args=[epoch, *packet_ids], client=pipe
+        )
+        await self._enqueue_take(keys=keys, args=[self._limit, epoch, window, 0], client=pipe)
+        acked, flat = await bounded(pipe.execute(), self._timeout)
+        if acked == FENCED:
+            raise Fenced(client_id)
+        result = self._parse_take(flat, [client_id])
+        if client_id in result.fenced:
+            raise Fenced(client_id)
+        return result.taken[client_id]
+
+    async def received(self, client_id: str, epoch: int, packet_id: int) -> bool:
+        args = [epoch, packet_id]
+        return bool(await self._fenced_run(self._received, client_id, (_S, _F, _X), args))
+
+    async def incoming_add(self, client_id: str, epoch: int, packet_id: int) -> bool:
+        args = [epoch, packet_id]
+        return bool(await self._fenced_run(self._incoming_add, client_id, (_S, _R), args))
+
+    async def incoming_release(self, client_id: str, epoch: int, packet_id: int) -> None:
+        await self._fenced_run(self._incoming_release, client_id, (_S, _R), [epoch, packet_id])
+
+    async def incoming_ids(self, client_id: str, epoch: int) -> set[int]:
+        ids = await self._fenced_run(self._incoming_ids, client_id, (_S, _R), [epoch])
+        return {int(i) for i in ids}
+
+    async def drops(self, client_id: str) -> int:
+        value = await bounded(self._client.hget(client_keys(client_id)[_S], "drops"), self._timeout)
+        return int(value or 0)
+
+    async def discard(self, client_id: str) -> None:
+        await self._run(self._discard, client_keys(client_id), [])
+
+    async def close(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,13 @@
+-- PUBACK / PUBCOMP of outgoing messages: drop them from the inflight window.
+-- KEYS: 1 {c:id}:s session hash, 2 f inflight hash, 3 fo inflight order zset,
+--       4 x released set
+-- ARGV: 1 epoch, 2.. packet ids
+-- Returns: how many of the ids were inflight, or -1 if fenced
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
+local n = 0
+for i = 2, #ARGV do
+  n = n + redis.call('HDEL', KEYS[2], ARGV[i])
+  redis.call('ZREM', KEYS[3], ARGV[i])
+  redis.call('SREM', KEYS[4], ARGV[i])
+end
+return n

@@ -1,0 +1,373 @@
+"""QueueStore contract: one suite over the memory and the Redis store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.mqtt.packets import Message, Properties
+from services.queue.api import QueueStore
+from services.queue.memory import MemoryQueueStore
+from services.queue.redis import RedisQueueStore
+from services.queue.serial import SerialError, dumps, loads
+from services.session.api import Fenced, SessionStore, StoreUnavailable
+from services.session.memory import MemorySessionStore
+from services.session.redis import RedisSessionStore, connect
+from services.session.redis_server import RedisServer
+
+
+@dataclass
+class Stores:
+    sessions: SessionStore
+    make_queue: Callable[[int], QueueStore]
+    queue: QueueStore
+
+    async def claim(self, client_id: str, clean: bool = False, expiry_s: int = 60) -> int:
+        return (await self.sessions.claim(client_id, "n1", clean, expiry_s)).epoch
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
+    if request.param == "memory":
+        sessions: Any = MemorySessionStore()
+
+        def make_queue(limit: int) -> QueueStore:
+            return MemoryQueueStore(sessions, limit)
+    else:
+        url = request.getfixturevalue("redis_url")
+        client = connect(url)
+        sessions = RedisSessionStore(client)
+
+        def make_queue(limit: int) -> QueueStore:
+            return RedisQueueStore(client, limit)
+
+    yield Stores(sessions, make_queue, make_queue(1000))
+    await sessions.close()
+
+
+def msg(n: int, qos: int = 1, **kw: Any) -> Message:
+    return Message(f"t/{n}", str(n).encode(), qos, **kw)
+
+
+def payloads(items: list[Any]) -> list[bytes]:
+    return [i.message.payload for i in items]
+
+
+async def test_enqueue_take_ack_in_order(stores: Stores) -> None:
+    q = stores.queue
+    epoch = await stores.claim("c")
+    result = await q.enqueue([("c", msg(i)) for i in range(5)])
+    assert (result.accepted, result.dropped) == (5, 0)
+    first = await q.take("c", epoch, 3)
+    assert [i.packet_id for i in first] == [1, 2, 3]
+    assert payloads(first) == [b"0", b"1", b"2"]
+    assert not any(i.dup for i in first)
+    assert await q.take("c", epoch, 3) == []  # window full
+    assert await q.ack("c", epoch, 2)
+    assert not await q.ack("c", epoch, 2)
+    more = await q.take("c", epoch, 3)
+    assert [(i.packet_id, i.message.payload) for i in more] == [(4, b"3")]
+    pending = await q.pending("c", epoch)
+    assert [i.packet_id for i in pending] == [1, 3, 4]
+    assert payloads(pending) == [b"0", b"2", b"3"]
+    assert all(i.dup and not i.released for i in pending)
+    assert await q.ack_many("c", epoch, [1, 3, 4, 99]) == 3
+    last = await q.ack_and_take("c", epoch, [], 3)
+    assert payloads(last) == [b"4"]
+    assert await q.ack_and_take("c", epoch, [last[0].packet_id], 3) == []
+    assert await q.pending("c", epoch) == []
+
+
+async def test_enqueue_without_session_stores_nothing(stores: Stores) -> None:
+    result = await stores.queue.enqueue([("ghost", msg(1))])
+    assert (result.accepted, result.dropped) == (0, 0)
+    epoch = await stores.claim("ghost")
+    assert await stores.queue.take("ghost", epoch, 10) == []
+
+
+async def test_qos0_is_returned_without_packet_id_and_never_inflight(stores: Stores) -> None:
+    q = stores.queue
+    epoch = await stores.claim("c")
+    await q.enqueue([("c", msg(0, qos=1)), ("c", msg(1, qos=0)), ("c", msg(2, qos=2))])
+    await q.enqueue([("c", msg(3, qos=0))])
+    taken = await q.take("c", epoch, 1)
+    # the window (1) fills with message 0; the QoS 0 behind it still flows; 2 waits (order)
+    assert [(i.packet_id, i.message.payload) for i in taken] == [(1, b"0"), (0, b"1")]
+    assert [i.packet_id for i in await q.pending("c", epoch)] == [1]
+    await q.ack("c", epoch, 1)
+    taken = await q.take("c", epoch, 1)
+    assert [(i.packet_id, i.message.payload, i.message.qos) for i in taken] == [
+        (2, b"2", 2),
+        (0, b"3", 0),
+    ]
+
+
+async def test_bound_drops_qos0_first_then_oldest(stores: Stores) -> None:
+    q = stores.make_queue(3)
+    epoch = await stores.claim("c")
+    other = await stores.claim("d")
+    r = await q.enqueue(
+        [("c", msg(0, 1)), ("c", msg(1, 0)), ("c", msg(2, 1)), ("c", msg(3, 0)), ("d", msg(9))]
+    )
+    assert (r.accepted, r.dropped) == (5, 1)  # message 1 (the oldest QoS 0) dropped
+    r = await q.enqueue([("c", msg(4, 1))])
+    assert (r.accepted, r.dropped) == (1, 1)  # message 3 (QoS 0) dropped
+    r = await q.enqueue([("c", msg(5, 1))])
+    assert (r.accepted, r.dropped) == (1, 1)  # no QoS 0 left: the oldest (0) dropped
+    r = await q.enqueue([("c", msg(6, 0))])
+    assert (r.accepted, r.dropped) == (1, 1)  # the new QoS 0 itself goes first
+    assert await q.drops("c") == 4
+    assert await q.drops("d") == 0
+    assert payloads(await q.take("c", epoch, 10)) == [b"2", b"4", b"5"]
+    assert payloads(await q.take("d", other, 10)) == [b"9"]
+
+
+async def test_expired_messages_are_not_delivered(stores: Stores) -> None:
+    q = stores.queue
+    epoch = await stores.claim("c")
+    past = time.time_ns() // 1_000_000 - 1000
+    future = past + 3_600_000
+    await q.enqueue(
+        [
+            ("c", msg(0, expires_at_ms=past)),
+            ("c", msg(1, expires_at_ms=future)),
+            ("c", msg(2, 0, expires_at_ms=past)),
+        ]
+    )
+    taken = await q.take("c", epoch, 10)
+    assert payloads(taken) == [b"1"]
+    assert taken[0].message.expires_at_ms == future
+
+
+async def test_packet_ids_wrap_and_skip_ids_in_use(stores: Stores) -> None:
+    q = stores.make_queue(70_000)
+    epoch = await stores.claim("c")
+    await q.enqueue([("c", msg(i)) for i in range(65_535)])
+    taken = await q.take("c", epoch, 65_535)
+    assert [i.packet_id for i in taken] == list(range(1, 65_536))
+    assert await q.take("c", epoch, 70_000) == []  # every id in use
+    assert await q.ack_many("c", epoch, [7, 5]) == 2
+    await q.enqueue([("c", msg(i)) for i in range(3)])
+    assert [i.packet_id for i in await q.take("c", epoch, 65_535)] == [5, 7]
+
+
+async def test_qos2_outgoing_received_marks_released(stores: Stores) -> None:
+    q = stores.queue
+    epoch = await stores.claim("c")
+    await q.enqueue([("c", msg(0, 2)), ("c", msg(1, 2))])
+    await q.take("c", epoch, 10)
+    assert await q.received("c", epoch, 1)
+    assert not await q.received("c", epoch, 42)
+    pending = await q.pending("c", epoch)
+    assert [(i.packet_id, i.released, i.dup) for i in pending] == [
+        (1, True, True),
+        (2, False, True),
+    ]
+    assert await q.ack("c", epoch, 1)  # PUBCOMP
+    assert [i.packet_id for i in await q.pending("c", epoch)] == [2]
+
+
+async def test_qos2_incoming_ids(stores: Stores) -> None:
+    q = stores.queue
+    epoch = await stores.claim("c")
+    assert await q.incoming_add("c", epoch, 10)
+    assert not await q.incoming_add("c", epoch, 10)  # duplicate PUBLISH
+    assert await q.incoming_add("c", epoch, 11)
+    assert await q.incoming_ids("c", epoch) == {10, 11}
+    await q.incoming_release("c", epoch, 10)
+    await q.incoming_release("c", epoch, 99)
+    assert await q.incoming_ids("c", epoch) == {11}
+
+
+async def test_stale_owner_is_fenced_everywhere(stores: Stores) -> None:
+    q = stores.queue
+    old = await stores.claim("c")
+    await q.enqueue([("c", msg(0)), ("c", msg(1))])
+    await q.take("c", old, 1)
+    await q.incoming_add("c", old, 5)
+    new = await stores.claim("c")
+    calls: list[Callable[[], Awaitable[object]]] = [
+        lambda: q.take("c", old, 10),
+        lambda: q.pending("c", old),
+        lambda: q.ack("c", old, 1),
+        lambda: q.ack_many("c", old, [1]),
+        lambda: q.ack_and_take("c", old, [1], 10),
+        lambda: q.received("c", old, 1),
+        lambda: q.incoming_add("c", old, 6),
+        lambda: q.incoming_release("c", old, 5),
+        lambda: q.incoming_ids("c", old),
+    ]
+    for call in calls:
+        with pytest.raises(Fenced):
+            await call()
+    assert (await q.enqueue([("c", msg(2))])).accepted == 1  # enqueue is not epoch-bound
+    result = await q.enqueue_and_take([("c", msg(3))], {"c": (old, 10)})
+    assert result.fenced == {"c"} and result.taken == {} and result.accepted == 1
+    # nothing the stale owner tried changed the state the new owner sees
+    assert [i.packet_id for i in await q.pending("c", new)] == [1]
+    assert await q.incoming_ids("c", new) == {5}
+    assert payloads(await q.take("c", new, 10)) == [b"1", b"2", b"3"]
+
+
+async def test_clean_start_discards_and_resume_keeps(stores: Stores) -> None:
+    q = stores.make_queue(1)
+    epoch = await stores.claim("c")
+    await q.enqueue([("c", msg(0)), ("c", msg(1)), ("c", msg(2))])
+    await q.take("c", epoch, 1)
+    await q.enqueue([("c", msg(3))])
+    await q.incoming_add("c", epoch, 9)
+    resumed = await stores.claim("c", clean=False)
+    assert [i.message.payload for i in await q.pending("c", resumed)] == [b"2"]
+    assert await q.incoming_ids("c", resumed) == {9}
+    assert await q.drops("c") == 2
+    clean = await stores.claim("c", clean=True)
+    assert await q.pending("c", clean) == []
+    assert await q.incoming_ids("c", clean) == set()
+    assert await q.take("c", clean, 10) == []
+    assert await q.drops("c") == 0
+
+
+async def test_discard_forgets_messages_and_ids(stores: Stores) -> None:
+    q = stores.queue
+    epoch = await stores.claim("c")
+    await q.enqueue([("c", msg(0)), ("c", msg(1))])
+    await q.take("c", epoch, 1)
+    await q.incoming_add("c", epoch, 3)
+    await q.discard("c")
+    assert await q.pending("c", epoch) == []
+    assert await q.incoming_ids("c", epoch) == set()
+    assert await q.take("c", epoch, 10) == []
+    await q.enqueue([("c", msg(2))])
+    assert [(i.packet_id, i.message.payload) for i in await q.take("c", epoch, 1)] == [(1, b"2")]
+
+
+async def test_state_expires_with_the_session(stores: Stores) -> None:
+    q = stores.queue
+    epoch = await stores.claim("c", expiry_s=1)
+    await q.enqueue([("c", msg(0)), ("c", msg(1))])
+    await q.take("c", epoch, 1)
+    await stores.sessions.release("c", epoch, 1)
+    assert (await q.enqueue([("c", msg(2))])).accepted == 1  # offline queue
+    end = time.monotonic() + 5
+    while await stores.sessions.get("c") is not None:
+        assert time.monotonic() < end, "session did not expire"
+        await asyncio.sleep(0.02)
+    again = await stores.claim("c")
+    assert await q.pending("c", again) == []
+    assert await q.take("c", again, 10) == []
+
+
+async def test_release_keeps_offline_queue_for_resume(stores: Stores) -> None:
+    q = stores.queue
+    epoch = await stores.claim("c", expiry_s=60)
+    await q.enqueue([("c", msg(0))])
+    await q.take("c", epoch, 10)
+    await stores.sessions.release("c", epoch, 60)
+    await q.enqueue([("c", msg(1))])
+    again = await stores.claim("c")
+    assert payloads(await q.pending("c", again)) == [b"0"]
+    assert payloads(await q.take("c", again, 10)) == [b"1"]
+
+
+async def test_enqueue_and_take_batches_many_clients(stores: Stores) -> None:
+    q = stores.queue
+    epochs = {f"c{i}": await stores.claim(f"c{i}") for i in range(5)}
+    items = [(f"c{i}", msg(n)) for n in range(4) for i in range(5)]
+    takers = {"c0": (epochs["c0"], 2), "c3": (epochs["c3"], 10), "c4": (epochs["c4"], 0)}
+    result = await q.enqueue_and_take(items, takers)
+    assert (result.accepted, result.dropped, result.fenced) == (20, 0, frozenset())
+    assert set(result.taken) == {"c0", "c3", "c4"}
+    assert payloads(result.taken["c0"]) == [b"0", b"1"]
+    assert payloads(result.taken["c3"]) == [b"0", b"1", b"2", b"3"]
+    assert result.taken["c4"] == []
+    assert payloads(await q.take("c1", epochs["c1"], 10)) == [b"0", b"1", b"2", b"3"]
+
+
+async def test_full_message_survives_the_store(stores: Stores) -> None:
+    q = stores.queue
+    epoch = await stores.claim("c")
+    m = Message(
+        "a/ü/b",
+        bytes(range(256)),
+        2,
+        True,
+        Properties(
+            payload_format_indicator=1,
+            message_expiry_interval=3600,
+            content_type="text/plain",
+            response_topic="r/t",
+            correlation_data=b"\x00\x01",
+            subscription_identifier=(1, 268_435_455),
+            user_property=(("k", "v"), ("k", "v2")),
+        ),
+        "sender-1",
+        time.time_ns() // 1_000_000 + 3_600_000,
+    )
+    await q.enqueue([("c", m)])
+    assert [i.message for i in await q.take("c", epoch, 1)] == [m]
+    assert [i.message for i in await q.pending("c", epoch)] == [m]
+
+
+texts = st.text(max_size=20)
+properties = st.builds(
+    Properties,
+    payload_format_indicator=st.none() | st.integers(0, 1),
+    message_expiry_interval=st.none() | st.integers(0, 2**32 - 1),
+    content_type=st.none() | texts,
+    response_topic=st.none() | texts,
+    correlation_data=st.none() | st.binary(max_size=20),
+    subscription_identifier=st.lists(st.integers(1, 268_435_455), max_size=3).map(tuple),
+    user_property=st.lists(st.tuples(texts, texts), max_size=3).map(tuple),
+)
+messages = st.builds(
+    Message,
+    topic=texts,
+    payload=st.binary(max_size=100),
+    qos=st.integers(0, 2),
+    retain=st.booleans(),
+    properties=properties,
+    sender=texts,
+    expires_at_ms=st.none() | st.integers(0, 2**63 - 1),
+)
+
+
+@given(messages)
+def test_serialization_round_trips_every_field(m: Message) -> None:
+    assert loads(dumps(m)) == m
+
+
+def test_serialization_rejects_garbage() -> None:
+    with pytest.raises(SerialError):
+        loads(b"\x09" + dumps(msg(1))[1:])
+    with pytest.raises(SerialError):
+        loads(dumps(msg(1))[:5])
+
+
+@pytest.mark.redis
+async def test_queue_redis_down_raises_unavailable_then_recovers(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    client = connect(server.url, timeout=1.0)
+    sessions, q = RedisSessionStore(client, 1.0), RedisQueueStore(client, timeout=1.0)
+    try:
+        epoch = (await sessions.claim("c", "n1", False, 60)).epoch
+        await q.enqueue([("c", msg(0))])
+        server.stop()
+        with pytest.raises(StoreUnavailable):
+            await q.enqueue([("c", msg(1))])
+        with pytest.raises(StoreUnavailable):
+            await q.take("c", epoch, 10)
+        with pytest.raises(StoreUnavailable):
+            await q.ack_and_take("c", epoch, [1], 10)
+        server.start()
+        assert payloads(await q.take("c", epoch, 10)) == [b"0"]
+    finally:
+        await q.close()
+        server.stop()

@@ -1,28 +1,32 @@
 """The subscription trie: which (client, value) pairs a published topic reaches.
 
-Theory of operation. A filter is stored as a path of nodes, one per level,
-with `+` and `#` as ordinary child names; the node at the end of the path
-holds that filter's subscribers. Matching a topic walks its levels keeping a
-set of live nodes: at each level a node hands on its child of that name and
-its `+` child, and its `#` child matches right there. At the end the live
-nodes match, and so do their `#` children (`a/#` matches `a`). A topic that
-starts with `$` takes only the exact child at the first level. The cost is
-the topic's depth times the number of live branches, independent of how
-many subscriptions the trie holds.
+Theory of operation. Filters without wildcards live in a dict keyed by the
+filter itself: matching them is one lookup of the topic. Wildcard filters
+live in a trie, one node per level; a node keeps its `+` and `#` children in
+their own slots and its other levels in a dict, and the node at the end of a
+filter's path holds that filter's subscribers. Matching a topic walks its
+levels with a set of live nodes: at each level a node hands on its child of
+that name and its `+` child, and its `#` child matches right there. At the
+end the live nodes match, and so do their `#` children (`a/#` matches `a`).
+A topic that starts with `$` takes only the exact child at the first level.
+The cost is the topic's depth times the number of live branches of the
+wildcard trie, independent of how many subscriptions there are.
 
-Entries. A node holds its non-shared subscribers inline while there is one
-(`one`, the most common case for per-client filters) and in a dict keyed by
-client id from the second on; every entry is stored as the ready-made
-`(key, value)` tuple that `match` returns, so matching allocates only the
-result list. Shared subscriptions (`$share/g/f`) are kept at the node of `f`
-under `(g, f)`. Removing the last entry of a node prunes it and every
-emptied ancestor, so memory follows the live subscriptions, not churn.
+Entries. A filter's non-shared subscribers are held inline while there is
+one (`one`, the common case for per-client filters) and in a dict keyed by
+client id from the second on; each is stored as the ready-made `(key,
+value)` tuple that `match` returns, so matching allocates only the result
+list. Shared subscriptions (`$share/g/f`) are kept with `f` under `(g, f)`.
+Removing the last entry of a filter drops it and prunes every emptied
+ancestor node, so memory follows the live subscriptions, not churn.
 
-Cache. `match` remembers, per topic, the list of nodes the walk reached (a
-bounded FIFO). Entries are read from those nodes at match time, so adding or
-removing a subscriber at an existing node needs no invalidation; creating a
-node clears the cache (the walk could now reach it). A pruned node left in a
-cached list is empty forever and contributes nothing.
+Cache. `match` remembers, per topic, the list of trie nodes the walk reached
+(a bounded dict, emptied when full: FIFO eviction from a dict rescans deleted
+slots and costs more than it saves). Entries are read from those nodes at
+match time, so adding or removing a subscriber of an existing node needs no
+invalidation; creating a node clears the cache (the walk could now reach
+it). A pruned node left in a cached list is empty forever and contributes
+nothing. Exact filters are looked up afresh on every match.
 
 Precondition: `match` takes a valid topic name (no wildcards); the codec and
 channel validate names before routing. `add` validates filters.
@@ -42,19 +46,18 @@ V = TypeVar("V")
 DEFAULT_CACHE_SIZE = 4096  # topics; a hot set of topics fits, a bound keeps memory flat
 
 
-class _Node(Generic[V]):
-    __slots__ = ("children", "one", "shared", "subs")
+class _Entries(Generic[V]):
+    """The subscribers of one filter (non-shared and shared)."""
+
+    __slots__ = ("one", "shared", "subs")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node[V]] | None = None
         self.one: tuple[str, V] | None = None
         self.subs: dict[str, tuple[str, V]] | None = None
         self.shared: dict[tuple[str, str], dict[str, tuple[str, V]]] | None = None
 
     def is_empty(self) -> bool:
-        return (
-            self.one is None and self.subs is None and self.shared is None and not self.children
-        )
+        return self.one is None and self.subs is None and self.shared is None
 
     def put(self, entry: tuple[str, V]) -> bool:
         key = entry[0]
@@ -115,13 +118,68 @@ class _Node(Generic[V]):
         return True
 
 
+class _Node(_Entries[V]):
+    """A trie node: the entries of the wildcard filter ending here, and children."""
+
+    __slots__ = ("children", "hash", "plus")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.children: dict[str, _Node[V]] | None = None  # exact levels only
+        self.plus: _Node[V] | None = None
+        self.hash: _Node[V] | None = None
+
+    def is_empty(self) -> bool:
+        return (
+            self.one is None
+            and self.subs is None
+            and self.shared is None
+            and self.children is None
+            and self.plus is None
+            and self.hash is None
+        )
+
+    def child(self, level: str) -> _Node[V] | None:
+        if level == "+":
+            return self.plus
+        if level == "#":
+            return self.hash
+        children = self.children
+        return None if children is None else children.get(level)
+
+    def make_child(self, level: str) -> _Node[V]:
+        node: _Node[V] = _Node()
+        if level == "+":
+            self.plus = node
+        elif level == "#":
+            self.hash = node
+        elif self.children is None:
+            self.children = {sys.intern(level): node}
+        else:
+            self.children[sys.intern(level)] = node
+        return node
+
+    def drop_child(self, level: str) -> None:
+        if level == "+":
+            self.plus = None
+        elif level == "#":
+            self.hash = None
+        else:
+            children = self.children
+            assert children is not None
+            del children[level]
+            if not children:
+                self.children = None
+
+
 class TopicTrie(Generic[V]):
     """Subscriptions by topic filter; `key` is a client id, `value` its options."""
 
-    __slots__ = ("_by_key", "_cache", "_cache_size", "_count", "_root")
+    __slots__ = ("_by_key", "_cache", "_cache_size", "_count", "_exact", "_root")
 
     def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
         self._root: _Node[V] = _Node()
+        self._exact: dict[str, _Entries[V]] = {}
         self._count = 0
         self._by_key: dict[str, dict[str, None]] = {}
         self._cache: dict[str, list[_Node[V]]] = {}
@@ -143,21 +201,25 @@ class TopicTrie(Generic[V]):
         else:
             path = shared[1]
         key = sys.intern(key)
-        node = self._root
-        created = False
-        for level in path.split("/"):
-            children = node.children
-            if children is None:
-                children = node.children = {}
-            child = children.get(level)
-            if child is None:
-                child = children[sys.intern(level)] = _Node()
-                created = True
-            node = child
-        if created:
-            self._cache.clear()
+        entries: _Entries[V] | None
+        if "+" in path or "#" in path:
+            node = self._root
+            created = False
+            for level in path.split("/"):
+                child = node.child(level)
+                if child is None:
+                    child = node.make_child(level)
+                    created = True
+                node = child
+            if created:
+                self._cache.clear()
+            entries = node
+        else:
+            entries = self._exact.get(path)
+            if entries is None:
+                entries = self._exact[path] = _Entries()
         entry = (key, value)
-        new = node.put(entry) if shared is None else node.put_shared(shared, entry)
+        new = entries.put(entry) if shared is None else entries.put_shared(shared, entry)
         if new:
             self._count += 1
             held = self._by_key.get(key)
@@ -173,32 +235,45 @@ class TopicTrie(Generic[V]):
         except TopicFilterInvalid:
             return False
         path = topic_filter if shared is None else shared[1]
+        if "+" in path or "#" in path:
+            return self._remove_wild(path, shared, key, topic_filter)
+        entries = self._exact.get(path)
+        if entries is None or not (
+            entries.drop(key) if shared is None else entries.drop_shared(shared, key)
+        ):
+            return False
+        if entries.is_empty():
+            del self._exact[path]
+        self._forget(topic_filter, key)
+        return True
+
+    def _remove_wild(
+        self, path: str, shared: tuple[str, str] | None, key: str, topic_filter: str
+    ) -> bool:
         trail: list[tuple[_Node[V], str]] = []
         node = self._root
         for level in path.split("/"):
-            children = node.children
-            child = None if children is None else children.get(level)
+            child = node.child(level)
             if child is None:
                 return False
             trail.append((node, level))
             node = child
         if not (node.drop(key) if shared is None else node.drop_shared(shared, key)):
             return False
+        for parent, level in reversed(trail):
+            if not node.is_empty():
+                break
+            parent.drop_child(level)
+            node = parent
+        self._forget(topic_filter, key)
+        return True
+
+    def _forget(self, topic_filter: str, key: str) -> None:
         self._count -= 1
         held = self._by_key[key]
         del held[topic_filter]
         if not held:
             del self._by_key[key]
-        for parent, level in reversed(trail):
-            if not node.is_empty():
-                break
-            children = parent.children
-            assert children is not None
-            del children[level]
-            if not children:
-                parent.children = None
-            node = parent
-        return True
 
     def remove_key(self, key: str) -> list[str]:
         """Remove every subscription of `key`; returns the filters it held."""
@@ -220,6 +295,12 @@ class TopicTrie(Generic[V]):
         matching (filter, key), so a key may appear several times. A fresh
         list the caller may keep; the tuples are shared, never mutated."""
         out: list[tuple[str, V]] = []
+        exact = self._exact.get(topic)
+        if exact is not None:
+            if exact.one is not None:
+                out.append(exact.one)
+            elif exact.subs is not None:
+                out.extend(exact.subs.values())
         for node in self._nodes(topic):
             one = node.one
             if one is not None:
@@ -232,6 +313,10 @@ class TopicTrie(Generic[V]):
         """(group, filter) -> its members, for each shared subscription
         whose filter matches `topic`. Picking one member is the caller's job."""
         out: dict[tuple[str, str], list[tuple[str, V]]] = {}
+        exact = self._exact.get(topic)
+        if exact is not None and exact.shared is not None:
+            for group_filter, members in exact.shared.items():
+                out[group_filter] = list(members.values())
         for node in self._nodes(topic):
             shared = node.shared
             if shared is not None:
@@ -246,7 +331,7 @@ class TopicTrie(Generic[V]):
             nodes = self._walk(topic)
             if self._cache_size > 0:
                 if len(cache) >= self._cache_size:
-                    del cache[next(iter(cache))]
+                    cache.clear()
                 cache[topic] = nodes
         return nodes
 
@@ -266,26 +351,23 @@ class TopicTrie(Generic[V]):
         for level in levels:
             nxt: list[_Node[V]] = []
             for node in live:
-                children = node.children
-                if children is None:
-                    continue
-                child = children.get("#")
+                child = node.hash
                 if child is not None:
                     found.append(child)
-                child = children.get(level)
+                child = node.plus
                 if child is not None:
                     nxt.append(child)
-                child = children.get("+")
-                if child is not None:
-                    nxt.append(child)
+                children = node.children
+                if children is not None:
+                    child = children.get(level)
+                    if child is not None:
+                        nxt.append(child)
             if not nxt:
                 return found
             live = nxt
         for node in live:
             found.append(node)
-            children = node.children
-            if children is not None:
-                child = children.get("#")
-                if child is not None:
-                    found.append(child)
+            child = node.hash
+            if child is not None:
+                found.append(child)
         return found

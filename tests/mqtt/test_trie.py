@@ -15,9 +15,7 @@ from services.mqtt.trie import TopicTrie
 TOPIC_LEVELS = ["a", "b", "", "$s", "$share", "g"]
 FILTER_LEVELS = ["a", "b", "", "$s", "+", "g"]
 
-topics = st.lists(st.sampled_from(TOPIC_LEVELS), min_size=1, max_size=4).map("/".join).filter(
-    bool
-)
+topics = st.lists(st.sampled_from(TOPIC_LEVELS), min_size=1, max_size=4).map("/".join).filter(bool)
 
 
 @st.composite
@@ -94,6 +92,7 @@ def test_trie_equals_brute_force(
         assert trie.remove(f, k)
     assert len(trie) == 0
     assert trie._root.is_empty()
+    assert trie._exact == {}
     assert list(trie.keys()) == []
 
 
@@ -160,6 +159,7 @@ def test_remove_key_and_pruning() -> None:
     assert trie.remove("a/b/c", "c2")
     assert not trie.remove("a/b/c", "c2")
     assert trie._root.is_empty()
+    assert trie._exact == {}
 
 
 def test_churn_does_not_grow_the_trie() -> None:
@@ -173,6 +173,7 @@ def test_churn_does_not_grow_the_trie() -> None:
     root_children = trie._root.children
     assert root_children is not None
     assert list(root_children) == ["keep"]
+    assert trie._root.plus is None and trie._root.hash is None
     assert len(trie._cache) <= 4096
 
 

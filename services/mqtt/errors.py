@@ -58,3 +58,15 @@ class QosNotSupported(MQTTError):
 
 class PayloadFormatInvalid(MQTTError):
     reason_code = ReasonCode.PAYLOAD_FORMAT_INVALID
+
+
+class UnsupportedProtocolLevel(UnsupportedProtocolVersion):
+    """CONNECT named a protocol name / level pair Weir does not speak.
+
+    `protocol_level` is the level byte the client sent: answer with 5.0's
+    CONNACK 0x84 when it is 5, else with 3.1.1's CONNACK 0x01.
+    """
+
+    def __init__(self, message: str, protocol_level: int) -> None:
+        super().__init__(message)
+        self.protocol_level = protocol_level

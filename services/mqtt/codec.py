@@ -1,0 +1,764 @@
+"""MQTT 3.1 / 3.1.1 / 5.0 control packets to and from bytes, with no I/O.
+
+Theory of operation: `decode` looks at a buffer that starts at a packet
+boundary. It validates the fixed header's first byte as soon as it has it
+(packet type allowed at this level, reserved flag bits, QoS 3, DUP on QoS 0),
+then reads the remaining length and checks the maximum packet size before it
+waits for the body; only once the whole packet is there does it parse it,
+and returns the packet with the number of bytes it used. Anything short of a
+whole packet is None ("need more data"); anything that breaks a MUST of the
+spec raises an `MQTTError` carrying the reason code the node should send.
+`protocol_level` is the level of the connection's CONNECT, or 0 before one:
+then only CONNECT is accepted, and every CONNECT is parsed at its own level.
+
+`encode` puts on the wire what the level can say: properties and reason
+codes exist only at level 5, and 5.0 short forms (PUBACK with only a packet
+id, DISCONNECT with nothing) are used whenever they say the same thing. A
+CONNECT is always encoded at its own `protocol_level`.
+
+PUBLISH is the hot path on both sides: its decoding is written out inline
+in `decode` and `encode_publish` takes pre-encoded topic and properties so
+a node can encode one message once per subscriber with a few byte joins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any, Final
+
+from services.mqtt.errors import (
+    MalformedPacket,
+    PacketTooLarge,
+    PayloadFormatInvalid,
+    ProtocolError,
+    TopicNameInvalid,
+    UnsupportedProtocolLevel,
+)
+from services.mqtt.packets import (
+    NO_PROPERTIES,
+    Auth,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    PacketType,
+    Pingreq,
+    Pingresp,
+    Properties,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Subscription,
+    Unsuback,
+    Unsubscribe,
+    Will,
+)
+from services.mqtt.properties import (
+    VARINT_MAX,
+    WILL,
+    Buffer,
+    decode_properties,
+    encode_binary,
+    encode_properties,
+    encode_utf8,
+    encode_varint,
+    read_binary,
+    read_u16,
+    read_utf8,
+)
+
+__all__ = [
+    "MAX_PACKET_SIZE",
+    "WILL",
+    "decode",
+    "encode",
+    "encode_properties",
+    "encode_publish",
+    "peek_connect_level",
+]
+
+MAX_PACKET_SIZE: Final = VARINT_MAX + 5
+"""Largest packet MQTT can frame: 1 type byte, 4 length bytes, the body."""
+
+_PROTOCOLS: Final = {("MQIsdp", 3), ("MQTT", 4), ("MQTT", 5)}
+
+# Fixed-header flags each packet type must carry (PUBLISH is checked apart).
+_FLAGS: Final = (-1, 0, 0, -1, 0, 0, 2, 0, 2, 0, 2, 0, 0, 0, 0, 0)
+
+_T = PacketType
+_CONNACK_5: Final = frozenset(
+    {
+        0x00,
+        0x80,
+        0x81,
+        0x82,
+        0x83,
+        0x84,
+        0x85,
+        0x86,
+        0x87,
+        0x88,
+        0x89,
+        0x8A,
+        0x8C,
+        0x90,
+        0x95,
+        0x97,
+        0x99,
+        0x9A,
+        0x9B,
+        0x9C,
+        0x9D,
+        0x9F,
+    }
+)
+_CONNACK_3: Final = frozenset(range(6))
+_PUBACK_5: Final = frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99})
+_PUBREL_5: Final = frozenset({0x00, 0x92})
+_SUBACK_5: Final = frozenset(
+    {0x00, 0x01, 0x02, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2}
+)
+_SUBACK_3: Final = frozenset({0x00, 0x01, 0x02, 0x80})
+_UNSUBACK_5: Final = frozenset({0x00, 0x11, 0x80, 0x83, 0x87, 0x8F, 0x91})
+_DISCONNECT_5: Final = frozenset(
+    {
+        0x00,
+        0x04,
+        0x80,
+        0x81,
+        0x82,
+        0x83,
+        0x87,
+        0x89,
+        0x8B,
+        0x8D,
+        0x8E,
+        0x8F,
+        0x90,
+        0x93,
+        0x94,
+        0x95,
+        0x96,
+        0x97,
+        0x98,
+        0x99,
+        0x9A,
+        0x9B,
+        0x9C,
+        0x9D,
+        0x9E,
+        0x9F,
+        0xA0,
+        0xA1,
+        0xA2,
+    }
+)
+_AUTH_5: Final = frozenset({0x00, 0x18, 0x19})
+# A 5.0 CONNACK reason code said in 3.1.1's words, for a node that picked one.
+_CONNACK_TO_3: Final = {0x84: 1, 0x85: 2, 0x88: 3, 0x89: 3, 0x86: 4, 0x8C: 4, 0x87: 5, 0x8A: 5}
+
+
+# A decoded PUBLISH is built through its slots: the frozen __init__ spends
+# half of the decode time in seven object.__setattr__ calls.
+_PUBLISH_FIELDS: Final = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties")
+if tuple(f.name for f in fields(Publish)) != _PUBLISH_FIELDS:
+    raise RuntimeError("Publish's fields changed: update codec._PUBLISH_FIELDS and decode()")
+_new = object.__new__
+(
+    _set_topic,
+    _set_payload,
+    _set_qos,
+    _set_retain,
+    _set_dup,
+    _set_packet_id,
+    _set_properties,
+) = (Publish.__dict__[name].__set__ for name in _PUBLISH_FIELDS)
+
+
+# --- decoding ---------------------------------------------------------------
+
+
+def decode(
+    buf: Buffer, protocol_level: int, max_packet_size: int = MAX_PACKET_SIZE
+) -> tuple[Packet, int] | None:
+    """The packet at the start of `buf` and the bytes it used, or None for more data."""
+    n = len(buf)
+    if not n:
+        return None
+    first = buf[0]
+    ptype = first >> 4
+    if ptype == 3:
+        if first & 6 == 6:
+            raise MalformedPacket("PUBLISH with QoS 3")
+        if first & 0x0E == 0x08 and protocol_level != 3:
+            raise MalformedPacket("PUBLISH with DUP set on QoS 0")
+        if not protocol_level:
+            raise ProtocolError("first packet is PUBLISH, not CONNECT")
+    else:
+        _check_first_byte(first, ptype, protocol_level)
+    if n < 2:
+        return None
+    rl = buf[1]
+    if rl < 0x80:
+        pos = 2
+    else:
+        rl, pos = _remaining_length(buf, n)
+        if not pos:
+            return None
+    end = pos + rl
+    if end > max_packet_size:
+        raise PacketTooLarge(f"packet of {end} bytes exceeds the maximum of {max_packet_size}")
+    if n < end:
+        return None
+    if ptype != 3:
+        return _DECODERS[ptype](buf, first, pos, end, protocol_level), end
+
+    if pos + 2 > end:
+        raise MalformedPacket("PUBLISH topic length runs past the end of the packet")
+    p = pos + 2 + ((buf[pos] << 8) | buf[pos + 1])
+    if p > end:
+        raise MalformedPacket("PUBLISH topic runs past the end of the packet")
+    try:
+        topic = str(buf[pos + 2 : p], "utf-8")
+    except UnicodeDecodeError:
+        raise MalformedPacket("PUBLISH topic is ill-formed UTF-8") from None
+    qos = (first >> 1) & 3
+    packet_id: int | None = None
+    if qos:
+        if p + 2 > end:
+            raise MalformedPacket("PUBLISH packet id runs past the end of the packet")
+        packet_id = (buf[p] << 8) | buf[p + 1]
+        if not packet_id:
+            raise ProtocolError("PUBLISH with QoS > 0 and packet id 0")
+        p += 2
+    props = NO_PROPERTIES
+    if protocol_level == 5:
+        if p < end and not buf[p]:
+            p += 1
+        else:
+            props, p = decode_properties(buf, p, end, _T.PUBLISH)
+    payload = buf[p:end]
+    if type(payload) is not bytes:
+        payload = bytes(payload)
+    if "+" in topic or "#" in topic or "\x00" in topic or not topic:
+        _check_topic_name(topic, props, protocol_level)
+    if props.payload_format_indicator == 1:
+        _check_utf8_payload(payload)
+    packet = _new(Publish)
+    _set_topic(packet, topic)
+    _set_payload(packet, payload)
+    _set_qos(packet, qos)
+    _set_retain(packet, bool(first & 1))
+    _set_dup(packet, bool(first & 8))
+    _set_packet_id(packet, packet_id)
+    _set_properties(packet, props)
+    return packet, end
+
+
+def _check_first_byte(first: int, ptype: int, level: int) -> None:
+    if not ptype:
+        raise MalformedPacket("reserved packet type 0")
+    if not level:
+        if ptype != _T.CONNECT:
+            raise ProtocolError(f"first packet is {_T(ptype).name}, not CONNECT")
+        level = 5
+    elif ptype == _T.AUTH and level != 5:
+        raise MalformedPacket(f"AUTH does not exist at protocol level {level}")
+    flags = first & 0x0F
+    expected = _FLAGS[ptype]
+    if flags != expected and not (level == 3 and expected == 2 and flags == 0x0A):
+        raise MalformedPacket(f"{_T(ptype).name} with fixed-header flags {flags:#06b}")
+
+
+def _remaining_length(buf: Buffer, n: int) -> tuple[int, int]:
+    """(length, position after it), or (0, 0) when the buffer ends inside it."""
+    value = 0
+    shift = 0
+    pos = 1
+    while True:
+        if pos >= n:
+            return 0, 0
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            if not b:
+                raise MalformedPacket("remaining length not in its shortest form")
+            return value, pos
+        if pos == 5:
+            raise MalformedPacket("remaining length longer than 4 bytes")
+        shift += 7
+
+
+def _check_topic_name(topic: str, props: Properties, level: int) -> None:
+    if "\x00" in topic:
+        raise MalformedPacket("topic name contains U+0000")
+    if "+" in topic or "#" in topic:
+        raise TopicNameInvalid(f"wildcard in topic name {topic!r}")
+    if not topic and props.topic_alias is None:
+        if level == 5:
+            raise ProtocolError("empty topic name without a topic alias")
+        raise TopicNameInvalid("empty topic name")
+
+
+def _check_utf8_payload(payload: bytes) -> None:
+    try:
+        payload.decode()
+    except UnicodeDecodeError:
+        raise PayloadFormatInvalid("payload format indicator 1 on non-UTF-8 payload") from None
+
+
+def _expect_end(pos: int, end: int, what: str) -> None:
+    if pos != end:
+        raise MalformedPacket(f"{end - pos} trailing bytes in {what}")
+
+
+def _packet_id(buf: Buffer, pos: int, end: int, what: str) -> int:
+    packet_id = read_u16(buf, pos, end)
+    if not packet_id:
+        raise ProtocolError(f"{what} with packet id 0")
+    return packet_id
+
+
+def _reason(buf: Buffer, pos: int, codes: frozenset[int], what: str) -> int:
+    code = buf[pos]
+    if code not in codes:
+        raise MalformedPacket(f"reason code {code:#04x} not valid in {what}")
+    return code
+
+
+def _decode_connect(buf: Buffer, first: int, pos: int, end: int, _: int) -> Connect:
+    name, pos = read_utf8(buf, pos, end)
+    if pos + 4 > end:
+        raise MalformedPacket("CONNECT variable header runs past the end of the packet")
+    level = buf[pos]
+    if (name, level) not in _PROTOCOLS:
+        raise UnsupportedProtocolLevel(f"protocol {name!r} level {level}", level)
+    flags = buf[pos + 1]
+    keep_alive = (buf[pos + 2] << 8) | buf[pos + 3]
+    pos += 4
+    if flags & 0x01:
+        raise MalformedPacket("CONNECT reserved flag set")
+    will_flag = flags & 0x04
+    will_qos = (flags >> 3) & 3
+    will_retain = bool(flags & 0x20)
+    if will_qos == 3:
+        raise MalformedPacket("CONNECT will QoS 3")
+    if not will_flag and (will_qos or will_retain):
+        raise MalformedPacket("CONNECT will QoS or retain without the will flag")
+    if flags & 0x40 and not flags & 0x80 and level != 5:
+        raise MalformedPacket("CONNECT password without a user name")
+    props = NO_PROPERTIES
+    if level == 5:
+        props, pos = decode_properties(buf, pos, end, _T.CONNECT)
+    client_id, pos = read_utf8(buf, pos, end)
+    will = None
+    if will_flag:
+        will_props = NO_PROPERTIES
+        if level == 5:
+            will_props, pos = decode_properties(buf, pos, end, WILL)
+        will_topic, pos = read_utf8(buf, pos, end)
+        if "+" in will_topic or "#" in will_topic or not will_topic:
+            raise TopicNameInvalid(f"will topic {will_topic!r} is not a valid topic name")
+        will_payload, pos = read_binary(buf, pos, end)
+        if will_props.payload_format_indicator == 1:
+            _check_utf8_payload(will_payload)
+        will = Will(will_topic, will_payload, will_qos, will_retain, will_props)
+    username = password = None
+    if flags & 0x80:
+        username, pos = read_utf8(buf, pos, end)
+    if flags & 0x40:
+        password, pos = read_binary(buf, pos, end)
+    _expect_end(pos, end, "CONNECT")
+    return Connect(
+        client_id, level, bool(flags & 0x02), keep_alive, username, password, will, props, name
+    )
+
+
+def _decode_connack(buf: Buffer, first: int, pos: int, end: int, level: int) -> Connack:
+    if pos + 2 > end:
+        raise MalformedPacket("CONNACK shorter than 2 bytes")
+    flags = buf[pos]
+    if level == 3:
+        flags = 0
+    elif flags & 0xFE:
+        raise MalformedPacket("CONNACK reserved flags set")
+    code = _reason(buf, pos + 1, _CONNACK_5 if level == 5 else _CONNACK_3, "CONNACK")
+    if flags and code:
+        raise ProtocolError("CONNACK with session present and a failure code")
+    props = NO_PROPERTIES
+    pos += 2
+    if level == 5:
+        props, pos = decode_properties(buf, pos, end, _T.CONNACK)
+    _expect_end(pos, end, "CONNACK")
+    return Connack(bool(flags), code, props)
+
+
+_AckClass = Callable[[int, int, Properties], Packet]
+_ACKS: Final[dict[int, tuple[_AckClass, frozenset[int]]]] = {
+    _T.PUBACK: (Puback, _PUBACK_5),
+    _T.PUBREC: (Pubrec, _PUBACK_5),
+    _T.PUBREL: (Pubrel, _PUBREL_5),
+    _T.PUBCOMP: (Pubcomp, _PUBREL_5),
+}
+
+
+def _decode_ack(buf: Buffer, first: int, pos: int, end: int, level: int) -> Packet:
+    ptype = first >> 4
+    cls, codes = _ACKS[ptype]
+    what = _T(ptype).name
+    size = end - pos
+    if size < 2 or (size != 2 and level != 5):
+        raise MalformedPacket(f"{what} of {size} bytes")
+    packet_id = _packet_id(buf, pos, end, what)
+    if size == 2:
+        return cls(packet_id, 0, NO_PROPERTIES)
+    code = _reason(buf, pos + 2, codes, what)
+    props = NO_PROPERTIES
+    if size > 3:
+        props, pos = decode_properties(buf, pos + 3, end, ptype)
+        _expect_end(pos, end, what)
+    return cls(packet_id, code, props)
+
+
+def _decode_subscribe(buf: Buffer, first: int, pos: int, end: int, level: int) -> Subscribe:
+    packet_id = _packet_id(buf, pos, end, "SUBSCRIBE")
+    pos += 2
+    props = NO_PROPERTIES
+    if level == 5:
+        props, pos = decode_properties(buf, pos, end, _T.SUBSCRIBE)
+    subs: list[Subscription] = []
+    while pos < end:
+        topic_filter, pos = read_utf8(buf, pos, end)
+        if pos >= end:
+            raise MalformedPacket("SUBSCRIBE topic filter without options")
+        options = buf[pos]
+        pos += 1
+        qos = options & 3
+        if qos == 3:
+            raise MalformedPacket("SUBSCRIBE with QoS 3")
+        if level != 5:
+            if options & 0xFC:
+                raise MalformedPacket("SUBSCRIBE options reserved bits set")
+            subs.append(Subscription(topic_filter, qos))
+            continue
+        if options & 0xC0:
+            raise MalformedPacket("SUBSCRIBE options reserved bits set")
+        retain_handling = (options >> 4) & 3
+        if retain_handling == 3:
+            raise ProtocolError("SUBSCRIBE with retain handling 3")
+        subs.append(
+            Subscription(topic_filter, qos, bool(options & 4), bool(options & 8), retain_handling)
+        )
+    if not subs:
+        raise ProtocolError("SUBSCRIBE without topic filters")
+    return Subscribe(packet_id, tuple(subs), props)
+
+
+def _decode_codes(
+    buf: Buffer, pos: int, end: int, codes: frozenset[int], what: str
+) -> tuple[int, ...]:
+    result = tuple(buf[pos:end])
+    if not result:
+        raise ProtocolError(f"{what} without reason codes")
+    for code in result:
+        if code not in codes:
+            raise MalformedPacket(f"reason code {code:#04x} not valid in {what}")
+    return result
+
+
+def _decode_suback(buf: Buffer, first: int, pos: int, end: int, level: int) -> Suback:
+    packet_id = _packet_id(buf, pos, end, "SUBACK")
+    pos += 2
+    props = NO_PROPERTIES
+    if level == 5:
+        props, pos = decode_properties(buf, pos, end, _T.SUBACK)
+    codes = _decode_codes(buf, pos, end, _SUBACK_5 if level == 5 else _SUBACK_3, "SUBACK")
+    return Suback(packet_id, codes, props)
+
+
+def _decode_unsubscribe(buf: Buffer, first: int, pos: int, end: int, level: int) -> Unsubscribe:
+    packet_id = _packet_id(buf, pos, end, "UNSUBSCRIBE")
+    pos += 2
+    props = NO_PROPERTIES
+    if level == 5:
+        props, pos = decode_properties(buf, pos, end, _T.UNSUBSCRIBE)
+    filters: list[str] = []
+    while pos < end:
+        topic_filter, pos = read_utf8(buf, pos, end)
+        filters.append(topic_filter)
+    if not filters:
+        raise ProtocolError("UNSUBSCRIBE without topic filters")
+    return Unsubscribe(packet_id, tuple(filters), props)
+
+
+def _decode_unsuback(buf: Buffer, first: int, pos: int, end: int, level: int) -> Unsuback:
+    packet_id = _packet_id(buf, pos, end, "UNSUBACK")
+    if level != 5:
+        _expect_end(pos + 2, end, "UNSUBACK")
+        return Unsuback(packet_id)
+    props, pos = decode_properties(buf, pos + 2, end, _T.UNSUBACK)
+    return Unsuback(packet_id, _decode_codes(buf, pos, end, _UNSUBACK_5, "UNSUBACK"), props)
+
+
+def _decode_empty(buf: Buffer, first: int, pos: int, end: int, level: int) -> Packet:
+    ptype = first >> 4
+    _expect_end(pos, end, _T(ptype).name)
+    return Pingreq() if ptype == _T.PINGREQ else Pingresp()
+
+
+def _decode_disconnect(
+    buf: Buffer, first: int, pos: int, end: int, level: int
+) -> Disconnect | Auth:
+    ptype = first >> 4
+    what = _T(ptype).name
+    if level != 5:
+        _expect_end(pos, end, what)
+        return Disconnect()
+    code = 0
+    props = NO_PROPERTIES
+    if pos < end:
+        code = _reason(buf, pos, _AUTH_5 if ptype == _T.AUTH else _DISCONNECT_5, what)
+        if pos + 1 < end:
+            props, pos = decode_properties(buf, pos + 1, end, ptype)
+            _expect_end(pos, end, what)
+    return Auth(code, props) if ptype == _T.AUTH else Disconnect(code, props)
+
+
+_Decoder = Callable[[Buffer, int, int, int, int], Packet]
+_DECODERS: Final[tuple[_Decoder, ...]] = (
+    _decode_empty,  # 0: refused by _check_first_byte
+    _decode_connect,
+    _decode_connack,
+    _decode_empty,  # 3: PUBLISH is decoded inline
+    _decode_ack,
+    _decode_ack,
+    _decode_ack,
+    _decode_ack,
+    _decode_subscribe,
+    _decode_suback,
+    _decode_unsubscribe,
+    _decode_unsuback,
+    _decode_empty,
+    _decode_empty,
+    _decode_disconnect,
+    _decode_disconnect,
+)
+
+
+def peek_connect_level(buf: Buffer) -> int | None:
+    """The protocol level byte of the CONNECT at the start of `buf`, if readable.
+
+    For a node whose `decode(..., 0)` raised: it tells whether to answer in
+    5.0's words (CONNACK with the error's reason code) or 3.x's.
+    """
+    n = len(buf)
+    if n < 2 or buf[0] != 0x10:
+        return None
+    pos = 1
+    while pos < min(n, 5) and buf[pos] & 0x80:
+        pos += 1
+    pos += 1
+    if pos + 2 > n:
+        return None
+    pos += 2 + ((buf[pos] << 8) | buf[pos + 1])
+    return buf[pos] if pos < n else None
+
+
+# --- encoding ---------------------------------------------------------------
+
+
+def _frame(first: int, body: bytes | bytearray) -> bytes:
+    n = len(body)
+    if n < 0x80:
+        return bytes((first, n)) + body
+    return bytes((first,)) + encode_varint(n) + body
+
+
+def _empty(props: Properties) -> bool:
+    return props is NO_PROPERTIES or props == NO_PROPERTIES
+
+
+def encode_publish(
+    topic: bytes,
+    payload: bytes,
+    qos: int,
+    retain: bool,
+    dup: bool,
+    packet_id: int | None,
+    properties: bytes | None,
+) -> bytes:
+    """A PUBLISH from an encoded topic and (5.0) an encoded property block."""
+    first = 0x30 | (qos << 1) | (0x01 if retain else 0) | (0x08 if dup else 0)
+    tl = len(topic)
+    if tl > 0xFFFF:
+        raise ValueError("topic longer than 65535 bytes")
+    if qos:
+        if not packet_id:
+            raise ValueError("PUBLISH with QoS > 0 needs a packet id")
+        tail = topic + bytes((packet_id >> 8, packet_id & 0xFF))
+    else:
+        tail = topic
+    if properties is not None:
+        tail += properties
+    rl = 2 + len(tail) + len(payload)
+    if rl < 0x80:
+        return bytes((first, rl, tl >> 8, tl & 0xFF)) + tail + payload
+    return b"".join(
+        (bytes((first,)), encode_varint(rl), bytes((tl >> 8, tl & 0xFF)), tail, payload)
+    )
+
+
+def encode(packet: Packet, protocol_level: int) -> bytes:
+    """The bytes of `packet` as a connection at `protocol_level` says it."""
+    return _ENCODERS[type(packet)](packet, protocol_level)
+
+
+def _encode_publish(p: Publish, level: int) -> bytes:
+    props = encode_properties(p.properties, _T.PUBLISH) if level == 5 else None
+    return encode_publish(p.topic.encode(), p.payload, p.qos, p.retain, p.dup, p.packet_id, props)
+
+
+def _encode_connect(p: Connect, _: int) -> bytes:
+    level = p.protocol_level
+    flags = 0x02 if p.clean_start else 0
+    if p.will is not None:
+        flags |= 0x04 | (p.will.qos << 3) | (0x20 if p.will.retain else 0)
+    if p.username is not None:
+        flags |= 0x80
+    if p.password is not None:
+        if p.username is None and level != 5:
+            raise ValueError("MQTT 3.x CONNECT cannot carry a password without a user name")
+        flags |= 0x40
+    body = bytearray(encode_utf8("MQIsdp" if level == 3 else "MQTT"))
+    body += bytes((level, flags, p.keep_alive >> 8, p.keep_alive & 0xFF))
+    if level == 5:
+        body += encode_properties(p.properties, _T.CONNECT)
+    body += encode_utf8(p.client_id)
+    if p.will is not None:
+        if level == 5:
+            body += encode_properties(p.will.properties, WILL)
+        body += encode_utf8(p.will.topic)
+        body += encode_binary(p.will.payload)
+    if p.username is not None:
+        body += encode_utf8(p.username)
+    if p.password is not None:
+        body += encode_binary(p.password)
+    return _frame(0x10, body)
+
+
+def _encode_connack(p: Connack, level: int) -> bytes:
+    if level != 5:
+        code = _CONNACK_TO_3.get(p.reason_code, 3) if p.reason_code >= 0x80 else p.reason_code
+        present = p.session_present and level == 4
+        return bytes((0x20, 2, 1 if present else 0, code))
+    body = bytes((1 if p.session_present else 0, p.reason_code))
+    return _frame(0x20, body + encode_properties(p.properties, _T.CONNACK))
+
+
+def _encode_ack(p: Puback | Pubrec | Pubrel | Pubcomp, level: int) -> bytes:
+    ptype = _PACKET_TYPE[type(p)]
+    first = (ptype << 4) | _FLAGS[ptype]
+    pid = bytes((p.packet_id >> 8, p.packet_id & 0xFF))
+    if level != 5 or (not p.reason_code and _empty(p.properties)):
+        return bytes((first, 2)) + pid
+    if _empty(p.properties):
+        return bytes((first, 3)) + pid + bytes((p.reason_code,))
+    return _frame(first, pid + bytes((p.reason_code,)) + encode_properties(p.properties, ptype))
+
+
+def _encode_subscribe(p: Subscribe, level: int) -> bytes:
+    body = bytearray((p.packet_id >> 8, p.packet_id & 0xFF))
+    if level == 5:
+        body += encode_properties(p.properties, _T.SUBSCRIBE)
+    for s in p.subscriptions:
+        body += encode_utf8(s.topic_filter)
+        options = s.qos
+        if level == 5:
+            options |= (
+                (4 if s.no_local else 0)
+                | (8 if s.retain_as_published else 0)
+                | (s.retain_handling << 4)
+            )
+        body.append(options)
+    return _frame(0x82, body)
+
+
+def _encode_suback(p: Suback, level: int) -> bytes:
+    body = bytearray((p.packet_id >> 8, p.packet_id & 0xFF))
+    if level == 5:
+        body += encode_properties(p.properties, _T.SUBACK)
+        body += bytes(p.reason_codes)
+    else:
+        body += bytes(c if c < 0x80 else 0x80 for c in p.reason_codes)
+    return _frame(0x90, body)
+
+
+def _encode_unsubscribe(p: Unsubscribe, level: int) -> bytes:
+    body = bytearray((p.packet_id >> 8, p.packet_id & 0xFF))
+    if level == 5:
+        body += encode_properties(p.properties, _T.UNSUBSCRIBE)
+    for topic_filter in p.topic_filters:
+        body += encode_utf8(topic_filter)
+    return _frame(0xA2, body)
+
+
+def _encode_unsuback(p: Unsuback, level: int) -> bytes:
+    body = bytearray((p.packet_id >> 8, p.packet_id & 0xFF))
+    if level == 5:
+        body += encode_properties(p.properties, _T.UNSUBACK)
+        body += bytes(p.reason_codes)
+    return _frame(0xB0, body)
+
+
+def _encode_pingreq(p: Pingreq, level: int) -> bytes:
+    return b"\xc0\x00"
+
+
+def _encode_pingresp(p: Pingresp, level: int) -> bytes:
+    return b"\xd0\x00"
+
+
+def _encode_disconnect(p: Disconnect | Auth, level: int) -> bytes:
+    ptype = _PACKET_TYPE[type(p)]
+    first = ptype << 4
+    if level != 5:
+        if ptype == _T.AUTH:
+            raise ValueError(f"AUTH does not exist at protocol level {level}")
+        return b"\xe0\x00"
+    if _empty(p.properties):
+        return bytes((first, 0)) if not p.reason_code else bytes((first, 1, p.reason_code))
+    return _frame(first, bytes((p.reason_code,)) + encode_properties(p.properties, ptype))
+
+
+_PACKET_TYPE: Final[dict[type[Any], int]] = {
+    Puback: _T.PUBACK,
+    Pubrec: _T.PUBREC,
+    Pubrel: _T.PUBREL,
+    Pubcomp: _T.PUBCOMP,
+    Disconnect: _T.DISCONNECT,
+    Auth: _T.AUTH,
+}
+
+_ENCODERS: Final[dict[type[Any], Callable[[Any, int], bytes]]] = {
+    Connect: _encode_connect,
+    Connack: _encode_connack,
+    Publish: _encode_publish,
+    Puback: _encode_ack,
+    Pubrec: _encode_ack,
+    Pubrel: _encode_ack,
+    Pubcomp: _encode_ack,
+    Subscribe: _encode_subscribe,
+    Suback: _encode_suback,
+    Unsubscribe: _encode_unsubscribe,
+    Unsuback: _encode_unsuback,
+    Pingreq: _encode_pingreq,
+    Pingresp: _encode_pingresp,
+    Disconnect: _encode_disconnect,
+    Auth: _encode_disconnect,
+}

@@ -1,0 +1,276 @@
+"""Weir's settings: the one place that reads the environment and the config file.
+
+Precedence, highest first: command-line values (handed in by the CLI as a
+mapping), WEIR_* environment variables, the TOML config file (`--config` or
+WEIR_CONFIG), then the defaults below. The result is a tree of frozen
+dataclasses; services receive plain values from it, never the environment.
+
+Every option has one dotted name (`listeners.mqtt_port`); the TOML file uses
+the same names as tables and keys:
+
+    node_id = "n1"
+    [listeners]
+    mqtt_port = 1883
+    [limits]
+    max_connections = 19000
+
+A bad value anywhere raises `SettingsError` with a one-line message naming
+the option and where it came from; the CLI prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_VARS: frozenset[str] = frozenset(
+    {
+        "WEIR_NODE_ID",
+        "WEIR_MQTT_HOST",
+        "WEIR_MQTT_PORT",
+        "WEIR_WS_PORT",
+        "WEIR_HTTP_PORT",
+        "WEIR_DATA_DIR",
+        "WEIR_REDIS_URL",
+        "WEIR_KAFKA_BOOTSTRAP",
+        "WEIR_KAFKA_TOPIC_PREFIX",
+        "WEIR_CONFIG",
+    }
+)
+
+# Listeners. 0.0.0.0 like Mosquitto's default listener: a broker is useless
+# if only the local machine can reach it; bind 127.0.0.1 to keep it private.
+DEFAULT_HOST = "0.0.0.0"
+DEFAULT_MQTT_PORT = 1883  # IANA port for MQTT
+DEFAULT_WS_PORT = 8083  # EMQX's WebSocket port
+DEFAULT_HTTP_PORT = 18083  # EMQX's dashboard / REST port
+
+# Limits.
+MAX_CONNECTIONS = 19_000  # connections; the process may open 20,000 files (DESIGN 11)
+MAX_PACKET_SIZE = 1 << 20  # bytes (1 MiB): bounds per-connection buffer memory
+RECEIVE_MAXIMUM = 32  # unacknowledged incoming QoS 1/2 PUBLISHes per client (EMQX's default)
+QUEUE_LIMIT = 1000  # messages per offline/overflow queue, as Mosquitto's max_queued_messages
+MIN_KEEP_ALIVE_S = 0  # seconds; 0 lets clients disable keep alive, as the spec allows
+MAX_KEEP_ALIVE_S = 65_535  # seconds; the largest keep alive MQTT can express
+OUTBOUND_HIGH_WATER = 64 * 1024  # bytes in a transport's write buffer before we stop
+#   reading from that client (uvloop's own default high-water mark)
+OUTBOUND_LOW_WATER = 16 * 1024  # bytes: resume reading once the buffer drains to this
+SUBSCRIBER_QUEUE_BYTES = 1 << 20  # bytes of QoS 0 PUBLISHes held for one slow
+#   subscriber beyond its transport buffer; past it QoS 0 messages are dropped and counted
+SHUTDOWN_GRACE_S = 5.0  # seconds to flush DISCONNECTs before closing sockets anyway
+SHARED_STRATEGIES = ("random", "round_robin")
+DEFAULT_SHARED_STRATEGY = "round_robin"
+
+DEFAULT_KAFKA_TOPIC_PREFIX = "weir."
+DEFAULT_DATA_DIR = "./weir-data"
+
+MAX_PORT = 65_535
+
+
+class SettingsError(Exception):
+    """A configuration value is missing, malformed or out of range."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listeners:
+    host: str = DEFAULT_HOST
+    mqtt_port: int = DEFAULT_MQTT_PORT
+    ws_port: int | None = DEFAULT_WS_PORT  # None: no WebSocket listener
+    http_port: int = DEFAULT_HTTP_PORT
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_connections: int = MAX_CONNECTIONS
+    max_packet_size: int = MAX_PACKET_SIZE
+    receive_maximum: int = RECEIVE_MAXIMUM
+    queue_limit: int = QUEUE_LIMIT
+    min_keep_alive_s: int = MIN_KEEP_ALIVE_S
+    max_keep_alive_s: int = MAX_KEEP_ALIVE_S
+    outbound_high_water: int = OUTBOUND_HIGH_WATER
+    outbound_low_water: int = OUTBOUND_LOW_WATER
+    subscriber_queue_bytes: int = SUBSCRIBER_QUEUE_BYTES
+    shutdown_grace_s: float = SHUTDOWN_GRACE_S
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    node_id: str = field(default_factory=lambda: f"weir-{socket.gethostname()}")
+    listeners: Listeners = field(default_factory=Listeners)
+    limits: Limits = field(default_factory=Limits)
+    data_dir: str = DEFAULT_DATA_DIR
+    redis_url: str | None = None  # None: memory backends (or the embedded default later)
+    kafka_bootstrap: str | None = None
+    kafka_topic_prefix: str = DEFAULT_KAFKA_TOPIC_PREFIX
+    shared_strategy: str = DEFAULT_SHARED_STRATEGY
+
+
+Convert = Callable[[Any], Any]
+
+
+def _int(low: int, high: int | None = None) -> Convert:
+    def convert(raw: Any) -> int:
+        if isinstance(raw, bool):
+            raise ValueError("expected an integer")
+        value = int(raw)
+        if value < low or (high is not None and value > high):
+            bound = f"{low}..{high}" if high is not None else f">= {low}"
+            raise ValueError(f"{value} is out of range ({bound})")
+        return value
+
+    return convert
+
+
+def _float(low: float) -> Convert:
+    def convert(raw: Any) -> float:
+        value = float(raw)
+        if value < low:
+            raise ValueError(f"{value} is below {low}")
+        return value
+
+    return convert
+
+
+def _text(raw: Any) -> str:
+    if not isinstance(raw, str) or not raw:
+        raise ValueError("expected a non-empty string")
+    return raw
+
+
+def _optional_port(raw: Any) -> int | None:
+    if raw is None or (isinstance(raw, str) and raw.lower() in ("", "off", "none")):
+        return None
+    port: int = _int(0, MAX_PORT)(raw)
+    return port
+
+
+def _choice(options: tuple[str, ...]) -> Convert:
+    def convert(raw: Any) -> str:
+        if raw not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return str(raw)
+
+    return convert
+
+
+def _kafka_bootstrap(raw: Any) -> str:
+    text = _text(raw)
+    for server in text.split(","):
+        host, sep, port = server.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) <= MAX_PORT:
+            raise ValueError(f"expected HOST:PORT[,HOST:PORT...], got {text!r}")
+    return text
+
+
+def _redis_url(raw: Any) -> str:
+    text = _text(raw)
+    if not text.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"expected a redis:// URL, got {text!r}")
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    path: str  # dotted: "listeners.mqtt_port"
+    convert: Convert
+    env: str | None = None
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("node_id", _text, "WEIR_NODE_ID"),
+    Option("data_dir", _text, "WEIR_DATA_DIR"),
+    Option("redis_url", _redis_url, "WEIR_REDIS_URL"),
+    Option("kafka_bootstrap", _kafka_bootstrap, "WEIR_KAFKA_BOOTSTRAP"),
+    Option("kafka_topic_prefix", _text, "WEIR_KAFKA_TOPIC_PREFIX"),
+    Option("shared_strategy", _choice(SHARED_STRATEGIES)),
+    Option("listeners.host", _text, "WEIR_MQTT_HOST"),
+    Option("listeners.mqtt_port", _int(0, MAX_PORT), "WEIR_MQTT_PORT"),
+    Option("listeners.ws_port", _optional_port, "WEIR_WS_PORT"),
+    Option("listeners.http_port", _int(0, MAX_PORT), "WEIR_HTTP_PORT"),
+    Option("limits.max_connections", _int(1)),
+    Option("limits.max_packet_size", _int(64, 268_435_460)),
+    Option("limits.receive_maximum", _int(1, 65_535)),
+    Option("limits.queue_limit", _int(1)),
+    Option("limits.min_keep_alive_s", _int(0, MAX_KEEP_ALIVE_S)),
+    Option("limits.max_keep_alive_s", _int(0, MAX_KEEP_ALIVE_S)),
+    Option("limits.outbound_high_water", _int(1024)),
+    Option("limits.outbound_low_water", _int(0)),
+    Option("limits.subscriber_queue_bytes", _int(0)),
+    Option("limits.shutdown_grace_s", _float(0.0)),
+)
+_BY_PATH = {option.path: option for option in OPTIONS}
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{path}."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    try:
+        with Path(path).open("rb") as handle:
+            table = tomllib.load(handle)
+    except OSError as exc:
+        raise SettingsError(f"config file {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"config file {path}: {exc}") from None
+    flat = _flatten(table)
+    for key in flat:
+        if key not in _BY_PATH:
+            raise SettingsError(f"config file {path}: unknown option {key!r}")
+    return flat
+
+
+def _convert(option: Option, raw: Any, source: str) -> Any:
+    try:
+        return option.convert(raw)
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"{source}: bad value {raw!r} for {option.path}: {exc}") from None
+
+
+def load(
+    cli: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Settings:
+    """Settings from CLI values (dotted paths; None = not given), env, file, defaults."""
+    cli = {k: v for k, v in (cli or {}).items() if v is not None}
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    config_path = cli.pop("config", None) or env.get("WEIR_CONFIG") or None
+    if config_path:
+        for key, raw in _read_file(str(config_path)).items():
+            values[key] = _convert(_BY_PATH[key], raw, f"config file {config_path}")
+    for option in OPTIONS:
+        if option.env is not None and option.env in env:
+            values[option.path] = _convert(option, env[option.env], option.env)
+    for key, raw in cli.items():
+        option = _BY_PATH.get(key)
+        if option is None:
+            raise SettingsError(f"unknown option {key!r}")
+        values[key] = _convert(option, raw, f"--{key.rpartition('.')[2].replace('_', '-')}")
+    return _build(values)
+
+
+def _build(values: Mapping[str, Any]) -> Settings:
+    sections: dict[str, dict[str, Any]] = {"": {}, "listeners": {}, "limits": {}}
+    for path, value in values.items():
+        section, _, name = path.rpartition(".")
+        sections[section][name] = value
+    listeners = Listeners(**sections["listeners"])
+    limits = Limits(**sections["limits"])
+    if limits.min_keep_alive_s > limits.max_keep_alive_s:
+        raise SettingsError("limits.min_keep_alive_s is above limits.max_keep_alive_s")
+    if limits.outbound_low_water > limits.outbound_high_water:
+        raise SettingsError("limits.outbound_low_water is above limits.outbound_high_water")
+    return Settings(listeners=listeners, limits=limits, **sections[""])

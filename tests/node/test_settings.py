@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services import settings
+from services.settings import ENV_VARS, SettingsError, load
+
+
+def test_defaults() -> None:
+    s = load({}, env={})
+    assert s.listeners.mqtt_port == 1883
+    assert s.listeners.ws_port == 8083
+    assert s.listeners.http_port == 18083
+    assert s.listeners.host == "0.0.0.0"
+    assert s.limits.queue_limit == 1000
+    assert s.kafka_topic_prefix == "weir."
+    assert s.redis_url is None and s.kafka_bootstrap is None
+
+
+def test_env_vars_are_the_fixed_names() -> None:
+    assert {
+        "WEIR_NODE_ID",
+        "WEIR_MQTT_HOST",
+        "WEIR_MQTT_PORT",
+        "WEIR_WS_PORT",
+        "WEIR_HTTP_PORT",
+        "WEIR_DATA_DIR",
+        "WEIR_REDIS_URL",
+        "WEIR_KAFKA_BOOTSTRAP",
+        "WEIR_KAFKA_TOPIC_PREFIX",
+        "WEIR_CONFIG",
+    } == ENV_VARS
+    read = {o.env for o in settings.OPTIONS if o.env} | {"WEIR_CONFIG"}
+    assert read == ENV_VARS
+
+
+def test_env_values_are_read() -> None:
+    env = {
+        "WEIR_NODE_ID": "n7",
+        "WEIR_MQTT_HOST": "127.0.0.1",
+        "WEIR_MQTT_PORT": "2883",
+        "WEIR_WS_PORT": "off",
+        "WEIR_HTTP_PORT": "28083",
+        "WEIR_DATA_DIR": "/tmp/x",
+        "WEIR_REDIS_URL": "redis://127.0.0.1:6379/0",
+        "WEIR_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
+        "WEIR_KAFKA_TOPIC_PREFIX": "t.",
+    }
+    s = load({}, env=env)
+    assert s.node_id == "n7"
+    assert s.listeners.host == "127.0.0.1"
+    assert s.listeners.mqtt_port == 2883
+    assert s.listeners.ws_port is None
+    assert s.listeners.http_port == 28083
+    assert s.data_dir == "/tmp/x"
+    assert s.redis_url == "redis://127.0.0.1:6379/0"
+    assert s.kafka_bootstrap == "127.0.0.1:9092"
+    assert s.kafka_topic_prefix == "t."
+
+
+def test_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
+    config = tmp_path / "weir.toml"
+    config.write_text(
+        'node_id = "from-file"\n[listeners]\nmqtt_port = 1001\nws_port = 1002\n'
+        "[limits]\nqueue_limit = 5\n"
+    )
+    env = {"WEIR_CONFIG": str(config), "WEIR_MQTT_PORT": "2001"}
+    s = load({"listeners.mqtt_port": "3001", "node_id": None}, env=env)
+    assert s.listeners.mqtt_port == 3001
+    assert s.listeners.ws_port == 1002
+    assert s.node_id == "from-file"
+    assert s.limits.queue_limit == 5
+    assert load({}, env=env).listeners.mqtt_port == 2001
+
+
+@pytest.mark.parametrize(
+    ("cli", "env", "needle"),
+    [
+        ({"listeners.mqtt_port": "70000"}, {}, "listeners.mqtt_port"),
+        ({}, {"WEIR_MQTT_PORT": "abc"}, "WEIR_MQTT_PORT"),
+        ({}, {"WEIR_REDIS_URL": "http://x"}, "redis_url"),
+        ({}, {"WEIR_KAFKA_BOOTSTRAP": "nohostport"}, "kafka_bootstrap"),
+        ({"config": "/nonexistent/weir.toml"}, {}, "config file"),
+    ],
+)
+def test_bad_values_name_the_option(cli: dict[str, str], env: dict[str, str], needle: str) -> None:
+    with pytest.raises(SettingsError, match=needle) as info:
+        load(cli, env=env)
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_file_key_and_bad_toml(tmp_path: Path) -> None:
+    config = tmp_path / "weir.toml"
+    config.write_text("[limits]\nfrobs = 3\n")
+    with pytest.raises(SettingsError, match=r"limits\.frobs"):
+        load({"config": str(config)}, env={})
+    config.write_text("[limits\n")
+    with pytest.raises(SettingsError, match="config file"):
+        load({"config": str(config)}, env={})

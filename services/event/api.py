@@ -7,8 +7,8 @@ process) and Kafka (confluent-kafka producer, consumer to partition EOF).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 if TYPE_CHECKING:
     from services.event.schema import Event
@@ -20,29 +20,59 @@ class EventLogError(Exception):
 
 class EventLogUnavailable(EventLogError):
     """The log did not acknowledge in the bounded time: nothing may be
-    acknowledged to a client on the strength of this event."""
+    acknowledged to a client on the strength of this event. The event may
+    still land later (it was handed to the log); versions make that harmless."""
 
     retriable = True
 
 
-Handler = Callable[["Event"], Awaitable[None] | None]
+class EventLogBackpressure(EventLogUnavailable):
+    """Too many appends are waiting for the log: slow down and retry."""
+
+
+class EventLogClosed(EventLogError):
+    """The log was closed by its owner."""
+
+
+class EventLogCorrupt(EventLogError):
+    """A record in the log is not an event this code reads (unknown type or
+    schema version). Names the topic, partition and offset."""
+
+
+Handler: TypeAlias = Callable[["Event"], Awaitable[None] | None]
+Offsets: TypeAlias = Mapping[tuple[str, int], int]  # (topic, partition) -> next offset to read
 
 
 class EventLog(Protocol):
-    async def append(self, event: Event) -> None:
-        """Return once the log has durably acknowledged the event
-        (Kafka: acks=all). Raises EventLogUnavailable after a bounded wait."""
+    append_timeout_s: float
+
+    async def start(self) -> None:
+        """Connect now (topics, producer) instead of at the first append."""
         ...
 
-    async def replay(self, handler: Handler) -> int:
-        """Feed every event from the start (or the loaded snapshot offsets)
-        to the end of every partition, found by consuming to partition EOF.
-        Returns the number of events read."""
+    async def append(self, event: Event) -> None:
+        """Return once the log has durably acknowledged the event
+        (Kafka: acks=all). Raises EventLogUnavailable after a bounded wait,
+        EventLogBackpressure at once when too many appends are waiting."""
+        ...
+
+    async def replay(self, handler: Handler, start: Offsets | None = None) -> int:
+        """Feed every event from the start (or from `start`, the offsets a
+        loaded snapshot reflects; partitions it omits start at the
+        beginning) to the end of every partition, found by consuming to
+        partition EOF. Per key, events come in log order. Returns the
+        number of events read."""
         ...
 
     async def tail(self, handler: Handler) -> None:
-        """After replay: feed new events as they arrive, until closed."""
+        """After replay: feed new events as they arrive, until closed
+        (returns then). Without a replay first, starts at the beginning."""
+        ...
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        """The next offset to read per (topic, partition), as consumed so far."""
         ...
 
     async def close(self) -> None:
+        """Stop tailing, wait (bounded) for appends in flight, release resources."""
         ...

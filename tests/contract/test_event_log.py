@@ -1,0 +1,312 @@
+"""One contract for every EventLog: memory and Kafka (embedded Tansu)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from services.event.api import (
+    EventLog,
+    EventLogBackpressure,
+    EventLogCorrupt,
+    EventLogUnavailable,
+)
+from services.event.embedded_kafka import EmbeddedKafka
+from services.event.kafka import KafkaEventLog, KafkaSettings
+from services.event.memory import MemoryEventLog, MemoryLog
+from services.event.schema import (
+    Event,
+    RetainedCleared,
+    RetainedSet,
+    SessionClosed,
+    SessionOpened,
+    Subscribed,
+    Unsubscribed,
+)
+
+DEADLINE_S = 20.0
+
+
+@dataclass
+class Backend:
+    """Makes logs over one shared store; can stall the store."""
+
+    make: Callable[..., Any]
+    stall: Callable[[], None]
+    unstall: Callable[[], None]
+    logs: list[Any] = field(default_factory=list)
+
+    def log(self, **kw: Any) -> Any:
+        log = self.make(**kw)
+        self.logs.append(log)
+        return log
+
+
+@pytest.fixture(params=["memory", "kafka"])
+async def backend(
+    request: pytest.FixtureRequest, kafka_topic_prefix: str
+) -> AsyncIterator[Backend]:
+    if request.param == "memory":
+        store = MemoryLog(partitions=4)
+
+        def make_memory(**kw: Any) -> MemoryEventLog:
+            return MemoryEventLog(store, seed=len(b.logs), **kw)
+
+        def stall() -> None:
+            store.available = False
+
+        def unstall() -> None:
+            store.available = True
+
+        b = Backend(make_memory, stall, unstall)
+    else:
+        bootstrap = request.getfixturevalue("kafka_bootstrap")
+        broker: EmbeddedKafka | None = None
+        if "outage" in request.node.name:
+            broker = request.getfixturevalue("private_kafka")
+            bootstrap = broker.bootstrap
+
+        def make_kafka(**kw: Any) -> KafkaEventLog:
+            return KafkaEventLog(
+                KafkaSettings(bootstrap, topic_prefix=kafka_topic_prefix, partitions=4, **kw)
+            )
+
+        def pause() -> None:
+            assert broker is not None
+            broker.pause()
+
+        def resume() -> None:
+            assert broker is not None
+            broker.resume()
+
+        b = Backend(make_kafka, pause, resume)
+    try:
+        yield b
+    finally:
+        b.unstall() if request.param == "memory" or "outage" in request.node.name else None
+        for log in b.logs:
+            await log.close()
+
+
+def workload(clients: int = 6, per_client: int = 8) -> list[Event]:
+    events: list[Event] = []
+    for v in range(1, per_client + 1):
+        for c in range(clients):
+            cid = f"client-{c}"
+            if v == 1:
+                events.append(
+                    SessionOpened(
+                        client_id=cid,
+                        version=v,
+                        node="n1",
+                        ts_ms=v,
+                        epoch=1,
+                        clean_start=False,
+                        expiry_s=60,
+                        protocol=5,
+                    )
+                )
+            elif v % 3 == 0:
+                events.append(
+                    Unsubscribed(client_id=cid, version=v, node="n1", ts_ms=v, filter=f"f/{v - 1}")
+                )
+            else:
+                events.append(
+                    Subscribed(client_id=cid, version=v, node="n1", ts_ms=v, filter=f"f/{v}", qos=1)
+                )
+        events.append(
+            RetainedSet(
+                topic=f"r/{v % 3}", version=v, node="n1", ts_ms=v, payload=b"\x00p%d" % v, qos=1
+            )
+        )
+    events.append(RetainedCleared(topic="r/0", version=per_client + 1, node="n1", ts_ms=99))
+    events.append(
+        SessionClosed(
+            client_id="client-0",
+            version=per_client + 1,
+            node="n1",
+            ts_ms=99,
+            reason="normal",
+            expiry_s=60,
+        )
+    )
+    return events
+
+
+def by_key(events: list[Event]) -> dict[tuple[str, str], list[Event]]:
+    out: dict[tuple[str, str], list[Event]] = {}
+    for e in events:
+        out.setdefault((e.topic_suffix, e.key), []).append(e)
+    return out
+
+
+async def replay_all(log: EventLog) -> list[Event]:
+    got: list[Event] = []
+    n = await asyncio.wait_for(log.replay(got.append), DEADLINE_S)
+    assert n == len(got)
+    return got
+
+
+async def test_append_then_replay_gives_every_event_in_per_key_order(backend: Backend) -> None:
+    writer = backend.log()
+    events = workload()
+    for e in events:
+        await writer.append(e)
+    got = await replay_all(backend.log())
+    assert sorted(map(repr, got)) == sorted(map(repr, events))
+    assert by_key(got) == by_key(events)
+
+
+async def test_concurrent_appends_keep_per_key_order(backend: Backend) -> None:
+    writer = backend.log()
+    events = workload(clients=20, per_client=5)
+    per_key = by_key(events)
+
+    # One task per key, appending that key's events in order; keys race.
+    async def write(seq: list[Event]) -> None:
+        for e in seq:
+            await writer.append(e)
+
+    await asyncio.wait_for(asyncio.gather(*(write(s) for s in per_key.values())), DEADLINE_S)
+    got = await replay_all(backend.log())
+    assert by_key(got) == per_key
+
+
+async def test_replay_of_empty_log_ends(backend: Backend) -> None:
+    assert await replay_all(backend.log()) == []
+
+
+async def test_replay_from_positions_reads_only_newer(backend: Backend) -> None:
+    writer = backend.log()
+    first, second = workload(3, 4), workload(2, 3)
+    for e in first:
+        await writer.append(e)
+    reader = backend.log()
+    assert len(await replay_all(reader)) == len(first)
+    marks = reader.positions()
+    assert sum(marks.values()) == len(first)
+    for e in second:
+        await writer.append(e)
+    got: list[Event] = []
+    n = await asyncio.wait_for(backend.log().replay(got.append, start=marks), DEADLINE_S)
+    assert n == len(second)
+    assert by_key(got) == by_key(second)
+
+
+async def test_tail_delivers_new_events(backend: Backend) -> None:
+    writer = backend.log()
+    await writer.append(workload(1, 1)[0])
+    reader = backend.log()
+    assert len(await replay_all(reader)) == 1
+    seen: list[Event] = []
+    arrived = asyncio.Event()
+    fresh = Subscribed(client_id="late", version=1, node="n2", ts_ms=1, filter="x/#", qos=2)
+
+    def handler(e: Event) -> None:
+        seen.append(e)
+        arrived.set()
+
+    tail = asyncio.create_task(reader.tail(handler))
+    await writer.append(fresh)
+    await asyncio.wait_for(arrived.wait(), DEADLINE_S)
+    assert seen == [fresh]
+    await reader.close()
+    await asyncio.wait_for(tail, DEADLINE_S)
+
+
+async def test_async_handler_is_awaited(backend: Backend) -> None:
+    writer = backend.log()
+    for e in workload(2, 2):
+        await writer.append(e)
+    got: list[Event] = []
+
+    async def handler(e: Event) -> None:
+        await asyncio.sleep(0)
+        got.append(e)
+
+    n = await asyncio.wait_for(backend.log().replay(handler), DEADLINE_S)
+    assert n == len(got) == len(workload(2, 2))
+
+
+async def test_outage_append_fails_within_bound_and_loop_stays_free(backend: Backend) -> None:
+    bound = 1.0
+    writer = backend.log()
+    await writer.append(workload(1, 1)[0])  # warm: a producer's first append takes longer
+    writer.append_timeout_s = bound
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    backend.stall()
+    started = time.monotonic()
+    with pytest.raises(EventLogUnavailable):
+        await writer.append(workload(1, 2)[1])
+    elapsed = time.monotonic() - started
+    task.cancel()
+    assert bound * 0.9 <= elapsed < bound + 1.0
+    assert ticks > 20  # the loop kept running while append waited
+    backend.unstall()
+    after = Subscribed(client_id="after", version=1, node="n1", ts_ms=1, filter="a", qos=0)
+    await asyncio.wait_for(writer.append(after), DEADLINE_S)
+    got = await replay_all(backend.log())
+    assert after in got
+
+
+async def test_outage_full_queue_is_backpressure(backend: Backend) -> None:
+    writer = backend.log(max_pending=5)
+    await writer.append(workload(1, 1)[0])
+    writer.append_timeout_s = 2.0
+    backend.stall()
+    appends = [
+        asyncio.create_task(
+            writer.append(
+                Subscribed(client_id=f"c{i}", version=1, node="n", ts_ms=1, filter="a", qos=0)
+            )
+        )
+        for i in range(12)
+    ]
+    results = await asyncio.wait_for(asyncio.gather(*appends, return_exceptions=True), DEADLINE_S)
+    kinds = {type(r) for r in results}
+    assert EventLogBackpressure in kinds
+    assert all(isinstance(r, EventLogUnavailable) for r in results)
+    backend.unstall()
+
+
+async def test_memory_corrupt_record_is_named() -> None:
+    store = MemoryLog(partitions=1)
+    store.records[("weir.sessions", 0)].append(b'{"type":"from_the_future","schema_version":9}')
+    with pytest.raises(EventLogCorrupt, match=r"weir.sessions\[0\]@0: .*unknown event type"):
+        await MemoryEventLog(store).replay(lambda e: None)
+
+
+async def test_kafka_corrupt_record_raises_event_log_corrupt(
+    kafka_bootstrap: str, kafka_topic_prefix: str
+) -> None:
+    from confluent_kafka import Producer
+
+    log = KafkaEventLog(
+        KafkaSettings(kafka_bootstrap, topic_prefix=kafka_topic_prefix, partitions=2)
+    )
+    try:
+        await log.ensure_topics()
+        producer = Producer({"bootstrap.servers": kafka_bootstrap})
+        producer.produce(
+            kafka_topic_prefix + "sessions",
+            key=b"c",
+            value=b'{"type":"session_opened","schema_version":2}',
+        )
+        assert producer.flush(10) == 0
+        with pytest.raises(EventLogCorrupt, match=r"sessions\[\d\]@0: .*schema_version 2"):
+            await asyncio.wait_for(log.replay(lambda e: None), DEADLINE_S)
+    finally:
+        await log.close()

@@ -86,7 +86,8 @@ class MemoryQueueStore:
     async def enqueue_and_take(
         self, items: Sequence[tuple[str, Message]], takers: Mapping[str, tuple[int, int]]
     ) -> TakeResult:
-        result = await self.enqueue(items)
+        """A taker drains its queue, then each new message is appended and
+        taken at once, so the bound applies only to what its window cannot take."""
         taken: dict[str, list[Inflight]] = {}
         fenced: set[str] = set()
         for client_id, (epoch, window) in takers.items():
@@ -94,7 +95,15 @@ class MemoryQueueStore:
                 taken[client_id] = await self.take(client_id, epoch, window)
             except Fenced:
                 fenced.add(client_id)
-        return TakeResult(result.accepted, result.dropped, taken, frozenset(fenced))
+        accepted = dropped = 0
+        for client_id, message in items:
+            result = await self.enqueue(((client_id, message),))
+            accepted += result.accepted
+            dropped += result.dropped
+            if client_id in taken:
+                epoch, window = takers[client_id]
+                taken[client_id].extend(await self.take(client_id, epoch, window))
+        return TakeResult(accepted, dropped, taken, frozenset(fenced))
 
     async def take(self, client_id: str, epoch: int, window: int) -> list[Inflight]:
         st = self._checked(client_id, epoch)

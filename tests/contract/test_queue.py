@@ -291,6 +291,28 @@ async def test_enqueue_and_take_batches_many_clients(stores: Stores) -> None:
     assert payloads(await q.take("c1", epochs["c1"], 10)) == [b"0", b"1", b"2", b"3"]
 
 
+async def test_takers_window_absorbs_a_batch_beyond_the_bound(stores: Stores) -> None:
+    q = stores.make_queue(3)
+    epoch = await stores.claim("c")
+    await q.enqueue([("c", msg(0)), ("c", msg(1, 0))])
+    result = await q.enqueue_and_take([("c", msg(i)) for i in range(2, 9)], {"c": (epoch, 5)})
+    # queued 0, 1 drain first; 2..5 fill the window; 6, 7, 8 fit the bound of 3
+    assert (result.accepted, result.dropped) == (7, 0)
+    assert [(i.packet_id, i.message.payload) for i in result.taken["c"]] == [
+        (1, b"0"),
+        (0, b"1"),
+        (2, b"2"),
+        (3, b"3"),
+        (4, b"4"),
+        (5, b"5"),
+    ]
+    result = await q.enqueue_and_take([("c", msg(9, 0)), ("c", msg(10))], {"c": (epoch, 5)})
+    assert (result.accepted, result.dropped, result.taken["c"]) == (2, 2, [])
+    assert await q.drops("c") == 2
+    assert await q.ack_many("c", epoch, range(1, 6)) == 5
+    assert payloads(await q.take("c", epoch, 5)) == [b"7", b"8", b"10"]
+
+
 async def test_full_message_survives_the_store(stores: Stores) -> None:
     q = stores.queue
     epoch = await stores.claim("c")

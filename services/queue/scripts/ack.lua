@@ -4,10 +4,12 @@
 -- ARGV: 1 epoch, 2.. packet ids
 -- Returns: how many of the ids were inflight, or -1 if fenced
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
+local released = redis.call('EXISTS', KEYS[4]) == 1
 local n = 0
-for i = 2, #ARGV do
-  n = n + redis.call('HDEL', KEYS[2], ARGV[i])
-  redis.call('ZREM', KEYS[3], ARGV[i])
-  redis.call('SREM', KEYS[4], ARGV[i])
+for i = 2, #ARGV, 1000 do -- chunks: Lua's unpack has a stack limit
+  local j = math.min(i + 999, #ARGV)
+  n = n + redis.call('HDEL', KEYS[2], unpack(ARGV, i, j))
+  redis.call('ZREM', KEYS[3], unpack(ARGV, i, j))
+  if released then redis.call('SREM', KEYS[4], unpack(ARGV, i, j)) end
 end
 return n

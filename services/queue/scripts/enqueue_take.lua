@@ -1,5 +1,5 @@
--- Append messages to client queues, then move queued messages into the
--- inflight window of the clients that take (their owner is online here).
+-- Append messages to client queues and, for the clients that take (their
+-- owner is online with window space), move messages into the inflight window.
 -- KEYS: 8 per client group g (0-based) at 8g+1 .. 8g+8, all tagged {c:id}:
 --   s session hash, q queue hash (seq -> message), o queue order zset (seq),
 --   z QoS 0 seqs list (oldest first), f inflight hash (packet id -> message),
@@ -7,106 +7,155 @@
 --   r incoming QoS 2 ids set (unused here)
 -- ARGV: 1 queue limit, then per group: epoch ("0" = enqueue only), window,
 --   n, then n serialized messages (services/queue/serial.py: byte 2 holds the
---   QoS in bits 0-1 and "has expiry" in bit 3, bytes 3-10 the expiry ms)
+--   QoS in bits 0-1 and "has expiry" in bit 3, bytes 3-10 the expiry in ms)
 -- Returns: {accepted, dropped, then for each group whose epoch is not "0":
 --   -1 if fenced, else k followed by k pairs (packet id or 0 for QoS 0, message)}
--- A client without a session hash gets nothing stored. Overflow drops the
--- oldest queued QoS 0 message, else the oldest message, and counts it in
--- s.drops. Keys of an offline (expiring) session copy the session's TTL.
--- Take stops at the first QoS > 0 message that finds the window full, so
--- delivery order is queue order; expired messages are removed on the way.
+--
+-- A client without a session hash gets nothing stored. A taker first drains
+-- its queue into the window; while the queue is then empty, new messages go
+-- straight to the window (never touching the queue keys: the cheap path of
+-- an online subscriber); the rest is queued. Delivery order is queue order:
+-- taking stops at the first QoS > 0 message that finds the window full.
+-- Expired messages are removed on the way. Overflow of the bound drops the
+-- oldest queued QoS 0 messages, then the oldest messages, counted in s.drops;
+-- per batch this equals appending and dropping one message at a time.
+-- Keys of an offline (expiring) session copy the session's TTL.
 local limit = tonumber(ARGV[1])
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local accepted, dropped = 0, 0
-local out = {0, 0}
+local CHUNK = 1000 -- arguments per multi-key command (Lua's unpack limit)
+
+local function bulk(cmd, key, args)
+  for i = 1, #args, CHUNK do
+    redis.call(cmd, key, unpack(args, i, math.min(i + CHUNK - 1, #args)))
+  end
+end
+
+local function qos_of(m) return string.byte(m, 2) % 4 end
 
 local function expired(m)
-  local flags = string.byte(m, 2)
-  if math.floor(flags / 8) % 2 == 0 then return false end
+  if math.floor(string.byte(m, 2) / 8) % 2 == 0 then return false end
   local e = 0
   for i = 3, 10 do e = e * 256 + string.byte(m, i) end
   return e <= now_ms
 end
 
-local function take(k, window)
-  local s, q, o, z, f, fo = k + 1, k + 2, k + 3, k + 4, k + 5, k + 6
-  local inflight = redis.call('HLEN', KEYS[f])
-  local pid = tonumber(redis.call('HGET', KEYS[s], 'pid') or '0')
-  local items = {}
-  local budget = redis.call('ZCARD', KEYS[o])
-  while budget > 0 do
-    budget = budget - 1
-    local seq = redis.call('ZRANGE', KEYS[o], 0, 0)[1]
-    local m = redis.call('HGET', KEYS[q], seq)
-    local qos = string.byte(m, 2) % 4
-    local dead = expired(m)
-    if qos > 0 and not dead and inflight >= window then break end
-    redis.call('ZREM', KEYS[o], seq)
-    redis.call('HDEL', KEYS[q], seq)
-    if qos == 0 then redis.call('LPOP', KEYS[z]) end
-    if not dead then
-      if qos == 0 then
-        items[#items + 1] = 0
-      else
-        repeat pid = pid % 65535 + 1 until redis.call('HEXISTS', KEYS[f], pid) == 0
-        redis.call('HSET', KEYS[f], pid, m)
-        redis.call('ZADD', KEYS[fo], seq, pid)
-        inflight = inflight + 1
-        items[#items + 1] = pid
-      end
-      items[#items + 1] = m
-    end
+-- Deliver one message into ctx; false if the window is full for it.
+local function deliver(ctx, m, seq)
+  local qos, dead = qos_of(m), expired(m)
+  if dead then return true end
+  if qos > 0 and ctx.inflight >= ctx.window then return false end
+  local items = ctx.items
+  if qos == 0 then
+    items[#items + 1] = 0
+  else
+    repeat ctx.pid = ctx.pid % 65535 + 1 until redis.call('HSETNX', ctx.f, ctx.pid, m) == 1
+    ctx.fo[#ctx.fo + 1] = seq
+    ctx.fo[#ctx.fo + 1] = ctx.pid
+    ctx.inflight = ctx.inflight + 1
+    items[#items + 1] = ctx.pid
   end
-  redis.call('HSET', KEYS[s], 'pid', pid)
-  out[#out + 1] = #items / 2
-  for i = 1, #items do out[#out + 1] = items[i] end
+  items[#items + 1] = m
+  return true
 end
 
-local a = 2
-local g = 0
+local function take_queued(ctx, q, o, z)
+  while true do
+    local want = math.min(math.max(ctx.window - ctx.inflight, 1), CHUNK)
+    local seqs = redis.call('ZRANGE', o, 0, want - 1)
+    if #seqs == 0 then return end
+    local msgs = redis.call('HMGET', q, unpack(seqs))
+    local done, q0 = 0, 0
+    for j = 1, #seqs do
+      if not deliver(ctx, msgs[j], seqs[j]) then
+        ctx.blocked = true
+        break
+      end
+      done = j
+      if qos_of(msgs[j]) == 0 then q0 = q0 + 1 end
+    end
+    if done > 0 then
+      redis.call('ZREMRANGEBYRANK', o, 0, done - 1)
+      redis.call('HDEL', q, unpack(seqs, 1, done))
+      if q0 > 0 then redis.call('LPOP', z, q0) end
+    end
+    if ctx.blocked then return end
+  end
+end
+
+local function enqueue(s, q, o, z, first, last, base)
+  local qa, oa, za = {}, {}, {}
+  for j = first, last do
+    local m, seq = ARGV[j], base + j - first + 1
+    qa[#qa + 1] = seq
+    qa[#qa + 1] = m
+    oa[#oa + 1] = seq
+    oa[#oa + 1] = seq
+    if qos_of(m) == 0 then za[#za + 1] = seq end
+  end
+  bulk('HSET', q, qa)
+  bulk('ZADD', o, oa)
+  if #za > 0 then bulk('RPUSH', z, za) end
+  local excess = redis.call('ZCARD', o) - limit
+  if excess > 0 then
+    local victims = redis.call('LPOP', z, excess) or {}
+    if #victims > 0 then
+      bulk('ZREM', o, victims)
+      bulk('HDEL', q, victims)
+    end
+    local rest = excess - #victims
+    if rest > 0 then
+      local oldest = redis.call('ZRANGE', o, 0, rest - 1)
+      bulk('ZREM', o, oldest)
+      bulk('HDEL', q, oldest)
+    end
+    redis.call('HINCRBY', s, 'drops', excess)
+  else
+    excess = 0
+  end
+  local ttl = redis.call('PTTL', s)
+  if ttl > 0 then
+    redis.call('PEXPIRE', q, ttl)
+    redis.call('PEXPIRE', o, ttl)
+    redis.call('PEXPIRE', z, ttl)
+  end
+  return excess
+end
+
+local accepted, dropped = 0, 0
+local out = {0, 0}
+local a, g = 2, 0
 while a <= #ARGV do
   local k = g * 8
-  local s, q, o, z = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
-  local epoch, window, n = ARGV[a], math.min(tonumber(ARGV[a + 1]), 65535), tonumber(ARGV[a + 2])
-  local first = a + 3
-  a = first + n
-  g = g + 1
-  local session = redis.call('HMGET', s, 'epoch')[1]
-  if session and n > 0 then
-    local drops = 0
-    for i = first, first + n - 1 do
-      local m = ARGV[i]
-      local seq = redis.call('HINCRBY', s, 'qseq', 1)
-      redis.call('HSET', q, seq, m)
-      redis.call('ZADD', o, seq, seq)
-      if string.byte(m, 2) % 4 == 0 then redis.call('RPUSH', z, seq) end
-      if redis.call('ZCARD', o) > limit then
-        local victim = redis.call('LPOP', z)
-        if not victim then victim = redis.call('ZRANGE', o, 0, 0)[1] end
-        redis.call('ZREM', o, victim)
-        redis.call('HDEL', q, victim)
-        drops = drops + 1
-      end
-    end
-    accepted = accepted + n
-    if drops > 0 then
-      redis.call('HINCRBY', s, 'drops', drops)
-      dropped = dropped + drops
-    end
-    local ttl = redis.call('PTTL', s)
-    if ttl > 0 then
-      redis.call('PEXPIRE', q, ttl)
-      redis.call('PEXPIRE', o, ttl)
-      redis.call('PEXPIRE', z, ttl)
-    end
+  local s, q, o, z, f, fo = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6]
+  local epoch, n = ARGV[a], tonumber(ARGV[a + 2])
+  local first, last = a + 3, a + 2 + n
+  a, g = last + 1, g + 1
+  local session = redis.call('HGET', s, 'epoch')
+  local ctx = nil
+  if epoch ~= '0' and session == epoch then
+    ctx = {f = f, items = {}, fo = {}, blocked = false,
+      window = math.min(tonumber(ARGV[first - 2]), 65535),
+      inflight = redis.call('HLEN', f),
+      pid = tonumber(redis.call('HGET', s, 'pid') or '0')}
+    take_queued(ctx, q, o, z)
   end
-  if epoch ~= '0' then
-    if session ~= epoch then
-      out[#out + 1] = -1
-    else
-      take(k, window)
+  if session and n > 0 then
+    accepted = accepted + n
+    local base = redis.call('HINCRBY', s, 'qseq', n) - n
+    local j = first
+    if ctx and not ctx.blocked then
+      while j <= last and deliver(ctx, ARGV[j], base + j - first + 1) do j = j + 1 end
     end
+    if j <= last then dropped = dropped + enqueue(s, q, o, z, j, last, base + j - first) end
+  end
+  if ctx then
+    redis.call('HSET', s, 'pid', ctx.pid)
+    if #ctx.fo > 0 then bulk('ZADD', fo, ctx.fo) end
+    out[#out + 1] = #ctx.items / 2
+    for i = 1, #ctx.items do out[#out + 1] = ctx.items[i] end
+  elseif epoch ~= '0' then
+    out[#out + 1] = -1
   end
 end
 out[1] = accepted

@@ -15,6 +15,7 @@ Topic Alias Invalid.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Final
 
 from services.mqtt.errors import MalformedPacket, ProtocolError, TopicAliasInvalid
@@ -130,6 +131,16 @@ _BOOLEAN_BYTES: Final = frozenset(
     }
 )
 _NON_ZERO: Final = frozenset({_P.RECEIVE_MAXIMUM, _P.MAXIMUM_PACKET_SIZE})
+_fields_of = attrgetter(*(spec[1] for spec in _SPECS))
+_NOTHING: Final = _fields_of(NO_PROPERTIES)
+
+# Decoded property blocks by (packet type, bytes): a publisher repeats the
+# same block, and building the 27-field frozen Properties costs ~6 us.
+# Properties are immutable, so sharing one value is safe; errors are never
+# cached. Small blocks only; the whole map is dropped when it fills.
+_CACHED_BLOCK_MAX: Final = 256
+_CACHE_ENTRIES: Final = 1024
+_decoded: dict[tuple[int, bytes], Properties] = {}
 
 
 def read_varint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
@@ -223,6 +234,21 @@ def decode_properties(buf: Buffer, pos: int, end: int, packet_type: int) -> tupl
     stop = pos + length
     if stop > end:
         raise MalformedPacket("property length runs past the end of the packet")
+    key: tuple[int, bytes] | None = None
+    if length <= _CACHED_BLOCK_MAX:
+        key = (packet_type, bytes(buf[pos:stop]))
+        cached = _decoded.get(key)
+        if cached is not None:
+            return cached, stop
+    props = _parse(buf, pos, stop, packet_type)
+    if key is not None:
+        if len(_decoded) >= _CACHE_ENTRIES:
+            _decoded.clear()
+        _decoded[key] = props
+    return props, stop
+
+
+def _parse(buf: Buffer, pos: int, stop: int, packet_type: int) -> Properties:
     values: dict[str, Any] = {}
     users: list[tuple[str, str]] = []
     sub_ids: list[int] = []
@@ -285,7 +311,7 @@ def decode_properties(buf: Buffer, pos: int, end: int, packet_type: int) -> tupl
         values["subscription_identifier"] = tuple(sub_ids)
     if "authentication_data" in values and "authentication_method" not in values:
         raise ProtocolError("authentication data without an authentication method")
-    return Properties(**values), pos
+    return Properties(**values)
 
 
 def encode_properties(props: Properties, packet_type: int) -> bytes:
@@ -296,9 +322,11 @@ def encode_properties(props: Properties, packet_type: int) -> bytes:
     """
     if props is NO_PROPERTIES:
         return b"\x00"
+    values = _fields_of(props)
+    if values == _NOTHING:
+        return b"\x00"
     out = bytearray()
-    for pid, name, kind, allowed in _SPECS:
-        value = getattr(props, name)
+    for (pid, name, kind, allowed), value in zip(_SPECS, values, strict=True):
         if value is None or value == ():
             continue
         if packet_type not in allowed:

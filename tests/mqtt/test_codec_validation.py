@@ -266,3 +266,22 @@ def test_encoder_refuses_what_it_cannot_say() -> None:
         encode(Publish("a", b"", 1), 4)
     with pytest.raises(ValueError):
         encode(Connect("c", 4, password=b"p"), 4)
+
+
+def test_property_blocks_shared_between_packets_are_still_checked_per_packet_type() -> None:
+    alias = h("30 09 00 01 61 03 23 00 07 68 69")  # PUBLISH, topic alias 7
+    first = decode(alias, 5)
+    again = decode(bytearray(alias), 5)
+    assert first is not None and again is not None
+    assert first[0] == again[0] == Publish("a", b"hi", properties=Properties(topic_alias=7))
+    with pytest.raises(MalformedPacket):  # the same block is not allowed in SUBSCRIBE
+        decode(h("82 0a 00 01 03 23 00 07 00 01 61 00"), 5)
+    bad = h("30 08 00 01 61 02 01 01 ff fe")  # payload format 1 on a non-UTF-8 payload
+    for _ in range(2):
+        with pytest.raises(PayloadFormatInvalid):
+            decode(bad, 5)
+
+
+def test_byte_order_mark_is_kept_not_stripped() -> None:
+    data = h("30 06 00 04 ef bb bf 61")
+    assert decode(data, 4) == (Publish("\ufeffa", b""), len(data))

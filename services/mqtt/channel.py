@@ -1,0 +1,694 @@
+"""The MQTT channel: one connection's protocol state machine, with no I/O.
+
+Theory of operation. A `Channel` takes decoded packets (`receive`), timer
+firings (`timer`) and the results of work the node did for it
+(`session_opened`, `routed`, `subscribed`, `unsubscribed`), and returns the
+actions the node carries out in order (services/mqtt/actions.py). Which
+packet may arrive in which state is one table, `TRANSITIONS`; a pair that is
+not in it is a ProtocolError naming both.
+
+    AWAIT_CONNECT --CONNECT--> CONNECTING --session_opened(ok)--> CONNECTED
+         any close, refusal or error ------------------------------> CLOSED
+
+Packets a client pipelines after CONNECT are held while CONNECTING and
+replayed once the CONNACK is out (MQTT 5 3.1.4: the server must not process
+them before accepting the CONNECT). Every MQTTError raised while handling a
+packet becomes "DISCONNECT with its reason code (5.0, where the spec allows
+that code), then Close with the will"; before the CONNACK it becomes a
+refusing CONNACK (5.0 reason code, or the 3.x return code when one exists).
+
+Inbound QoS: QoS 1 and 2 PUBLISHes become `Route` with a token; the
+PUBACK / PUBREC waits for `routed(token, ...)`. Incoming QoS 2 packet ids
+stay "awaiting PUBREL" until PUBREL, which yields `Released` + PUBCOMP. The
+Receive Maximum (5.0) counts routes in progress plus ids awaiting PUBREL.
+When routing fails a 5.0 client gets the failure reason code on its
+PUBACK / PUBREC; a 3.x client cannot be told, so the connection is closed
+and the client resends after reconnecting (a "not authorized" failure is
+acknowledged and dropped instead, as Mosquitto and EMQX do).
+
+Outbound QoS: the node owns the inflight window and calls `deliver`; the
+channel remembers each outgoing packet id's stage to answer PUBREC with
+PUBREL and to turn PUBACK / PUBCOMP into `Acked`.
+
+Keep alive: one timer, "keepalive". The channel records when the last
+packet arrived; when the timer fires early relative to that, it restarts
+itself for the time left, so the node arms it once per period at most.
+Times (`now`) are wall-clock seconds (time.time()): message expiry is
+wall-clock so that it means the same on every node.
+
+The will is published on every close except a DISCONNECT with reason 0x00
+(or any 3.x DISCONNECT) and closes before the CONNACK.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import replace
+from enum import Enum
+
+from services.mqtt.actions import (
+    Acked,
+    Action,
+    CancelTimer,
+    Close,
+    OpenSession,
+    Received,
+    Released,
+    Route,
+    Send,
+    StartTimer,
+    SubscribeRequest,
+    UnsubscribeRequest,
+)
+from services.mqtt.channel_config import ChannelConfig
+from services.mqtt.channel_connect import (
+    Negotiated,
+    Refusal,
+    connack_code,
+    connack_properties,
+    negotiate,
+)
+from services.mqtt.channel_errors import (
+    QuotaExceeded,
+    RetainNotSupported,
+    SubscriptionIdentifiersNotSupported,
+)
+from services.mqtt.channel_outbound import OutboundShaper
+from services.mqtt.errors import (
+    MQTTError,
+    ProtocolError,
+    QosNotSupported,
+    ReceiveMaximumExceeded,
+    TopicAliasInvalid,
+    TopicFilterInvalid,
+    UnsupportedProtocolVersion,
+)
+from services.mqtt.packets import (
+    NO_PROPERTIES,
+    PACKET_TYPES,
+    Connack,
+    ConnackCode311,
+    Connect,
+    Disconnect,
+    Message,
+    Packet,
+    PacketType,
+    Pingreq,
+    Pingresp,
+    ProtocolLevel,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    ReasonCode,
+    Suback,
+    Subscribe,
+    Subscription,
+    Unsuback,
+    Unsubscribe,
+    Will,
+)
+from services.mqtt.topics import parse_shared, validate_topic_filter, validate_topic_name
+
+__all__ = ["KEEPALIVE_TIMER", "TRANSITIONS", "Channel", "ChannelConfig", "State"]
+
+RC = ReasonCode
+T = PacketType
+KEEPALIVE_TIMER = "keepalive"
+KEEPALIVE_FACTOR = 1.5  # MQTT 3.1.2.10: one and a half times the keep alive
+
+
+class State(Enum):
+    AWAIT_CONNECT = "await_connect"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+_FROM_CLIENT = (
+    T.PUBLISH,
+    T.PUBACK,
+    T.PUBREC,
+    T.PUBREL,
+    T.PUBCOMP,
+    T.SUBSCRIBE,
+    T.UNSUBSCRIBE,
+    T.PINGREQ,
+    T.DISCONNECT,
+)
+
+TRANSITIONS: dict[tuple[State, PacketType], State] = {
+    (State.AWAIT_CONNECT, T.CONNECT): State.CONNECTING,
+    **{(State.CONNECTING, t): State.CONNECTING for t in _FROM_CLIENT},  # held
+    **{(State.CONNECTED, t): State.CONNECTED for t in _FROM_CLIENT},
+    (State.CONNECTED, T.DISCONNECT): State.CLOSED,
+}
+"""(state, packet type from the client) -> next state. Not here: ProtocolError."""
+
+_SERVER_DISCONNECT_CODES = frozenset(
+    {0x00, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D, 0x8E, 0x8F, 0x90}
+    | set(range(0x93, 0xA3))
+)
+"""Reason codes a server may put in DISCONNECT (MQTT 5 3.14.2.1)."""
+
+_OUT_PUBACK, _OUT_PUBREC, _OUT_PUBCOMP = 1, 2, 3
+
+
+def _random_client_id(prefix: str) -> Callable[[], str]:
+    return lambda: f"{prefix}{secrets.token_hex(8)}"
+
+
+class Channel:
+    def __init__(
+        self,
+        config: ChannelConfig,
+        node: str,
+        *,
+        new_client_id: Callable[[], str] | None = None,
+    ) -> None:
+        self.config = config
+        self.node = node
+        self.state = State.AWAIT_CONNECT
+        self.protocol_level = 0
+        self.client_id: str | None = None
+        self.will: Will | None = None
+        self.session_expiry_s = 0
+        self._new_client_id = new_client_id or _random_client_id(config.assign_client_id_prefix)
+        self._neg: Negotiated | None = None
+        self._last_rx = 0.0
+        self._keepalive_armed = False
+        self._held: list[tuple[Packet, float]] = []
+        self._in_aliases: dict[int, str] = {}
+        self._routes: dict[int, tuple[int, int]] = {}  # token -> (qos, packet id)
+        self._routing_qos2: set[int] = set()
+        self._next_token = 1
+        self._awaiting_rel: set[int] = set()
+        self._out: dict[int, int] = {}  # outgoing packet id -> _OUT_* stage
+        self._subs: dict[int, list[int | None]] = {}
+        self._unsubs: dict[int, list[int | None]] = {}
+        self._shaper = OutboundShaper(False, 0, None)
+
+    # -- what the node reads ------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.state is State.CLOSED
+
+    @property
+    def v5(self) -> bool:
+        return self.protocol_level == ProtocolLevel.MQTT_5
+
+    @property
+    def keep_alive(self) -> int:
+        """Effective keep alive in seconds (0: none)."""
+        return self._neg.keep_alive if self._neg else 0
+
+    @property
+    def client_receive_maximum(self) -> int:
+        """The outgoing inflight window: the 5.0 client's Receive Maximum."""
+        return self._neg.client_receive_maximum if self._neg else 0
+
+    @property
+    def send_quota(self) -> int:
+        """How many more QoS 1/2 PUBLISHes may go out before an ack."""
+        return max(0, self.client_receive_maximum - len(self._out))
+
+    @property
+    def inbound_inflight(self) -> int:
+        """Incoming QoS 1/2 messages not yet completed (routing or awaiting PUBREL)."""
+        return len(self._routes) + len(self._awaiting_rel)
+
+    # -- inputs -------------------------------------------------------------
+
+    def receive(self, packet: Packet, now: float) -> list[Action]:
+        try:
+            return self._receive(packet, now)
+        except MQTTError as err:
+            return self.protocol_error(err)
+
+    def _receive(self, packet: Packet, now: float) -> list[Action]:
+        if self.state is State.CLOSED:
+            return []
+        ptype = PACKET_TYPES[type(packet)]
+        nxt = TRANSITIONS.get((self.state, ptype))
+        if nxt is None:
+            raise ProtocolError(f"{ptype.name} not allowed in state {self.state.name}")
+        self._last_rx = max(self._last_rx, now)
+        if self.state is State.CONNECTING:
+            if len(self._held) >= self.config.max_packets_before_connack:
+                raise QuotaExceeded(f"more than {len(self._held)} packets before CONNACK")
+            self._held.append((packet, now))
+            return []
+        actions = self._dispatch(packet, now)
+        if not self.closed:
+            self.state = nxt
+        return actions
+
+    def _dispatch(self, packet: Packet, now: float) -> list[Action]:
+        match packet:
+            case Connect():
+                return self._on_connect(packet)
+            case Publish():
+                return self._on_publish(packet, now)
+            case Puback(packet_id=pid):
+                return self._on_ack(pid, _OUT_PUBACK)
+            case Pubrec():
+                return self._on_pubrec(packet)
+            case Pubrel(packet_id=pid):
+                return self._on_pubrel(pid)
+            case Pubcomp(packet_id=pid):
+                return self._on_ack(pid, _OUT_PUBCOMP)
+            case Subscribe():
+                return self._on_subscribe(packet)
+            case Unsubscribe():
+                return self._on_unsubscribe(packet)
+            case Pingreq():
+                return [Send(Pingresp())]
+            case Disconnect():
+                return self._on_disconnect(packet)
+        raise ProtocolError(f"{type(packet).__name__} has no handler")  # pragma: no cover
+
+    # -- CONNECT ------------------------------------------------------------
+
+    def _on_connect(self, connect: Connect) -> list[Action]:
+        level = connect.protocol_level
+        self.protocol_level = level if level in tuple(ProtocolLevel) else ProtocolLevel.MQTT_3_1_1
+        result = negotiate(self.config, connect, self._new_client_id)
+        if isinstance(result, Refusal):
+            return self._refuse(result.reason_code, result.detail)
+        self._neg = result
+        self.client_id = result.client_id
+        self.will = connect.will
+        self.session_expiry_s = result.session_expiry_s
+        self._shaper = OutboundShaper(
+            self.v5, result.client_topic_alias_maximum if self.config.outbound_topic_aliases
+            else 0, result.client_max_packet_size
+        )
+        return [
+            OpenSession(connect, result.client_id, connect.clean_start, result.session_expiry_s)
+        ]
+
+    def session_opened(
+        self,
+        session_present: bool,
+        incoming_qos2_ids: AbstractSet[int] = frozenset(),
+        reason_code: int = 0,
+    ) -> list[Action]:
+        """The node's answer to OpenSession: CONNACK, then any pipelined packets.
+
+        A non-zero `reason_code` (MQTT 5 code, or a 3.x return code 1-5)
+        refuses the connection. `incoming_qos2_ids` are the resumed
+        session's QoS 2 packet ids still awaiting PUBREL.
+        """
+        if self.state is not State.CONNECTING or self._neg is None:
+            return []
+        if reason_code:
+            self._held.clear()
+            return self._refuse(reason_code, f"session refused with 0x{reason_code:02X}")
+        neg = self._neg
+        self.state = State.CONNECTED
+        if session_present:
+            self._awaiting_rel = set(incoming_qos2_ids)
+        props = connack_properties(self.config, neg) if self.v5 else NO_PROPERTIES
+        actions: list[Action] = [Send(Connack(session_present, 0, props))]
+        if neg.keep_alive:
+            self._keepalive_armed = True
+            actions.append(StartTimer(KEEPALIVE_TIMER, neg.keep_alive * KEEPALIVE_FACTOR))
+        held, self._held = self._held, []
+        for packet, at in held:
+            actions += self.receive(packet, at)
+        return actions
+
+    def _refuse(self, reason_code: int, detail: str) -> list[Action]:
+        """Refuse before CONNACK: a CONNACK with the code (if the level has
+        one), then Close without the will."""
+        code = connack_code(reason_code, self.protocol_level)
+        if code is None and self.state is State.CONNECTING:
+            code = ConnackCode311.SERVER_UNAVAILABLE
+        actions: list[Action] = []
+        if code is not None:
+            actions.append(Send(Connack(False, code)))
+        actions += self._close("error", detail, with_will=False)
+        return actions
+
+    # -- inbound PUBLISH ----------------------------------------------------
+
+    def _on_publish(self, p: Publish, now: float) -> list[Action]:
+        cfg = self.config
+        pid = p.packet_id
+        if p.qos > cfg.max_qos:
+            raise QosNotSupported(f"PUBLISH QoS {p.qos} > maximum QoS {cfg.max_qos}")
+        if p.retain and not cfg.retain_available:
+            raise RetainNotSupported("retained PUBLISH, retain is not available")
+        if p.qos and not pid:
+            raise ProtocolError(f"QoS {p.qos} PUBLISH without a packet id")
+        topic = self._inbound_topic(p)
+        validate_topic_name(topic)
+        if pid is not None and p.qos == 2:
+            if pid in self._awaiting_rel:
+                return [Send(self._ack(2, pid, RC.SUCCESS))]
+            if pid in self._routing_qos2:
+                return []
+        if self.v5 and p.qos and self.inbound_inflight >= cfg.receive_maximum:
+            raise ReceiveMaximumExceeded(f"more than {cfg.receive_maximum} QoS 1/2 in flight")
+        if topic.startswith("$"):
+            if pid is None:
+                return []
+            code = RC.NOT_AUTHORIZED if self.v5 else RC.SUCCESS
+            return [Send(self._ack(p.qos, pid, code))]
+
+        props = p.properties
+        if props.topic_alias is not None or props.subscription_identifier:
+            props = replace(props, topic_alias=None, subscription_identifier=())
+        expiry = props.message_expiry_interval
+        message = Message(
+            topic=topic,
+            payload=p.payload,
+            qos=p.qos,
+            retain=p.retain,
+            properties=props,
+            sender=self.client_id or "",
+            expires_at_ms=None if expiry is None else int(now * 1000) + expiry * 1000,
+        )
+        if pid is None or p.qos == 0:
+            return [Route(message)]
+        token = self._next_token
+        self._next_token += 1
+        self._routes[token] = (p.qos, pid)
+        if p.qos == 2:
+            self._routing_qos2.add(pid)
+            return [Route(message, token, pid)]
+        return [Route(message, token)]
+
+    def _inbound_topic(self, p: Publish) -> str:
+        alias = p.properties.topic_alias
+        if alias is None:
+            if not p.topic and self.v5:
+                raise ProtocolError("PUBLISH with neither a topic name nor a topic alias")
+            return p.topic
+        if alias == 0 or alias > self.config.topic_alias_maximum:
+            raise TopicAliasInvalid(
+                f"topic alias {alias} outside 1..{self.config.topic_alias_maximum}"
+            )
+        if p.topic:
+            self._in_aliases[alias] = p.topic
+            return p.topic
+        topic = self._in_aliases.get(alias)
+        if topic is None:
+            raise ProtocolError(f"topic alias {alias} was never set")
+        return topic
+
+    def routed(
+        self,
+        token: int,
+        ok: bool,
+        no_subscribers: bool = False,
+        reason_code: int | None = None,
+    ) -> list[Action]:
+        """The node routed (ok) or failed to route the message of `token`.
+
+        ok: PUBACK / PUBREC, 5.0 reason 0x10 when `no_subscribers`. Failed:
+        a 5.0 client gets `reason_code` (default 0x80) on its ack; a 3.x
+        client is disconnected (it resends after reconnecting), except for
+        0x87 (not authorized), which is acknowledged and dropped.
+        """
+        entry = self._routes.pop(token, None)
+        if entry is None or self.state is not State.CONNECTED:
+            return []
+        qos, pid = entry
+        if qos == 2:
+            self._routing_qos2.discard(pid)
+        if ok:
+            if qos == 2:
+                self._awaiting_rel.add(pid)
+            ok_code = RC.NO_MATCHING_SUBSCRIBERS if no_subscribers else RC.SUCCESS
+            return [Send(self._ack(qos, pid, ok_code))]
+        code: int = RC.UNSPECIFIED_ERROR if reason_code is None else reason_code
+        if self.v5:
+            return [Send(self._ack(qos, pid, code))]
+        if code == RC.NOT_AUTHORIZED:
+            return [Send(self._ack(qos, pid, RC.SUCCESS))]
+        return self._close("error", f"routing packet {pid} failed with 0x{code:02X}")
+
+    def _ack(self, qos: int, pid: int, code: int) -> Puback | Pubrec:
+        if not self.v5:
+            code = RC.SUCCESS
+        return Puback(pid, code) if qos == 1 else Pubrec(pid, code)
+
+    def _on_pubrel(self, pid: int) -> list[Action]:
+        if pid in self._awaiting_rel:
+            self._awaiting_rel.discard(pid)
+            return [Released(pid), Send(Pubcomp(pid))]
+        if self.v5:
+            return [Send(Pubcomp(pid, RC.PACKET_IDENTIFIER_NOT_FOUND))]
+        return [Send(Pubcomp(pid))]
+
+    # -- outbound PUBLISH ---------------------------------------------------
+
+    def deliver(
+        self, message: Message, packet_id: int | None, dup: bool, now_ms: int
+    ) -> list[Action]:
+        """PUBLISH `message` to this client (packet_id None for QoS 0).
+
+        Dropped (expired before delivery started, or larger than the
+        client's Maximum Packet Size): nothing is sent and, for QoS 1/2,
+        `Acked(packet_id)` frees the node's inflight slot.
+        """
+        if self.state is not State.CONNECTED:
+            return []
+        publish = self._shaper.shape(message, packet_id, dup, now_ms)
+        if publish is None:
+            return [] if packet_id is None else [Acked(packet_id)]
+        if packet_id is not None and message.qos:
+            self._out[packet_id] = _OUT_PUBACK if message.qos == 1 else _OUT_PUBREC
+        return [Send(publish)]
+
+    def resend_pubrel(self, packet_id: int) -> list[Action]:
+        """Resend PUBREL for an outgoing QoS 2 message already PUBRECed."""
+        if self.state is not State.CONNECTED:
+            return []
+        self._out[packet_id] = _OUT_PUBCOMP
+        return [Send(Pubrel(packet_id))]
+
+    def _on_ack(self, pid: int, stage: int) -> list[Action]:
+        if self._out.get(pid) != stage:
+            return []
+        del self._out[pid]
+        return [Acked(pid)]
+
+    def _on_pubrec(self, p: Pubrec) -> list[Action]:
+        pid = p.packet_id
+        stage = self._out.get(pid)
+        if stage == _OUT_PUBREC:
+            if p.reason_code >= RC.UNSPECIFIED_ERROR:
+                del self._out[pid]
+                return [Acked(pid)]
+            self._out[pid] = _OUT_PUBCOMP
+            return [Received(pid), Send(Pubrel(pid))]
+        if stage == _OUT_PUBCOMP or not self.v5:
+            return [Send(Pubrel(pid))]
+        return [Send(Pubrel(pid, RC.PACKET_IDENTIFIER_NOT_FOUND))]
+
+    # -- SUBSCRIBE / UNSUBSCRIBE --------------------------------------------
+
+    def _on_subscribe(self, s: Subscribe) -> list[Action]:
+        if not s.subscriptions:
+            raise ProtocolError("SUBSCRIBE without topic filters")
+        if s.packet_id in self._subs:
+            raise ProtocolError(f"SUBSCRIBE packet id {s.packet_id} is in use")
+        sub_id = None
+        if s.properties.subscription_identifier:
+            ids = s.properties.subscription_identifier
+            if not self.config.subscription_identifiers:
+                raise SubscriptionIdentifiersNotSupported("subscription identifiers are off")
+            if len(ids) > 1 or ids[0] == 0:
+                raise ProtocolError(f"bad subscription identifier {ids}")
+            sub_id = ids[0]
+        codes: list[int | None] = []
+        accepted: list[Subscription] = []
+        for sub in s.subscriptions:
+            code = self._filter_refusal(sub)
+            codes.append(code)
+            if code is None:
+                accepted.append(
+                    replace(sub, qos=self.config.max_qos)
+                    if sub.qos > self.config.max_qos
+                    else sub
+                )
+        if not accepted:
+            return [Send(Suback(s.packet_id, tuple(c for c in codes if c is not None)))]
+        self._subs[s.packet_id] = codes
+        return [SubscribeRequest(s.packet_id, tuple(accepted), sub_id)]
+
+    def _filter_refusal(self, sub: Subscription) -> int | None:
+        """The SUBACK failure code for a filter the channel refuses, else None."""
+        cfg = self.config
+        try:
+            validate_topic_filter(sub.topic_filter)
+            shared = parse_shared(sub.topic_filter)
+        except TopicFilterInvalid:
+            return self._failure(RC.TOPIC_FILTER_INVALID)
+        inner = sub.topic_filter
+        if shared is not None:
+            if self.v5 and sub.no_local:
+                raise ProtocolError(f"no local on shared subscription {sub.topic_filter!r}")
+            if not cfg.shared_subscriptions:
+                return self._failure(RC.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
+            inner = shared[1]
+        if not cfg.wildcard_subscriptions and ("+" in inner or "#" in inner):
+            return self._failure(RC.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED)
+        return None
+
+    def _failure(self, code: int) -> int:
+        return code if self.v5 else RC.UNSPECIFIED_ERROR
+
+    def subscribed(self, packet_id: int, reason_codes: Sequence[int]) -> list[Action]:
+        """SUBACK: `reason_codes` answer the SubscribeRequest's subscriptions in order."""
+        codes = self._subs.pop(packet_id, None)
+        if codes is None or self.state is not State.CONNECTED:
+            return []
+        merged = self._merge(codes, reason_codes)
+        if not self.v5:
+            merged = tuple(RC.UNSPECIFIED_ERROR if c >= 0x80 else c for c in merged)
+        return [Send(Suback(packet_id, merged))]
+
+    def _on_unsubscribe(self, u: Unsubscribe) -> list[Action]:
+        if not u.topic_filters:
+            raise ProtocolError("UNSUBSCRIBE without topic filters")
+        if u.packet_id in self._unsubs:
+            raise ProtocolError(f"UNSUBSCRIBE packet id {u.packet_id} is in use")
+        codes: list[int | None] = []
+        accepted: list[str] = []
+        for topic_filter in u.topic_filters:
+            try:
+                validate_topic_filter(topic_filter)
+            except TopicFilterInvalid:
+                codes.append(RC.TOPIC_FILTER_INVALID)
+                continue
+            codes.append(None)
+            accepted.append(topic_filter)
+        if not accepted:
+            return [Send(self._unsuback(u.packet_id, [c for c in codes if c is not None]))]
+        self._unsubs[u.packet_id] = codes
+        return [UnsubscribeRequest(u.packet_id, tuple(accepted))]
+
+    def unsubscribed(self, packet_id: int, reason_codes: Sequence[int]) -> list[Action]:
+        """UNSUBACK: `reason_codes` answer the UnsubscribeRequest's filters in order."""
+        codes = self._unsubs.pop(packet_id, None)
+        if codes is None or self.state is not State.CONNECTED:
+            return []
+        return [Send(self._unsuback(packet_id, self._merge(codes, reason_codes)))]
+
+    def _unsuback(self, packet_id: int, codes: Sequence[int]) -> Unsuback:
+        return Unsuback(packet_id, tuple(codes)) if self.v5 else Unsuback(packet_id)
+
+    @staticmethod
+    def _merge(codes: list[int | None], answers: Sequence[int]) -> tuple[int, ...]:
+        if sum(c is None for c in codes) != len(answers):
+            raise ValueError(f"expected {sum(c is None for c in codes)} codes, got {answers}")
+        it = iter(answers)
+        return tuple(next(it) if c is None else c for c in codes)
+
+    # -- ends ---------------------------------------------------------------
+
+    def _on_disconnect(self, d: Disconnect) -> list[Action]:
+        new_expiry = None
+        with_will = False
+        if self.v5 and self._neg is not None:
+            requested = d.properties.session_expiry_interval
+            if requested is not None:
+                if requested and self._neg.requested_expiry_s == 0:
+                    raise ProtocolError("DISCONNECT sets a session expiry after CONNECT set 0")
+                new_expiry = min(requested, self.config.max_session_expiry_s)
+                self.session_expiry_s = new_expiry
+            with_will = d.reason_code != RC.SUCCESS
+        detail = f"client DISCONNECT 0x{d.reason_code:02X}"
+        return self._close("normal", detail, with_will=with_will, session_expiry_s=new_expiry)
+
+    def timer(self, name: str, now: float) -> list[Action]:
+        """A StartTimer the channel asked for has fired."""
+        if name != KEEPALIVE_TIMER or not self._keepalive_armed:
+            return []
+        deadline = self._last_rx + self.keep_alive * KEEPALIVE_FACTOR
+        if now < deadline:
+            return [StartTimer(KEEPALIVE_TIMER, deadline - now)]
+        self._keepalive_armed = False
+        return self._server_close(RC.KEEP_ALIVE_TIMEOUT, "keepalive", "keep alive timed out")
+
+    def taken_over(self) -> list[Action]:
+        """Another connection claimed this session: DISCONNECT 0x8E (5.0), Close."""
+        if self.state is State.CONNECTED:
+            return self._server_close(RC.SESSION_TAKEN_OVER, "takenover", "session taken over")
+        return self._close_early("takenover", "session taken over before CONNACK")
+
+    def server_disconnect(self, reason_code: int) -> list[Action]:
+        """The server ends the connection (shutdown 0x8B, kick 0x98, ...)."""
+        detail = f"server disconnect 0x{reason_code:02X}"
+        if self.state is State.CONNECTED:
+            return self._server_close(reason_code, "kicked", detail)
+        if self.state is State.CONNECTING:
+            self._held.clear()
+            return self._refuse(reason_code, detail)
+        return self._close_early("kicked", detail)
+
+    def connection_lost(self) -> list[Action]:
+        """The socket closed without a DISCONNECT: the will goes out."""
+        if self.state is State.CONNECTED:
+            return self._close("error", "connection lost")
+        return self._close_early("error", "connection lost before CONNACK")
+
+    def protocol_error(self, err: MQTTError) -> list[Action]:
+        """What to do about an MQTTError (from the channel or the codec)."""
+        detail = f"{type(err).__name__}: {err}"
+        if self.state is State.CLOSED:
+            return []
+        if self.state is State.CONNECTED:
+            code = err.reason_code
+            if code not in _SERVER_DISCONNECT_CODES:
+                code = RC.PROTOCOL_ERROR
+            return self._server_close(code, "error", detail)
+        if self.state is State.AWAIT_CONNECT and self.protocol_level:
+            return self._refuse(err.reason_code, detail)
+        if isinstance(err, UnsupportedProtocolVersion) and self.state is State.AWAIT_CONNECT:
+            level = getattr(err, "protocol_level", None)
+            self.protocol_level = (
+                ProtocolLevel.MQTT_5 if level == ProtocolLevel.MQTT_5 else ProtocolLevel.MQTT_3_1_1
+            )
+            return self._refuse(err.reason_code, detail)
+        return self._close_early("error", detail)
+
+    def _server_close(self, reason_code: int, reason: str, detail: str) -> list[Action]:
+        actions: list[Action] = [Send(Disconnect(reason_code))] if self.v5 else []
+        actions += self._close(reason, detail)
+        return actions
+
+    def _close_early(self, reason: str, detail: str) -> list[Action]:
+        if self.state is State.CLOSED:
+            return []
+        return self._close(reason, detail, with_will=False)
+
+    def _close(
+        self,
+        reason: str,
+        detail: str,
+        *,
+        with_will: bool = True,
+        session_expiry_s: int | None = None,
+    ) -> list[Action]:
+        self.state = State.CLOSED
+        self._held.clear()
+        actions: list[Action] = []
+        if self._keepalive_armed:
+            self._keepalive_armed = False
+            actions.append(CancelTimer(KEEPALIVE_TIMER))
+        will = self.will if with_will else None
+        delay = 0
+        if will is not None and self._neg is not None:
+            delay = min(self._neg.will_delay_s, self.session_expiry_s)
+        actions.append(
+            Close(reason, will, delay, detail=detail, session_expiry_s=session_expiry_s)
+        )
+        return actions

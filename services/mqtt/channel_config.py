@@ -1,0 +1,46 @@
+"""Server-side limits a channel enforces and announces, as plain values.
+
+Settings are read elsewhere (one settings module, at the edge) and turned
+into one `ChannelConfig` per listener; the channel never reads the
+environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NEVER_EXPIRE = 0xFFFFFFFF
+"""Session Expiry Interval meaning "never" (MQTT 5 section 3.1.2.11.2)."""
+
+MAX_MQTT_311_CLIENT_ID = 23
+"""MQTT 3.1 requires client ids of 1 to 23 characters (3.1.1 lifts the limit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    receive_maximum: int = 32
+    """Unacknowledged incoming QoS 1/2 PUBLISHes a 5.0 client may have (CONNACK)."""
+    max_packet_size: int = 1 << 20
+    """Bytes; announced in the 5.0 CONNACK (the codec enforces it on input)."""
+    topic_alias_maximum: int = 65535
+    """Topic aliases a 5.0 client may set on its PUBLISHes (0 disables them)."""
+    server_keep_alive: int | None = None
+    """Seconds; when set, replaces a 5.0 client's keep alive (Server Keep Alive)."""
+    max_keep_alive: int = 65535
+    """Seconds; a larger 5.0 keep alive is lowered to this and announced."""
+    max_qos: int = 2
+    retain_available: bool = True
+    wildcard_subscriptions: bool = True
+    shared_subscriptions: bool = True
+    subscription_identifiers: bool = True
+    max_session_expiry_s: int = NEVER_EXPIRE
+    """Upper bound on any session's expiry; a 5.0 client is told when it is lowered."""
+    assign_client_id_prefix: str = "weir-"
+    max_client_id_length: int = 65535
+    """Characters; longer ids are refused (CONNACK 0x85 / 0x02)."""
+    inflight_window_3x: int = 32
+    """Outgoing QoS 1/2 window for 3.x clients, which cannot announce a Receive Maximum."""
+    outbound_topic_aliases: bool = True
+    """Use topic aliases on PUBLISHes to 5.0 clients that allow them."""
+    max_packets_before_connack: int = 1000
+    """Packets a client may pipeline after CONNECT while its session is being opened."""

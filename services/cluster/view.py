@@ -1,0 +1,307 @@
+"""The cluster view: what the event log says, folded into memory.
+
+Theory of operation. The view is a pure projection of the log: the same
+set of events gives the same view, whatever order the partitions were
+interleaved in and however often an event is seen again. Three rules make
+that so.
+
+1. Latest version wins, per key. Session state is kept per client id,
+   subscription state per (client id, filter), retained state per topic;
+   each remembers the version of the event that set it, and an event
+   applies only if its version is higher. Removals (Unsubscribed,
+   RetainedCleared, a session's end) leave a tombstone version behind, so
+   an older event seen later cannot bring the state back.
+2. A session's end clears its subscriptions by version. SessionExpired,
+   SessionDiscarded, SessionOpened with clean_start, and SessionClosed with
+   expiry_s == 0 (a session that ends with its connection) raise the
+   client's floor to their version: every subscription event of that
+   client with a lower version is dropped, now or when it arrives later.
+   Subscription and session events share one per-client version counter,
+   so "lower version" means "happened before the session ended". The
+   floor moves even when the session event itself is stale for the
+   directory, because the clearing really happened at that version.
+3. Version races. Two writers may log one key's events out of version
+   order (writer A takes v3, writer B takes v4, B's append lands first).
+   Rule 1 settles it: v3 is ignored, as if it had come first. So an
+   Unsubscribed(v4) seen before Subscribed(v3) of the same filter leaves
+   no subscription, and a Subscribed(v4) seen before Unsubscribed(v3)
+   leaves the subscription.
+
+The directory entry of a client is what its newest session event says:
+online on `node` after SessionOpened; offline with its expiry after a
+SessionClosed with expiry_s > 0; absent after the session ended.
+
+The node mirrors subscription changes into its routing trie through the
+`on_subscribe(client_id, filter, options)` and
+`on_unsubscribe(client_id, filter)` callbacks; options replacing options
+call on_subscribe again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.event.schema import (
+    Event,
+    RetainedCleared,
+    RetainedSet,
+    SessionClosed,
+    SessionDiscarded,
+    SessionExpired,
+    SessionOpened,
+    Subscribed,
+    Unsubscribed,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionOptions:
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    subscription_id: int | None = None
+    version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEntry:
+    node: str  # online: where the client is; offline: where it was last
+    online: bool
+    expiry_s: int  # 0: ends with the connection
+    version: int
+    epoch: int = 0  # of the last SessionOpened
+    clean_start: bool = False
+    protocol: int = 0
+    username: str | None = None
+    offline_since_ms: int | None = None
+
+    @property
+    def persistent(self) -> bool:
+        return self.expiry_s > 0
+
+    @property
+    def expires_at_ms(self) -> int | None:
+        if self.online or self.offline_since_ms is None:
+            return None
+        return self.offline_since_ms + self.expiry_s * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedEntry:
+    topic: str
+    payload: bytes
+    qos: int
+    version: int
+    expires_at_ms: int | None = None
+    payload_format_indicator: int | None = None
+    content_type: str | None = None
+    response_topic: str | None = None
+    correlation_data: bytes | None = None
+    user_property: tuple[tuple[str, str], ...] = ()
+    sender: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ViewSnapshot:
+    """The visible state, as sorted tuples: compare two views with ==."""
+
+    sessions: tuple[tuple[str, SessionEntry], ...]
+    subscriptions: tuple[tuple[str, str, SubscriptionOptions], ...]
+    retained: tuple[tuple[str, RetainedEntry], ...]
+
+
+SubscribeHook = Callable[[str, str, SubscriptionOptions], None]
+UnsubscribeHook = Callable[[str, str], None]
+
+
+def _ignore_subscribe(client_id: str, filter_: str, options: SubscriptionOptions) -> None:
+    pass
+
+
+def _ignore_unsubscribe(client_id: str, filter_: str) -> None:
+    pass
+
+
+@dataclass
+class _ClientSubs:
+    floor: int = 0  # versions at or below this were cleared by a session end
+    live: dict[str, SubscriptionOptions] = field(default_factory=dict)
+    gone: dict[str, int] = field(default_factory=dict)  # filter -> tombstone version
+
+    def held(self, filter_: str) -> int:
+        opts = self.live.get(filter_)
+        if opts is not None:
+            return opts.version
+        return self.gone.get(filter_, 0)
+
+
+class ClusterView:
+    def __init__(
+        self,
+        on_subscribe: SubscribeHook = _ignore_subscribe,
+        on_unsubscribe: UnsubscribeHook = _ignore_unsubscribe,
+    ) -> None:
+        self.on_subscribe = on_subscribe
+        self.on_unsubscribe = on_unsubscribe
+        self._sessions: dict[str, SessionEntry] = {}
+        self._session_versions: dict[str, int] = {}
+        self._subs: dict[str, _ClientSubs] = {}
+        self._retained: dict[str, RetainedEntry] = {}
+        self._retained_versions: dict[str, int] = {}
+        self.applied = 0
+        self.ignored = 0
+
+    # -- reading ----------------------------------------------------------
+
+    def session(self, client_id: str) -> SessionEntry | None:
+        return self._sessions.get(client_id)
+
+    def sessions(self) -> dict[str, SessionEntry]:
+        return dict(self._sessions)
+
+    def subscriptions(self, client_id: str) -> dict[str, SubscriptionOptions]:
+        subs = self._subs.get(client_id)
+        return dict(subs.live) if subs is not None else {}
+
+    def all_subscriptions(self) -> dict[str, dict[str, SubscriptionOptions]]:
+        return {c: dict(s.live) for c, s in self._subs.items() if s.live}
+
+    def retained(self, topic: str) -> RetainedEntry | None:
+        return self._retained.get(topic)
+
+    def retained_topics(self) -> dict[str, RetainedEntry]:
+        return dict(self._retained)
+
+    def snapshot(self) -> ViewSnapshot:
+        return ViewSnapshot(
+            sessions=tuple(sorted(self._sessions.items())),
+            subscriptions=tuple(
+                sorted((c, f, o) for c, s in self._subs.items() for f, o in s.live.items())
+            ),
+            retained=tuple(sorted(self._retained.items())),
+        )
+
+    # -- applying -----------------------------------------------------------
+
+    def apply(self, event: Event) -> bool:
+        """Fold one event in. True if it changed the view; False if it was
+        stale (its version not above the one held) or a duplicate."""
+        changed = self._apply(event)
+        if changed:
+            self.applied += 1
+        else:
+            self.ignored += 1
+        return changed
+
+    def _apply(self, event: Event) -> bool:
+        if isinstance(event, Subscribed):
+            return self._subscribed(event)
+        if isinstance(event, Unsubscribed):
+            return self._unsubscribed(event)
+        if isinstance(event, RetainedSet | RetainedCleared):
+            return self._retained_event(event)
+        return self._session_event(event)
+
+    def _subscribed(self, e: Subscribed) -> bool:
+        subs = self._subs.get(e.client_id)
+        if subs is None:
+            subs = self._subs[e.client_id] = _ClientSubs()
+        if e.version <= subs.floor or e.version <= subs.held(e.filter):
+            return False
+        opts = SubscriptionOptions(
+            qos=e.qos,
+            no_local=e.no_local,
+            retain_as_published=e.retain_as_published,
+            retain_handling=e.retain_handling,
+            subscription_id=e.subscription_id,
+            version=e.version,
+        )
+        subs.gone.pop(e.filter, None)
+        subs.live[e.filter] = opts
+        self.on_subscribe(e.client_id, e.filter, opts)
+        return True
+
+    def _unsubscribed(self, e: Unsubscribed) -> bool:
+        subs = self._subs.get(e.client_id)
+        if subs is None:
+            subs = self._subs[e.client_id] = _ClientSubs()
+        if e.version <= subs.floor or e.version <= subs.held(e.filter):
+            return False
+        was_live = subs.live.pop(e.filter, None) is not None
+        subs.gone[e.filter] = e.version
+        if was_live:
+            self.on_unsubscribe(e.client_id, e.filter)
+        return True
+
+    def _clear_below(self, client_id: str, version: int) -> bool:
+        subs = self._subs.get(client_id)
+        if subs is None:
+            subs = self._subs[client_id] = _ClientSubs()
+        if version <= subs.floor:
+            return False
+        subs.floor = version
+        dropped = [f for f, o in subs.live.items() if o.version < version]
+        for f in dropped:
+            del subs.live[f]
+            self.on_unsubscribe(client_id, f)
+        subs.gone = {f: v for f, v in subs.gone.items() if v > version}
+        return True
+
+    def _session_event(
+        self, e: SessionOpened | SessionClosed | SessionExpired | SessionDiscarded
+    ) -> bool:
+        ends = (
+            isinstance(e, SessionExpired | SessionDiscarded)
+            or (isinstance(e, SessionOpened) and e.clean_start)
+            or (isinstance(e, SessionClosed) and e.expiry_s == 0)
+        )
+        cleared = self._clear_below(e.client_id, e.version) if ends else False
+        if e.version <= self._session_versions.get(e.client_id, 0):
+            return cleared
+        self._session_versions[e.client_id] = e.version
+        if isinstance(e, SessionOpened):
+            self._sessions[e.client_id] = SessionEntry(
+                node=e.node,
+                online=True,
+                expiry_s=e.expiry_s,
+                version=e.version,
+                epoch=e.epoch,
+                clean_start=e.clean_start,
+                protocol=e.protocol,
+                username=e.username,
+            )
+        elif isinstance(e, SessionClosed) and e.expiry_s > 0:
+            self._sessions[e.client_id] = SessionEntry(
+                node=e.node,
+                online=False,
+                expiry_s=e.expiry_s,
+                version=e.version,
+                offline_since_ms=e.ts_ms,
+            )
+        else:
+            self._sessions.pop(e.client_id, None)
+        return True
+
+    def _retained_event(self, e: RetainedSet | RetainedCleared) -> bool:
+        if e.version <= self._retained_versions.get(e.topic, 0):
+            return False
+        self._retained_versions[e.topic] = e.version
+        if isinstance(e, RetainedCleared):
+            self._retained.pop(e.topic, None)
+            return True
+        self._retained[e.topic] = RetainedEntry(
+            topic=e.topic,
+            payload=e.payload,
+            qos=e.qos,
+            version=e.version,
+            expires_at_ms=e.expires_at_ms,
+            payload_format_indicator=e.payload_format_indicator,
+            content_type=e.content_type,
+            response_topic=e.response_topic,
+            correlation_data=e.correlation_data,
+            user_property=e.user_property,
+            sender=e.sender,
+        )
+        return True

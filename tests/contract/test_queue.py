@@ -393,3 +393,22 @@ async def test_queue_redis_down_raises_unavailable_then_recovers(tmp_path: Path)
     finally:
         await q.close()
         server.stop()
+
+
+@pytest.mark.redis
+async def test_redis_batch_costs_two_round_trips_per_hundred_messages(redis_url: str) -> None:
+    client = connect(redis_url)
+    sessions, q = RedisSessionStore(client), RedisQueueStore(client)
+    try:
+        epoch = (await sessions.claim("c", "n1", False, 60)).epoch
+        await q.enqueue_and_take([("c", msg(0))], {"c": (epoch, 100)})  # scripts loaded
+        await client.config_resetstat()
+        for _ in range(10):
+            result = await q.enqueue_and_take([("c", msg(1))] * 100, {"c": (epoch, 100)})
+            assert len(result.taken["c"]) >= 99
+            await q.ack_many("c", epoch, [i.packet_id for i in result.taken["c"]])
+        stats = await client.info("commandstats")
+        calls = sum(v["calls"] for k, v in stats.items() if k.startswith("cmdstat_eval"))
+        assert calls == 20
+    finally:
+        await q.close()

@@ -177,3 +177,30 @@ async def test_hung_redis_raises_unavailable_within_timeout(tmp_path: Path) -> N
             server.process.send_signal(18)
         await store.close()
         server.stop()
+
+
+@pytest.mark.redis
+def test_durable_profile_keeps_writes_across_a_kill(tmp_path: Path) -> None:
+    import redis as sync_redis
+
+    server = RedisServer(tmp_path / "redis", profile="durable").start()
+    try:
+        with sync_redis.Redis.from_url(server.url) as client:
+            assert client.config_get("appendfsync") == {"appendfsync": "always"}
+            client.set("k", "v")
+        server.kill()  # SIGKILL: no shutdown flush
+        server.start()
+        with sync_redis.Redis.from_url(server.url) as client:
+            assert client.get("k") == b"v"
+    finally:
+        server.stop()
+
+
+def test_missing_redis_server_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.session.redis_server import RedisServerError
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RedisServerError, match="redis-server not found"):
+        RedisServer(tmp_path / "redis").start()

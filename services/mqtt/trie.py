@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from services.mqtt.errors import TopicFilterInvalid
 from services.mqtt.topics import parse_shared, validate_topic_filter
@@ -44,6 +44,9 @@ from services.mqtt.topics import parse_shared, validate_topic_filter
 V = TypeVar("V")
 
 DEFAULT_CACHE_SIZE = 4096  # topics; a hot set of topics fits, a bound keeps memory flat
+
+
+_NO_NODES: list[_Node[Any]] = []  # never mutated
 
 
 class _Entries(Generic[V]):
@@ -301,7 +304,10 @@ class TopicTrie(Generic[V]):
                 out.append(exact.one)
             elif exact.subs is not None:
                 out.extend(exact.subs.values())
-        for node in self._nodes(topic):
+        nodes = self._cache.get(topic)
+        if nodes is None:
+            nodes = self._nodes(topic)
+        for node in nodes:
             one = node.one
             if one is not None:
                 out.append(one)
@@ -317,7 +323,10 @@ class TopicTrie(Generic[V]):
         if exact is not None and exact.shared is not None:
             for group_filter, members in exact.shared.items():
                 out[group_filter] = list(members.values())
-        for node in self._nodes(topic):
+        nodes = self._cache.get(topic)
+        if nodes is None:
+            nodes = self._nodes(topic)
+        for node in nodes:
             shared = node.shared
             if shared is not None:
                 for group_filter, members in shared.items():
@@ -325,14 +334,16 @@ class TopicTrie(Generic[V]):
         return out
 
     def _nodes(self, topic: str) -> list[_Node[V]]:
+        """The walk's result for `topic`, remembered (the caller tried the cache)."""
+        root = self._root
+        if root.children is None and root.plus is None and root.hash is None:
+            return _NO_NODES
+        nodes = self._walk(topic)
         cache = self._cache
-        nodes = cache.get(topic)
-        if nodes is None:
-            nodes = self._walk(topic)
-            if self._cache_size > 0:
-                if len(cache) >= self._cache_size:
-                    cache.clear()
-                cache[topic] = nodes
+        if self._cache_size > 0:
+            if len(cache) >= self._cache_size:
+                cache.clear()
+            cache[topic] = nodes
         return nodes
 
     def _walk(self, topic: str) -> list[_Node[V]]:

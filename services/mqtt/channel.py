@@ -33,8 +33,10 @@ PUBREL and to turn PUBACK / PUBCOMP into `Acked`.
 Keep alive: one timer, "keepalive". The channel records when the last
 packet arrived; when the timer fires early relative to that, it restarts
 itself for the time left, so the node arms it once per period at most.
-Times (`now`) are wall-clock seconds (time.time()): message expiry is
-wall-clock so that it means the same on every node.
+`now` (receive, timer) is any seconds clock the node uses consistently,
+typically the event loop's monotonic time. Message expiry is stamped in
+wall-clock milliseconds (so it means the same on every node) from the
+`wall_ms` clock, time.time by default, injected by tests.
 
 The will is published on every close except a DISCONNECT with reason 0x00
 (or any 3.x DISCONNECT) and closes before the CONNACK.
@@ -43,6 +45,7 @@ The will is published on every close except a DISCONNECT with reason 0x00
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
@@ -157,6 +160,10 @@ _SERVER_DISCONNECT_CODES = frozenset(
 _OUT_PUBACK, _OUT_PUBREC, _OUT_PUBCOMP = 1, 2, 3
 
 
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 def _random_client_id(prefix: str) -> Callable[[], str]:
     return lambda: f"{prefix}{secrets.token_hex(8)}"
 
@@ -168,6 +175,7 @@ class Channel:
         node: str,
         *,
         new_client_id: Callable[[], str] | None = None,
+        wall_ms: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
         self.node = node
@@ -177,6 +185,7 @@ class Channel:
         self.will: Will | None = None
         self.session_expiry_s = 0
         self._new_client_id = new_client_id or _random_client_id(config.assign_client_id_prefix)
+        self._wall_ms = wall_ms or _wall_ms
         self._neg: Negotiated | None = None
         self._last_rx = 0.0
         self._keepalive_armed = False
@@ -242,17 +251,17 @@ class Channel:
                 raise QuotaExceeded(f"more than {len(self._held)} packets before CONNACK")
             self._held.append((packet, now))
             return []
-        actions = self._dispatch(packet, now)
+        actions = self._dispatch(packet)
         if not self.closed:
             self.state = nxt
         return actions
 
-    def _dispatch(self, packet: Packet, now: float) -> list[Action]:
+    def _dispatch(self, packet: Packet) -> list[Action]:
         match packet:
             case Connect():
                 return self._on_connect(packet)
             case Publish():
-                return self._on_publish(packet, now)
+                return self._on_publish(packet)
             case Puback(packet_id=pid):
                 return self._on_ack(pid, _OUT_PUBACK)
             case Pubrec():
@@ -336,7 +345,7 @@ class Channel:
 
     # -- inbound PUBLISH ----------------------------------------------------
 
-    def _on_publish(self, p: Publish, now: float) -> list[Action]:
+    def _on_publish(self, p: Publish) -> list[Action]:
         cfg = self.config
         pid = p.packet_id
         if p.qos > cfg.max_qos:
@@ -371,7 +380,7 @@ class Channel:
             retain=p.retain,
             properties=props,
             sender=self.client_id or "",
-            expires_at_ms=None if expiry is None else int(now * 1000) + expiry * 1000,
+            expires_at_ms=None if expiry is None else self._wall_ms() + expiry * 1000,
         )
         if pid is None or p.qos == 0:
             return [Route(message)]

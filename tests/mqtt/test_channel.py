@@ -51,7 +51,7 @@ from services.mqtt.packets import (
     Will,
 )
 
-NOW = 1_700_000_000.0
+NOW = 12_345.0  # the node's monotonic clock
 CFG = ChannelConfig()
 ASSIGNED = "weir-assigned-1"
 WILL = Will("wills/c1", b"gone", qos=1)
@@ -73,8 +73,11 @@ def make_connect(level: int = V5, client_id: str = "c1", **kw: Any) -> Connect:
     )
 
 
+WALL_MS = 1_763_000_000_000
+
+
 def new_channel(cfg: ChannelConfig = CFG) -> Channel:
-    return Channel(cfg, "node-1", new_client_id=lambda: ASSIGNED)
+    return Channel(cfg, "node-1", new_client_id=lambda: ASSIGNED, wall_ms=lambda: WALL_MS)
 
 
 def connected(

@@ -59,7 +59,8 @@ def load_script(client: aioredis.Redis, package: str, name: str) -> AsyncScript:
 async def bounded(call: Awaitable[T], limit_s: float) -> T:
     """Await one Redis call; any failure to answer becomes StoreUnavailable."""
     try:
-        return await asyncio.wait_for(call, limit_s)
+        async with asyncio.timeout(limit_s):  # no task per call, unlike wait_for
+            return await call
     except (RedisError, OSError, TimeoutError) as exc:
         raise StoreUnavailable(f"redis did not answer: {type(exc).__name__}: {exc}") from exc
 

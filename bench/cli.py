@@ -1,11 +1,185 @@
-"""`weir bench` (being built: issue 2)."""
+"""`weir bench SCENARIO`: measure an MQTT broker, optionally against a peer.
+
+Prints one JSON line per run on stdout; with `--vs` (or `--spawn-mosquitto`)
+the runs alternate between the two brokers and a last line gives the median
+ratios, ours / peer. Bad arguments exit 2 with one line on stderr; a broker
+that cannot be reached exits 1 with one line.
+"""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import NoReturn
+
+import uvloop
+
+from bench import wire
+from bench.errors import BenchError, UsageError
+from bench.idle import PER_WORKER_MAX, IdleConfig, run_idle
+from bench.mosquitto import MOSQUITTO, spawn_mosquitto
+from bench.report import Result, comparison
+from bench.scenarios import SCENARIOS, RunConfig, plan_for, run_plan
+
+DEFAULT_MESSAGES = {"fan-in": 400_000, "fan-out": 4_000, "pairs": 400_000}
+"""Messages published per run; fan-out delivers 100 times as many."""
+LATENCY_SECONDS = 5
+"""The latency scenario's default run: `--rate` messages per second for this long."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text}")
+    return value
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, not {text!r}")
+    return host, _port(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="weir bench", description=__doc__.splitlines()[0])
+    parser.add_argument("scenario", choices=(*SCENARIOS, "idle"))
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=_port, default=1883)
+    parser.add_argument("--qos", type=int, choices=(0, 1), default=0)
+    parser.add_argument("--messages", type=_positive_int, help="messages published, at most")
+    parser.add_argument("--duration", type=_positive_float, default=10.0, help="seconds, at most")
+    parser.add_argument("--size", type=int, default=32, help="payload bytes (at least 14 used)")
+    parser.add_argument("--window", type=_positive_int, default=64, help="QoS 1 unacked/publisher")
+    parser.add_argument("--rate", type=_positive_float, default=2000.0, help="latency: msg/s")
+    parser.add_argument("--mqtt", choices=("3.1.1", "5"), default="3.1.1")
+    parser.add_argument("--split", action="store_true", help="publishers in a second process")
+    parser.add_argument("--drain", type=_positive_float, default=0.5, help="quiet seconds to end")
+    parser.add_argument("--connections", type=_positive_int, default=1000, help="idle: how many")
+    parser.add_argument("--workers", type=_positive_int, help="idle: generator processes")
+    parser.add_argument("--broker-pid", type=_positive_int, help="for RSS and CPU (default: found)")
+    parser.add_argument("--vs", type=_address, metavar="HOST:PORT", help="peer broker to compare")
+    parser.add_argument("--rounds", type=_positive_int, default=3, help="with --vs: A,B rounds")
+    parser.add_argument(
+        "--spawn-mosquitto", action="store_true", help=f"run {MOSQUITTO} as the --vs peer"
+    )
+    return parser
+
+
+Runner = tuple[str, int, int | None]
+
+
+def _run_once(args: argparse.Namespace, host: str, port: int, pid: int | None) -> Result:
+    version = wire.MQTT_5 if args.mqtt == "5" else wire.MQTT_311
+    if args.scenario == "idle":
+        workers = args.workers or math.ceil(args.connections / PER_WORKER_MAX)
+        idle = IdleConfig(
+            host,
+            port,
+            args.connections,
+            workers=workers,
+            duration=args.duration,
+            version=version,
+            broker_pid=pid,
+        )
+        return run_idle(idle)
+    messages = args.messages or DEFAULT_MESSAGES.get(
+        args.scenario, int(args.rate * LATENCY_SECONDS)
+    )
+    cfg = RunConfig(
+        host,
+        port,
+        args.qos,
+        messages,
+        args.duration,
+        payload_size=args.size,
+        window=args.window,
+        version=version,
+        rate=args.rate,
+        split=args.split,
+        drain=args.drain,
+        broker_pid=pid,
+    )
+    return uvloop.run(run_plan(cfg, plan_for(args.scenario, messages)))
+
+
+@contextlib.contextmanager
+def _peer(args: argparse.Namespace) -> Iterator[Runner | None]:
+    if args.spawn_mosquitto:
+        with spawn_mosquitto() as (port, pid):
+            yield "127.0.0.1", port, pid
+    elif args.vs:
+        yield args.vs[0], args.vs[1], None
+    else:
+        yield None
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if args.vs and args.spawn_mosquitto:
+        raise UsageError("--vs and --spawn-mosquitto both name the peer; give one")
+    if args.workers and args.connections > args.workers * PER_WORKER_MAX:
+        raise UsageError(
+            f"--connections {args.connections} needs --workers >= "
+            f"{math.ceil(args.connections / PER_WORKER_MAX)} ({PER_WORKER_MAX} per process)"
+        )
+    if args.size < 0:
+        raise UsageError(f"--size must not be negative, not {args.size}")
+
+
+def run(args: argparse.Namespace) -> list[Result]:
+    ours: Runner = (args.host, args.port, args.broker_pid)
+    with _peer(args) as peer:
+        if peer is None:
+            result = _run_once(args, *ours)
+            print(result.line(), flush=True)
+            return [result]
+        mine: list[Result] = []
+        theirs: list[Result] = []
+        for _ in range(args.rounds):
+            for target, results in ((ours, mine), (peer, theirs)):
+                result = _run_once(args, *target)
+                print(result.line(), flush=True)
+                results.append(result)
+        print(json.dumps(comparison(mine, theirs)), flush=True)
+        return mine + theirs
 
 
 def main(argv: Sequence[str]) -> int:
-    print("weir bench: the load generator is not built yet", file=sys.stderr)
-    return 1
+    try:
+        args = build_parser().parse_args(list(argv))
+        _validate(args)
+        run(args)
+    except UsageError as exc:
+        print(f"weir bench: {exc}", file=sys.stderr)
+        return 2
+    except BenchError as exc:
+        print(f"weir bench: {exc}", file=sys.stderr)
+        return 1
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,226 @@
+"""The idle scenario: open many connections that do nothing, and weigh them.
+
+Theory of operation: one process may hold at most RLIMIT_NOFILE descriptors
+(20,000 here, hard), so the connections are spread over `workers` processes,
+each raising its soft limit to the hard one. One source address has about
+28k ephemeral ports, so connection i binds 127.0.0.(2 + i % 249) before it
+connects. Every worker opens its share with at most `concurrency` handshakes
+in flight, reports ("connected", ...), and holds its connections until the
+parent, having read the broker's VmRSS, says "close". RSS per connection is
+(after - before) / connected: the broker's cost of an idle session, buffers
+included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import resource
+import secrets
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import uvloop
+
+from bench import wire
+from bench.client import BenchClient, open_client
+from bench.errors import BenchError
+from bench.pipe import receive
+from bench.proc import find_listener_pid, rss_kib
+from bench.report import Result
+
+FIRST_SOURCE = 2
+SOURCE_ADDRESSES = 249
+"""127.0.0.2 .. 127.0.0.250."""
+PER_WORKER_MAX = 19_000
+"""Connections one worker may hold: the 20,000 descriptor hard limit less headroom."""
+DEFAULT_CONCURRENCY = 256
+"""Handshakes in flight per worker: enough to keep the broker's accept loop busy,
+few enough not to overflow its listen backlog."""
+
+
+@dataclass(frozen=True, slots=True)
+class IdleConfig:
+    host: str
+    port: int
+    connections: int
+    workers: int = 1
+    duration: float = 10.0
+    connect_timeout: float = 10.0
+    concurrency: int = DEFAULT_CONCURRENCY
+    version: int = wire.MQTT_311
+    broker_pid: int | None = None
+
+    @property
+    def broker(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    connected: int
+    failed: int
+    first_ns: int
+    last_ns: int
+    error: str = ""
+
+
+def source_address(index: int) -> str:
+    return f"127.0.0.{FIRST_SOURCE + index % SOURCE_ADDRESSES}"
+
+
+def raise_nofile_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to the hard limit; return it."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def shares(total: int, workers: int) -> list[int]:
+    return [total // workers + (1 if i < total % workers else 0) for i in range(workers)]
+
+
+async def _open_all(
+    cfg: IdleConfig, run_id: str, first: int, count: int
+) -> tuple[list[BenchClient], WorkerReport]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + cfg.duration
+    gate = asyncio.Semaphore(cfg.concurrency)
+    clients: list[BenchClient] = []
+    errors: list[str] = []
+    loopback = cfg.host.startswith("127.")
+
+    async def one(index: int) -> None:
+        async with gate:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                errors.append("duration over")
+                return
+            try:
+                client = await open_client(
+                    cfg.host,
+                    cfg.port,
+                    f"wb-{run_id}-i{index}",
+                    version=cfg.version,
+                    local_addr=(source_address(index), 0) if loopback else None,
+                    wait_s=min(remaining, cfg.connect_timeout),
+                )
+            except BenchError as exc:
+                errors.append(str(exc))
+                return
+            clients.append(client)
+
+    first_ns = time.monotonic_ns()
+    await asyncio.gather(*(one(first + i) for i in range(count)))
+    report = WorkerReport(
+        connected=len(clients),
+        failed=len(errors),
+        first_ns=first_ns,
+        last_ns=time.monotonic_ns(),
+        error=errors[0] if errors else "",
+    )
+    return clients, report
+
+
+def _worker_process(cfg: IdleConfig, run_id: str, first: int, count: int, conn: Connection) -> None:
+    raise_nofile_limit()
+    uvloop.run(_worker(cfg, run_id, first, count, conn))
+
+
+async def _worker(cfg: IdleConfig, run_id: str, first: int, count: int, conn: Connection) -> None:
+    clients, report = await _open_all(cfg, run_id, first, count)
+    conn.send(report)
+    try:
+        await receive(conn, cfg.duration + cfg.connect_timeout + 60, "the parent process")
+    except BenchError:
+        pass
+    finally:
+        for client in clients:
+            client.close()
+
+
+def _collect(conns: list[Connection], wait_s: float) -> list[WorkerReport]:
+    deadline = time.monotonic() + wait_s
+    reports: list[WorkerReport] = []
+    for conn in conns:
+        if not conn.poll(max(0.0, deadline - time.monotonic())):
+            raise BenchError(f"{len(conns) - len(reports)} idle workers did not report in time")
+        try:
+            reports.append(conn.recv())
+        except EOFError as exc:
+            raise BenchError("an idle worker process died") from exc
+    return reports
+
+
+def run_idle(cfg: IdleConfig) -> Result:
+    """Open `cfg.connections` idle connections and report rate and the broker's RSS."""
+    broker_pid = cfg.broker_pid or find_listener_pid(cfg.port)
+    rss_before = rss_kib(broker_pid) if broker_pid else None
+    context = multiprocessing.get_context("spawn")
+    run_id = secrets.token_hex(4)
+    workers, conns = [], []
+    first = 0
+    try:
+        for count in shares(cfg.connections, cfg.workers):
+            ours, theirs = context.Pipe()
+            proc = context.Process(
+                target=_worker_process, args=(cfg, run_id, first, count, theirs), daemon=True
+            )
+            proc.start()
+            theirs.close()
+            workers.append(proc)
+            conns.append(ours)
+            first += count
+        reports = _collect(conns, cfg.duration + cfg.connect_timeout + 30)
+        rss_after = rss_kib(broker_pid) if broker_pid else None
+    finally:
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.send("close")
+        for proc in workers:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return _idle_result(cfg, broker_pid, reports, rss_before, rss_after)
+
+
+def _idle_result(
+    cfg: IdleConfig,
+    broker_pid: int | None,
+    reports: list[WorkerReport],
+    rss_before: int | None,
+    rss_after: int | None,
+) -> Result:
+    connected = sum(r.connected for r in reports)
+    elapsed = (max(r.last_ns for r in reports) - min(r.first_ns for r in reports)) / 1e9
+    per_connection = None
+    if rss_before is not None and rss_after is not None and connected:
+        per_connection = round((rss_after - rss_before) * 1024 / connected)
+    errors = [r.error for r in reports if r.error]
+    return Result(
+        scenario="idle",
+        qos=0,
+        broker=cfg.broker,
+        sent=0,
+        expected=0,
+        received=0,
+        loss=0,
+        duplicates=0,
+        msg_per_s=0.0,
+        duration_s=round(elapsed, 3),
+        extra={
+            "connections": cfg.connections,
+            "connected": connected,
+            "failed": sum(r.failed for r in reports),
+            "connect_rate_per_s": round(connected / elapsed, 1) if elapsed else 0.0,
+            "workers": cfg.workers,
+            "broker_pid": broker_pid,
+            "broker_rss_before_kib": rss_before,
+            "broker_rss_after_kib": rss_after,
+            "broker_rss_per_connection_bytes": per_connection,
+            **({"first_error": errors[0]} if errors else {}),
+        },
+    )

@@ -1,0 +1,359 @@
+"""The message scenarios: fan-in, fan-out, pairs and latency.
+
+Theory of operation: a scenario is a `Plan`, plain data saying which
+publishers send how many messages to which topic and which subscribers expect
+them. Running a plan: the subscribers connect and subscribe (SUBACK awaited),
+the publishers connect and encode their whole run, then all publishers start
+at once and publish until done or `duration` is up. Afterwards the run waits
+for the messages still on their way until every expected one is in, or nothing
+has arrived for `drain` seconds; it never waits past `duration` from the first
+send plus one such quiet period.
+
+With `split`, the publishers run in a child process (its own event loop and
+core) and the subscribers in this one; the two meet over a pipe: "ready",
+"go", then the child's `PublishOutcome`. Timestamps are CLOCK_MONOTONIC, which
+is one clock for every process, so latency holds across the split.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import uvloop
+
+from bench import wire
+from bench.client import BenchClient, PacedPublisher, Publisher, Tally, open_client, subscribe
+from bench.errors import BenchError, BrokerUnavailable
+from bench.pipe import receive
+from bench.proc import cpu_seconds, find_listener_pid
+from bench.report import Result, latency_of
+
+SCENARIOS = ("fan-in", "fan-out", "pairs", "latency")
+FAN_IN_PUBLISHERS = 8
+FAN_OUT_SUBSCRIBERS = 100
+PAIRS = 100
+PUBLISHER_PROCESS = "the publisher process"
+PROGRESS_POLL_S = 0.02
+"""How often the drain phase looks at the counters; the timing itself comes
+from the receive timestamps, so this only bounds how late the run notices."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    host: str
+    port: int
+    qos: int
+    messages: int
+    duration: float
+    payload_size: int = 32
+    window: int = 64
+    version: int = wire.MQTT_311
+    rate: float = 2000.0
+    split: bool = False
+    drain: float = 0.5
+    connect_timeout: float = 10.0
+    broker_pid: int | None = None
+
+    @property
+    def broker(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherSpec:
+    number: int
+    topic: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberSpec:
+    topic_filter: str
+    publishers: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    scenario: str
+    run_id: str
+    publishers: tuple[PublisherSpec, ...]
+    subscribers: tuple[SubscriberSpec, ...]
+    paced: bool = False
+
+    @property
+    def per_publisher(self) -> int:
+        return max((p.count for p in self.publishers), default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishOutcome:
+    sent: dict[int, int]
+    acked: int
+    first_ns: int
+    last_ns: int
+    cpu_s: float = 0.0
+
+
+def _split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def plan_for(scenario: str, messages: int, run_id: str | None = None) -> Plan:
+    """The plan of `scenario` publishing `messages` messages in all."""
+    run = run_id or secrets.token_hex(4)
+    root = f"bench/{run}"
+    if scenario == "fan-in":
+        counts = _split(messages, FAN_IN_PUBLISHERS)
+        pubs = tuple(PublisherSpec(i, f"{root}/{i}/x", n) for i, n in enumerate(counts))
+        wildcard = SubscriberSpec(f"{root}/+/x", tuple(range(FAN_IN_PUBLISHERS)))
+        return Plan(scenario, run, pubs, (wildcard,))
+    if scenario == "fan-out":
+        subs = tuple(SubscriberSpec(f"{root}/fan", (0,)) for _ in range(FAN_OUT_SUBSCRIBERS))
+        return Plan(scenario, run, (PublisherSpec(0, f"{root}/fan", messages),), subs)
+    if scenario == "pairs":
+        counts = _split(messages, PAIRS)
+        pubs = tuple(PublisherSpec(i, f"{root}/p{i}", n) for i, n in enumerate(counts))
+        subs = tuple(SubscriberSpec(f"{root}/p{i}", (i,)) for i in range(PAIRS))
+        return Plan(scenario, run, pubs, subs)
+    if scenario == "latency":
+        one = PublisherSpec(0, f"{root}/lat", messages)
+        return Plan(scenario, run, (one,), (SubscriberSpec(f"{root}/lat", (0,)),), paced=True)
+    raise BenchError(f"unknown scenario {scenario!r}")
+
+
+AnyPublisher = Publisher | PacedPublisher
+
+
+async def connect_publishers(cfg: RunConfig, plan: Plan) -> list[AnyPublisher]:
+    async def one(spec: PublisherSpec) -> AnyPublisher:
+        client = await open_client(
+            cfg.host,
+            cfg.port,
+            f"wb-{plan.run_id}-p{spec.number}",
+            version=cfg.version,
+            wait_s=cfg.connect_timeout,
+        )
+        if plan.paced:
+            return PacedPublisher(
+                client,
+                spec.topic,
+                spec.number,
+                spec.count,
+                rate=cfg.rate,
+                qos=cfg.qos,
+                payload_size=cfg.payload_size,
+            )
+        batch = wire.publish_batch(
+            spec.topic,
+            spec.number,
+            0,
+            spec.count,
+            qos=cfg.qos,
+            payload_size=cfg.payload_size,
+            version=cfg.version,
+        )
+        return Publisher(client, batch, qos=cfg.qos, window=cfg.window)
+
+    return list(await asyncio.gather(*(one(spec) for spec in plan.publishers)))
+
+
+async def publish_all(
+    publishers: Sequence[AnyPublisher], plan: Plan, duration: float
+) -> PublishOutcome:
+    deadline = asyncio.get_running_loop().time() + duration
+    cpu_before = time.process_time()
+    await asyncio.gather(*(p.run(deadline) for p in publishers))
+    return PublishOutcome(
+        cpu_s=time.process_time() - cpu_before,
+        sent={spec.number: p.sent for spec, p in zip(plan.publishers, publishers, strict=True)},
+        acked=sum(p.acked for p in publishers),
+        first_ns=min(p.first_ns for p in publishers),
+        last_ns=max(p.last_ns for p in publishers),
+    )
+
+
+async def connect_subscribers(
+    cfg: RunConfig, plan: Plan
+) -> list[tuple[BenchClient, Tally, SubscriberSpec]]:
+    per_publisher = plan.per_publisher
+
+    async def one(i: int, spec: SubscriberSpec) -> tuple[BenchClient, Tally, SubscriberSpec]:
+        tally = Tally(spec.publishers, per_publisher, latency=plan.paced)
+        client = await open_client(
+            cfg.host,
+            cfg.port,
+            f"wb-{plan.run_id}-s{i}",
+            version=cfg.version,
+            tally=tally,
+            wait_s=cfg.connect_timeout,
+        )
+        await subscribe(client, spec.topic_filter, cfg.qos, wait_s=cfg.connect_timeout)
+        return client, tally, spec
+
+    return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(plan.subscribers))))
+
+
+async def _drain(tallies: list[Tally], expected: int, quiet: float, deadline: float) -> None:
+    """Wait until all `expected` messages are in, none came for `quiet` seconds, or
+    `deadline` (time.monotonic) has passed and the quiet period after it too."""
+    hard_stop = max(deadline, time.monotonic() + quiet)
+    last_seen, last_change = -1, time.monotonic()
+    while (now := time.monotonic()) < hard_stop:
+        unique = sum(t.unique for t in tallies)
+        if unique >= expected:
+            return
+        if unique != last_seen:
+            last_seen, last_change = unique, now
+        elif now - last_change > quiet:
+            return
+        await asyncio.sleep(PROGRESS_POLL_S)
+
+
+def _close(clients: Sequence[BenchClient]) -> None:
+    for client in clients:
+        client.close()
+
+
+async def run_plan(cfg: RunConfig, plan: Plan) -> Result:
+    """Run `plan` against the broker of `cfg` and say what happened."""
+    broker_pid = cfg.broker_pid or find_listener_pid(cfg.port)
+    subscribers = await connect_subscribers(cfg, plan)
+    try:
+        if cfg.split:
+            cpu = _CpuMeter(broker_pid)
+            outcome = await _publish_in_child(cfg, plan)
+        else:
+            publishers = await connect_publishers(cfg, plan)
+            cpu = _CpuMeter(broker_pid)
+            try:
+                outcome = await publish_all(publishers, plan, cfg.duration)
+            finally:
+                _close([p.client for p in publishers])
+        tallies = [tally for _, tally, _ in subscribers]
+        expected = sum(outcome.sent[n] for _, _, spec in subscribers for n in spec.publishers)
+        deadline = outcome.first_ns / 1e9 + cfg.duration
+        await _drain(tallies, expected, cfg.drain, deadline)
+        duration = (time.monotonic_ns() - outcome.first_ns) / 1e9
+        usage = cpu.cores(duration, outcome.cpu_s if cfg.split else 0.0)
+    finally:
+        _close([client for client, _, _ in subscribers])
+    result = _result(cfg, plan, outcome, tallies, expected, duration)
+    result.extra.update(usage)
+    return result
+
+
+class _CpuMeter:
+    """CPU used by the broker and by this generator since construction, in cores."""
+
+    def __init__(self, broker_pid: int | None) -> None:
+        self.broker_pid = broker_pid
+        self.broker_start = cpu_seconds(broker_pid) if broker_pid else None
+        self.own_start = time.process_time()
+
+    def cores(self, wall_s: float, child_cpu_s: float) -> dict[str, float]:
+        if wall_s <= 0:
+            return {}
+        usage = {
+            "generator_cpu": round((time.process_time() - self.own_start + child_cpu_s) / wall_s, 2)
+        }
+        if self.broker_pid and self.broker_start is not None:
+            now = cpu_seconds(self.broker_pid)
+            if now is not None:
+                usage["broker_cpu"] = round((now - self.broker_start) / wall_s, 2)
+        return usage
+
+
+def _result(
+    cfg: RunConfig,
+    plan: Plan,
+    outcome: PublishOutcome,
+    tallies: list[Tally],
+    expected: int,
+    duration: float,
+) -> Result:
+    unique = sum(t.unique for t in tallies)
+    received = sum(t.received for t in tallies)
+    last_rx = max((t.last_ns for t in tallies), default=0)
+    elapsed_s = (last_rx - outcome.first_ns) / 1e9 if last_rx > outcome.first_ns else 0.0
+    samples = [s for t in tallies for s in (t.latencies_ns or ())]
+    extra: dict[str, Any] = {
+        "publishers": len(plan.publishers),
+        "subscribers": len(plan.subscribers),
+        "payload_bytes": max(cfg.payload_size, wire.PAYLOAD.size),
+        "mqtt": "5" if cfg.version == wire.MQTT_5 else "3.1.1",
+        "split": cfg.split,
+        "measured_s": round(elapsed_s, 4),
+    }
+    if cfg.qos:
+        extra["acked"] = outcome.acked
+        extra["window"] = cfg.window
+    if plan.paced:
+        extra["rate"] = cfg.rate
+    unexpected = sum(t.unexpected for t in tallies)
+    if unexpected:
+        extra["unexpected"] = unexpected
+    return Result(
+        scenario=plan.scenario,
+        qos=cfg.qos,
+        broker=cfg.broker,
+        sent=sum(outcome.sent.values()),
+        expected=expected,
+        received=received,
+        loss=max(0, expected - unique),
+        duplicates=received - unique,
+        msg_per_s=round(received / elapsed_s, 1) if elapsed_s else 0.0,
+        duration_s=round(duration, 3),
+        latency=latency_of(samples),
+        extra=extra,
+    )
+
+
+async def _publish_in_child(cfg: RunConfig, plan: Plan) -> PublishOutcome:
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    child = context.Process(target=_publisher_process, args=(cfg, plan, theirs), daemon=True)
+    child.start()
+    theirs.close()
+    try:
+        message = await receive(ours, cfg.connect_timeout + 10, PUBLISHER_PROCESS)
+        if message[0] != "ready":
+            raise BrokerUnavailable(f"publisher process: {message[1]}")
+        ours.send(("go",))
+        message = await receive(ours, cfg.duration + cfg.connect_timeout, PUBLISHER_PROCESS)
+        if message[0] != "done":
+            raise BenchError(f"publisher process: {message[1]}")
+        outcome: PublishOutcome = message[1]
+        return outcome
+    finally:
+        ours.close()
+        child.join(timeout=5)
+        if child.is_alive():
+            child.kill()
+            child.join()
+
+
+def _publisher_process(cfg: RunConfig, plan: Plan, conn: Connection) -> None:
+    uvloop.run(_publisher_side(cfg, plan, conn))
+
+
+async def _publisher_side(cfg: RunConfig, plan: Plan, conn: Connection) -> None:
+    try:
+        publishers = await connect_publishers(cfg, plan)
+    except BenchError as exc:
+        conn.send(("error", str(exc)))
+        return
+    try:
+        conn.send(("ready",))
+        await receive(conn, cfg.connect_timeout + 30, "the parent process")
+        conn.send(("done", await publish_all(publishers, plan, cfg.duration)))
+    except BenchError as exc:
+        conn.send(("error", str(exc)))
+    finally:
+        _close([p.client for p in publishers])

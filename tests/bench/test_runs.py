@@ -1,0 +1,110 @@
+"""Short, bounded runs of the generator against a real Mosquitto, through the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+COMMON_KEYS = {
+    "scenario",
+    "qos",
+    "broker",
+    "sent",
+    "expected",
+    "received",
+    "loss",
+    "duplicates",
+    "msg_per_s",
+    "duration_s",
+    "latency",
+    "publishers",
+    "subscribers",
+}
+
+
+def bench(*args: str) -> list[dict[str, Any]]:
+    result = subprocess.run(
+        [sys.executable, "-m", "services", "bench", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("scenario", ["fan-in", "pairs"])
+def test_qos1_run_receives_every_message_once(scenario: str, mosquitto: tuple[int, int]) -> None:
+    port, _ = mosquitto
+    [line] = bench(
+        scenario, "--qos", "1", "--port", str(port), "--messages", "3000", "--duration", "20"
+    )
+    assert line.keys() >= COMMON_KEYS
+    assert (line["scenario"], line["qos"], line["broker"]) == (scenario, 1, f"127.0.0.1:{port}")
+    assert line["sent"] == 3000
+    assert line["received"] == line["expected"] == 3000
+    assert line["loss"] == 0 and line["duplicates"] == 0 and line["acked"] == 3000
+    assert line["msg_per_s"] > 0 and line["duration_s"] > 0
+    assert line["broker_cpu"] >= 0
+
+
+def test_split_fan_out_and_latency(mosquitto: tuple[int, int]) -> None:
+    port, _ = mosquitto
+    [fan_out] = bench(
+        "fan-out",
+        "--qos",
+        "1",
+        "--port",
+        str(port),
+        "--messages",
+        "50",
+        "--split",
+        "--duration",
+        "20",
+    )
+    assert fan_out["split"] is True
+    assert fan_out["expected"] == fan_out["received"] == 50 * 100
+    [latency] = bench(
+        "latency", "--port", str(port), "--rate", "1000", "--messages", "200", "--duration", "20"
+    )
+    assert latency["received"] == 200
+    assert latency["latency"]["samples"] == 200
+    assert 0 < latency["latency"]["p50_ms"] <= latency["latency"]["p99_ms"]
+
+
+def test_idle_weighs_connections(mosquitto: tuple[int, int]) -> None:
+    port, pid = mosquitto
+    [line] = bench("idle", "--port", str(port), "--connections", "300", "--workers", "2")
+    assert line["connected"] == 300 and line["failed"] == 0
+    assert line["broker_pid"] == pid
+    assert line["broker_rss_after_kib"] > 0
+    assert line["connect_rate_per_s"] > 0
+
+
+def test_vs_alternates_and_ends_with_the_ratio(mosquitto: tuple[int, int]) -> None:
+    port, _ = mosquitto
+    lines = bench(
+        "pairs",
+        "--qos",
+        "1",
+        "--port",
+        str(port),
+        "--messages",
+        "1000",
+        "--vs",
+        f"127.0.0.1:{port}",
+        "--rounds",
+        "2",
+        "--duration",
+        "20",
+    )
+    assert [line.get("scenario") for line in lines[:4]] == ["pairs"] * 4
+    assert all(line["received"] == 1000 for line in lines[:4])
+    assert lines[4]["rounds"] == 2
+    assert lines[4]["throughput_ratio_median"] > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import tracemalloc
 
 import pytest
 from hypothesis import given, settings
@@ -39,6 +40,7 @@ ops = st.lists(
         st.tuples(st.just("add"), filters(), keys, st.integers(0, 9)),
         st.tuples(st.just("remove"), filters(), keys, st.just(0)),
         st.tuples(st.just("match"), topics, st.just(""), st.just(0)),
+        st.tuples(st.just("remove_key"), st.just(""), keys, st.just(0)),
     ),
     max_size=60,
 )
@@ -81,6 +83,11 @@ def test_trie_equals_brute_force(
         elif op == "remove":
             assert trie.remove(text, key) is ((text, key) in model)
             model.pop((text, key), None)
+        elif op == "remove_key":
+            held = [f for f, k in model if k == key]
+            assert sorted(trie.remove_key(key)) == sorted(held)
+            for f in held:
+                del model[(f, key)]
         else:
             check(trie, model, text)
         assert len(trie) == len(model)
@@ -217,3 +224,34 @@ def test_match_cost_does_not_grow_with_unrelated_subscriptions() -> None:
     small_cost = min(cost(small, 100) for _ in range(3))
     big_cost = min(cost(big, 100) for _ in range(3))
     assert big_cost < small_cost * 3
+
+
+def test_memory_per_subscription_stays_small() -> None:
+    """100k subscriptions over 10k clients, mostly per-client filters: the
+    shape whose 1M/100k version the node must hold (measured ~280 B/entry)."""
+    filters_per_client = 10
+    clients = [f"client-{i:06d}" for i in range(10_000)]
+    options = object()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        trie: TopicTrie[object] = TopicTrie()
+        for ci, cid in enumerate(clients):
+            for j in range(filters_per_client):
+                if j < 6:
+                    f = f"devices/{cid}/cmd/{j}"
+                elif j == 6:
+                    f = f"devices/{cid}/+/reply"
+                elif j == 7:
+                    f = f"tenant/{ci % 1000}/+/status"
+                elif j == 8:
+                    f = f"sensors/{(ci * 7 + j) % 10_000}/#"
+                else:
+                    f = f"$share/g{ci % 10}/jobs/{ci % 100}/#"
+                trie.add(f, cid, options)
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(trie) == 100_000
+    assert used / len(trie) < 400, used / len(trie)
+    assert trie.match(f"devices/{clients[5]}/cmd/3") == [(clients[5], options)]

@@ -62,6 +62,7 @@ from services.mqtt.properties import (
     VARINT_MAX,
     WILL,
     Buffer,
+    add_subscription_identifiers,
     decode_properties,
     encode_binary,
     encode_properties,
@@ -75,6 +76,7 @@ from services.mqtt.properties import (
 __all__ = [
     "MAX_PACKET_SIZE",
     "WILL",
+    "add_subscription_identifiers",
     "decode",
     "encode",
     "encode_properties",

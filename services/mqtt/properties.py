@@ -355,3 +355,17 @@ def encode_properties(props: Properties, packet_type: int) -> bytes:
             else:
                 out += encode_binary(value)
     return encode_varint(len(out)) + out
+
+
+def add_subscription_identifiers(block: bytes, sub_ids: tuple[int, ...]) -> bytes:
+    """A PUBLISH property block (from `encode_properties`) with `sub_ids` appended.
+
+    For fan-out: encode a message's properties once, then add each
+    subscriber's identifiers here instead of rebuilding a Properties value.
+    `block` must not already carry subscription identifiers.
+    """
+    if not sub_ids:
+        return block
+    length, start = read_varint(block, 0, len(block))
+    extra = b"".join(b"\x0b" + encode_varint(i) for i in sub_ids)
+    return encode_varint(length + len(extra)) + block[start:] + extra

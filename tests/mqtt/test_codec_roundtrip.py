@@ -291,3 +291,19 @@ def test_arbitrary_bytes_decode_or_raise_mqtt_errors_only(data: bytes, level: in
     if result is not None:
         _, used = result
         assert 2 <= used <= len(data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(properties("PUBLISH", 5), st.lists(sub_id, max_size=4))
+def test_adding_subscription_identifiers_to_an_encoded_block(
+    props: Properties, ids: list[int]
+) -> None:
+    from dataclasses import replace
+
+    from services.mqtt.codec import add_subscription_identifiers
+
+    base = replace(props, subscription_identifier=())
+    block = add_subscription_identifiers(encode_properties(base, 3), tuple(ids))
+    data = encode_publish(b"t", b"x", 0, False, False, None, block)
+    expected = replace(base, subscription_identifier=tuple(ids))
+    assert decode(data, 5) == (Publish("t", b"x", properties=expected), len(data))

@@ -17,10 +17,12 @@ packet becomes "DISCONNECT with its reason code (5.0, where the spec allows
 that code), then Close with the will"; before the CONNACK it becomes a
 refusing CONNACK (5.0 reason code, or the 3.x return code when one exists).
 
-Inbound QoS: QoS 1 and 2 PUBLISHes become `Route` with a token; the
-PUBACK / PUBREC waits for `routed(token, ...)`. Incoming QoS 2 packet ids
-stay "awaiting PUBREL" until PUBREL, which yields `Released` + PUBCOMP. The
-Receive Maximum (5.0) counts routes in progress plus ids awaiting PUBREL.
+The work per packet family lives beside this module: CONNECT negotiation
+(channel_connect), inbound PUBLISH and the QoS 1/2 receiver flows
+(channel_inbound), SUBSCRIBE / UNSUBSCRIBE (channel_subscribe), outgoing
+PUBLISH shaping (channel_outbound). This module owns the states, the
+table, the outbound QoS stages and every way a connection ends.
+
 When routing fails a 5.0 client gets the failure reason code on its
 PUBACK / PUBREC; a 3.x client cannot be told, so the connection is closed
 and the client resends after reconnecting (a "not authorized" failure is
@@ -28,7 +30,8 @@ acknowledged and dropped instead, as Mosquitto and EMQX do).
 
 Outbound QoS: the node owns the inflight window and calls `deliver`; the
 channel remembers each outgoing packet id's stage to answer PUBREC with
-PUBREL and to turn PUBACK / PUBCOMP into `Acked`.
+PUBREL and to turn PUBACK / PUBCOMP into `Acked`. `client_receive_maximum`
+is the window size the node must respect (3.x: config.inflight_window_3x).
 
 Keep alive: one timer, "keepalive". The channel records when the last
 packet arrived; when the timer fires early relative to that, it restarts
@@ -48,7 +51,6 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import replace
 from enum import Enum
 
 from services.mqtt.actions import (
@@ -58,12 +60,8 @@ from services.mqtt.actions import (
     Close,
     OpenSession,
     Received,
-    Released,
-    Route,
     Send,
     StartTimer,
-    SubscribeRequest,
-    UnsubscribeRequest,
 )
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.channel_connect import (
@@ -75,17 +73,13 @@ from services.mqtt.channel_connect import (
 )
 from services.mqtt.channel_errors import (
     QuotaExceeded,
-    RetainNotSupported,
-    SubscriptionIdentifiersNotSupported,
 )
+from services.mqtt.channel_inbound import InboundFlow
 from services.mqtt.channel_outbound import OutboundShaper
+from services.mqtt.channel_subscribe import SubscribeFlow
 from services.mqtt.errors import (
     MQTTError,
     ProtocolError,
-    QosNotSupported,
-    ReceiveMaximumExceeded,
-    TopicAliasInvalid,
-    TopicFilterInvalid,
     UnsupportedProtocolVersion,
 )
 from services.mqtt.packets import (
@@ -107,14 +101,10 @@ from services.mqtt.packets import (
     Pubrec,
     Pubrel,
     ReasonCode,
-    Suback,
     Subscribe,
-    Subscription,
-    Unsuback,
     Unsubscribe,
     Will,
 )
-from services.mqtt.topics import parse_shared, validate_topic_filter, validate_topic_name
 
 __all__ = ["KEEPALIVE_TIMER", "TRANSITIONS", "Channel", "ChannelConfig", "State"]
 
@@ -169,6 +159,8 @@ def _random_client_id(prefix: str) -> Callable[[], str]:
 
 
 class Channel:
+    """One connection's MQTT state machine; see the module docstring."""
+
     def __init__(
         self,
         config: ChannelConfig,
@@ -190,14 +182,9 @@ class Channel:
         self._last_rx = 0.0
         self._keepalive_armed = False
         self._held: list[tuple[Packet, float]] = []
-        self._in_aliases: dict[int, str] = {}
-        self._routes: dict[int, tuple[int, int]] = {}  # token -> (qos, packet id)
-        self._routing_qos2: set[int] = set()
-        self._next_token = 1
-        self._awaiting_rel: set[int] = set()
+        self._inbound = InboundFlow(config, False, "", self._wall_ms)
         self._out: dict[int, int] = {}  # outgoing packet id -> _OUT_* stage
-        self._subs: dict[int, list[int | None]] = {}
-        self._unsubs: dict[int, list[int | None]] = {}
+        self._subscriptions = SubscribeFlow(config, False)
         self._shaper = OutboundShaper(False, 0, None)
 
     # -- what the node reads ------------------------------------------------
@@ -228,7 +215,7 @@ class Channel:
     @property
     def inbound_inflight(self) -> int:
         """Incoming QoS 1/2 messages not yet completed (routing or awaiting PUBREL)."""
-        return len(self._routes) + len(self._awaiting_rel)
+        return self._inbound.inflight
 
     # -- inputs -------------------------------------------------------------
 
@@ -261,19 +248,19 @@ class Channel:
             case Connect():
                 return self._on_connect(packet)
             case Publish():
-                return self._on_publish(packet)
+                return self._inbound.on_publish(packet)
             case Puback(packet_id=pid):
                 return self._on_ack(pid, _OUT_PUBACK)
             case Pubrec():
                 return self._on_pubrec(packet)
             case Pubrel(packet_id=pid):
-                return self._on_pubrel(pid)
+                return self._inbound.on_pubrel(pid)
             case Pubcomp(packet_id=pid):
                 return self._on_ack(pid, _OUT_PUBCOMP)
             case Subscribe():
-                return self._on_subscribe(packet)
+                return self._subscriptions.on_subscribe(packet)
             case Unsubscribe():
-                return self._on_unsubscribe(packet)
+                return self._subscriptions.on_unsubscribe(packet)
             case Pingreq():
                 return [Send(Pingresp())]
             case Disconnect():
@@ -292,6 +279,8 @@ class Channel:
         self.client_id = result.client_id
         self.will = connect.will
         self.session_expiry_s = result.session_expiry_s
+        self._subscriptions = SubscribeFlow(self.config, self.v5)
+        self._inbound = InboundFlow(self.config, self.v5, result.client_id, self._wall_ms)
         self._shaper = OutboundShaper(
             self.v5, result.client_topic_alias_maximum if self.config.outbound_topic_aliases
             else 0, result.client_max_packet_size
@@ -320,7 +309,7 @@ class Channel:
         neg = self._neg
         self.state = State.CONNECTED
         if session_present:
-            self._awaiting_rel = set(incoming_qos2_ids)
+            self._inbound.resume(incoming_qos2_ids)
         props = connack_properties(self.config, neg) if self.v5 else NO_PROPERTIES
         actions: list[Action] = [Send(Connack(session_present, 0, props))]
         if neg.keep_alive:
@@ -345,71 +334,6 @@ class Channel:
 
     # -- inbound PUBLISH ----------------------------------------------------
 
-    def _on_publish(self, p: Publish) -> list[Action]:
-        cfg = self.config
-        pid = p.packet_id
-        if p.qos > cfg.max_qos:
-            raise QosNotSupported(f"PUBLISH QoS {p.qos} > maximum QoS {cfg.max_qos}")
-        if p.retain and not cfg.retain_available:
-            raise RetainNotSupported("retained PUBLISH, retain is not available")
-        if p.qos and not pid:
-            raise ProtocolError(f"QoS {p.qos} PUBLISH without a packet id")
-        topic = self._inbound_topic(p)
-        validate_topic_name(topic)
-        if pid is not None and p.qos == 2:
-            if pid in self._awaiting_rel:
-                return [Send(self._ack(2, pid, RC.SUCCESS))]
-            if pid in self._routing_qos2:
-                return []
-        if self.v5 and p.qos and self.inbound_inflight >= cfg.receive_maximum:
-            raise ReceiveMaximumExceeded(f"more than {cfg.receive_maximum} QoS 1/2 in flight")
-        if topic.startswith("$"):
-            if pid is None:
-                return []
-            code = RC.NOT_AUTHORIZED if self.v5 else RC.SUCCESS
-            return [Send(self._ack(p.qos, pid, code))]
-
-        props = p.properties
-        if props.topic_alias is not None or props.subscription_identifier:
-            props = replace(props, topic_alias=None, subscription_identifier=())
-        expiry = props.message_expiry_interval
-        message = Message(
-            topic=topic,
-            payload=p.payload,
-            qos=p.qos,
-            retain=p.retain,
-            properties=props,
-            sender=self.client_id or "",
-            expires_at_ms=None if expiry is None else self._wall_ms() + expiry * 1000,
-        )
-        if pid is None or p.qos == 0:
-            return [Route(message)]
-        token = self._next_token
-        self._next_token += 1
-        self._routes[token] = (p.qos, pid)
-        if p.qos == 2:
-            self._routing_qos2.add(pid)
-            return [Route(message, token, pid)]
-        return [Route(message, token)]
-
-    def _inbound_topic(self, p: Publish) -> str:
-        alias = p.properties.topic_alias
-        if alias is None:
-            if not p.topic and self.v5:
-                raise ProtocolError("PUBLISH with neither a topic name nor a topic alias")
-            return p.topic
-        if alias == 0 or alias > self.config.topic_alias_maximum:
-            raise TopicAliasInvalid(
-                f"topic alias {alias} outside 1..{self.config.topic_alias_maximum}"
-            )
-        if p.topic:
-            self._in_aliases[alias] = p.topic
-            return p.topic
-        topic = self._in_aliases.get(alias)
-        if topic is None:
-            raise ProtocolError(f"topic alias {alias} was never set")
-        return topic
-
     def routed(
         self,
         token: int,
@@ -424,36 +348,12 @@ class Channel:
         client is disconnected (it resends after reconnecting), except for
         0x87 (not authorized), which is acknowledged and dropped.
         """
-        entry = self._routes.pop(token, None)
-        if entry is None or self.state is not State.CONNECTED:
+        if self.state is not State.CONNECTED:
             return []
-        qos, pid = entry
-        if qos == 2:
-            self._routing_qos2.discard(pid)
-        if ok:
-            if qos == 2:
-                self._awaiting_rel.add(pid)
-            ok_code = RC.NO_MATCHING_SUBSCRIBERS if no_subscribers else RC.SUCCESS
-            return [Send(self._ack(qos, pid, ok_code))]
-        code: int = RC.UNSPECIFIED_ERROR if reason_code is None else reason_code
-        if self.v5:
-            return [Send(self._ack(qos, pid, code))]
-        if code == RC.NOT_AUTHORIZED:
-            return [Send(self._ack(qos, pid, RC.SUCCESS))]
-        return self._close("error", f"routing packet {pid} failed with 0x{code:02X}")
-
-    def _ack(self, qos: int, pid: int, code: int) -> Puback | Pubrec:
-        if not self.v5:
-            code = RC.SUCCESS
-        return Puback(pid, code) if qos == 1 else Pubrec(pid, code)
-
-    def _on_pubrel(self, pid: int) -> list[Action]:
-        if pid in self._awaiting_rel:
-            self._awaiting_rel.discard(pid)
-            return [Released(pid), Send(Pubcomp(pid))]
-        if self.v5:
-            return [Send(Pubcomp(pid, RC.PACKET_IDENTIFIER_NOT_FOUND))]
-        return [Send(Pubcomp(pid))]
+        actions = self._inbound.routed(token, ok, no_subscribers, reason_code)
+        if actions is None:
+            return self._close("error", f"routing failed with 0x{reason_code or 0x80:02X}")
+        return actions
 
     # -- outbound PUBLISH ---------------------------------------------------
 
@@ -468,6 +368,8 @@ class Channel:
         """
         if self.state is not State.CONNECTED:
             return []
+        if message.qos and packet_id is None:
+            raise ValueError(f"QoS {message.qos} delivery needs a packet id")
         publish = self._shaper.shape(message, packet_id, dup, now_ms)
         if publish is None:
             return [] if packet_id is None else [Acked(packet_id)]
@@ -503,103 +405,17 @@ class Channel:
 
     # -- SUBSCRIBE / UNSUBSCRIBE --------------------------------------------
 
-    def _on_subscribe(self, s: Subscribe) -> list[Action]:
-        if not s.subscriptions:
-            raise ProtocolError("SUBSCRIBE without topic filters")
-        if s.packet_id in self._subs:
-            raise ProtocolError(f"SUBSCRIBE packet id {s.packet_id} is in use")
-        sub_id = None
-        if s.properties.subscription_identifier:
-            ids = s.properties.subscription_identifier
-            if not self.config.subscription_identifiers:
-                raise SubscriptionIdentifiersNotSupported("subscription identifiers are off")
-            if len(ids) > 1 or ids[0] == 0:
-                raise ProtocolError(f"bad subscription identifier {ids}")
-            sub_id = ids[0]
-        codes: list[int | None] = []
-        accepted: list[Subscription] = []
-        for sub in s.subscriptions:
-            code = self._filter_refusal(sub)
-            codes.append(code)
-            if code is None:
-                accepted.append(
-                    replace(sub, qos=self.config.max_qos)
-                    if sub.qos > self.config.max_qos
-                    else sub
-                )
-        if not accepted:
-            return [Send(Suback(s.packet_id, tuple(c for c in codes if c is not None)))]
-        self._subs[s.packet_id] = codes
-        return [SubscribeRequest(s.packet_id, tuple(accepted), sub_id)]
-
-    def _filter_refusal(self, sub: Subscription) -> int | None:
-        """The SUBACK failure code for a filter the channel refuses, else None."""
-        cfg = self.config
-        try:
-            validate_topic_filter(sub.topic_filter)
-            shared = parse_shared(sub.topic_filter)
-        except TopicFilterInvalid:
-            return self._failure(RC.TOPIC_FILTER_INVALID)
-        inner = sub.topic_filter
-        if shared is not None:
-            if self.v5 and sub.no_local:
-                raise ProtocolError(f"no local on shared subscription {sub.topic_filter!r}")
-            if not cfg.shared_subscriptions:
-                return self._failure(RC.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
-            inner = shared[1]
-        if not cfg.wildcard_subscriptions and ("+" in inner or "#" in inner):
-            return self._failure(RC.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED)
-        return None
-
-    def _failure(self, code: int) -> int:
-        return code if self.v5 else RC.UNSPECIFIED_ERROR
-
     def subscribed(self, packet_id: int, reason_codes: Sequence[int]) -> list[Action]:
         """SUBACK: `reason_codes` answer the SubscribeRequest's subscriptions in order."""
-        codes = self._subs.pop(packet_id, None)
-        if codes is None or self.state is not State.CONNECTED:
+        if self.state is not State.CONNECTED:
             return []
-        merged = self._merge(codes, reason_codes)
-        if not self.v5:
-            merged = tuple(RC.UNSPECIFIED_ERROR if c >= 0x80 else c for c in merged)
-        return [Send(Suback(packet_id, merged))]
-
-    def _on_unsubscribe(self, u: Unsubscribe) -> list[Action]:
-        if not u.topic_filters:
-            raise ProtocolError("UNSUBSCRIBE without topic filters")
-        if u.packet_id in self._unsubs:
-            raise ProtocolError(f"UNSUBSCRIBE packet id {u.packet_id} is in use")
-        codes: list[int | None] = []
-        accepted: list[str] = []
-        for topic_filter in u.topic_filters:
-            try:
-                validate_topic_filter(topic_filter)
-            except TopicFilterInvalid:
-                codes.append(RC.TOPIC_FILTER_INVALID)
-                continue
-            codes.append(None)
-            accepted.append(topic_filter)
-        if not accepted:
-            return [Send(self._unsuback(u.packet_id, [c for c in codes if c is not None]))]
-        self._unsubs[u.packet_id] = codes
-        return [UnsubscribeRequest(u.packet_id, tuple(accepted))]
+        return self._subscriptions.subscribed(packet_id, reason_codes)
 
     def unsubscribed(self, packet_id: int, reason_codes: Sequence[int]) -> list[Action]:
         """UNSUBACK: `reason_codes` answer the UnsubscribeRequest's filters in order."""
-        codes = self._unsubs.pop(packet_id, None)
-        if codes is None or self.state is not State.CONNECTED:
+        if self.state is not State.CONNECTED:
             return []
-        return [Send(self._unsuback(packet_id, self._merge(codes, reason_codes)))]
-
-    def _unsuback(self, packet_id: int, codes: Sequence[int]) -> Unsuback:
-        return Unsuback(packet_id, tuple(codes)) if self.v5 else Unsuback(packet_id)
-
-    @staticmethod
-    def _merge(codes: list[int | None], answers: Sequence[int]) -> tuple[int, ...]:
-        if sum(c is None for c in codes) != len(answers):
-            raise ValueError(f"expected {sum(c is None for c in codes)} codes, got {answers}")
-        it = iter(answers)
-        return tuple(next(it) if c is None else c for c in codes)
+        return self._subscriptions.unsubscribed(packet_id, reason_codes)
 
     # -- ends ---------------------------------------------------------------
 

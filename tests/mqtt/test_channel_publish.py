@@ -455,3 +455,8 @@ def test_keepalive_cancel_precedes_close_on_error() -> None:
     ch = connected(V5, keep_alive=10, will=WILL)
     acts = plain(ch.receive(Publish("a/+", b""), NOW))
     assert acts == [Send(Disconnect(0x90)), CancelTimer(KEEPALIVE_TIMER), closed("error", WILL)]
+
+
+def test_qos1_delivery_without_packet_id_is_a_node_bug() -> None:
+    with pytest.raises(ValueError, match="needs a packet id"):
+        conn(V5).deliver(Message("t", b"", qos=1), None, False, NOW_MS)

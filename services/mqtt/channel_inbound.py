@@ -1,0 +1,169 @@
+"""Inbound PUBLISH: topic aliases, limits, and the QoS 1 / QoS 2 receiver flows.
+
+Theory of operation: a QoS 1 or 2 PUBLISH becomes a `Route` with a token;
+its PUBACK / PUBREC waits for the node's `routed(token, ...)`. An incoming
+QoS 2 packet id stays "awaiting PUBREL" from a successful route until
+PUBREL, which yields `Released` + PUBCOMP; a repeat of such a PUBLISH is
+answered with PUBREC and not routed again (exactly once). The 5.0 Receive
+Maximum counts routes in progress plus ids awaiting PUBREL. Clients may
+not publish to `$` topics: the message is dropped and acknowledged (5.0:
+with 0x87, Not authorized). Checks that break a MUST raise an MQTTError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+from dataclasses import replace
+
+from services.mqtt.actions import Action, Released, Route, Send
+from services.mqtt.channel_config import ChannelConfig
+from services.mqtt.channel_errors import RetainNotSupported
+from services.mqtt.errors import (
+    ProtocolError,
+    QosNotSupported,
+    ReceiveMaximumExceeded,
+    TopicAliasInvalid,
+)
+from services.mqtt.packets import Message, Puback, Pubcomp, Publish, Pubrec, ReasonCode
+from services.mqtt.topics import validate_topic_name
+
+RC = ReasonCode
+
+
+class InboundFlow:
+    """One connection's incoming application messages."""
+
+    __slots__ = (
+        "_awaiting_rel",
+        "_config",
+        "_in_aliases",
+        "_next_token",
+        "_routes",
+        "_routing_qos2",
+        "_sender",
+        "_v5",
+        "_wall_ms",
+    )
+
+    def __init__(
+        self, config: ChannelConfig, v5: bool, sender: str, wall_ms: Callable[[], int]
+    ) -> None:
+        self._config = config
+        self._v5 = v5
+        self._sender = sender
+        self._wall_ms = wall_ms
+        self._in_aliases: dict[int, str] = {}
+        self._routes: dict[int, tuple[int, int]] = {}  # token -> (qos, packet id)
+        self._routing_qos2: set[int] = set()
+        self._next_token = 1
+        self._awaiting_rel: set[int] = set()
+
+    @property
+    def inflight(self) -> int:
+        return len(self._routes) + len(self._awaiting_rel)
+
+    def resume(self, awaiting_rel: AbstractSet[int]) -> None:
+        """A resumed session's QoS 2 packet ids still awaiting PUBREL."""
+        self._awaiting_rel = set(awaiting_rel)
+
+    def on_publish(self, p: Publish) -> list[Action]:
+        cfg = self._config
+        pid = p.packet_id
+        if p.qos > cfg.max_qos:
+            raise QosNotSupported(f"PUBLISH QoS {p.qos} > maximum QoS {cfg.max_qos}")
+        if p.retain and not cfg.retain_available:
+            raise RetainNotSupported("retained PUBLISH, retain is not available")
+        if p.qos and not pid:
+            raise ProtocolError(f"QoS {p.qos} PUBLISH without a packet id")
+        topic = self._inbound_topic(p)
+        validate_topic_name(topic)
+        if pid is not None and p.qos == 2:
+            if pid in self._awaiting_rel:
+                return [Send(self._ack(2, pid, RC.SUCCESS))]
+            if pid in self._routing_qos2:
+                return []
+        if self._v5 and p.qos and self.inflight >= cfg.receive_maximum:
+            raise ReceiveMaximumExceeded(f"more than {cfg.receive_maximum} QoS 1/2 in flight")
+        if topic.startswith("$"):
+            if pid is None:
+                return []
+            code = RC.NOT_AUTHORIZED if self._v5 else RC.SUCCESS
+            return [Send(self._ack(p.qos, pid, code))]
+
+        props = p.properties
+        if props.topic_alias is not None or props.subscription_identifier:
+            props = replace(props, topic_alias=None, subscription_identifier=())
+        expiry = props.message_expiry_interval
+        message = Message(
+            topic=topic,
+            payload=p.payload,
+            qos=p.qos,
+            retain=p.retain,
+            properties=props,
+            sender=self._sender,
+            expires_at_ms=None if expiry is None else self._wall_ms() + expiry * 1000,
+        )
+        if pid is None or p.qos == 0:
+            return [Route(message)]
+        token = self._next_token
+        self._next_token += 1
+        self._routes[token] = (p.qos, pid)
+        if p.qos == 2:
+            self._routing_qos2.add(pid)
+            return [Route(message, token, pid)]
+        return [Route(message, token)]
+
+    def _inbound_topic(self, p: Publish) -> str:
+        alias = p.properties.topic_alias
+        if alias is None:
+            if not p.topic and self._v5:
+                raise ProtocolError("PUBLISH with neither a topic name nor a topic alias")
+            return p.topic
+        if alias == 0 or alias > self._config.topic_alias_maximum:
+            raise TopicAliasInvalid(
+                f"topic alias {alias} outside 1..{self._config.topic_alias_maximum}"
+            )
+        if p.topic:
+            self._in_aliases[alias] = p.topic
+            return p.topic
+        topic = self._in_aliases.get(alias)
+        if topic is None:
+            raise ProtocolError(f"topic alias {alias} was never set")
+        return topic
+
+    def routed(
+        self, token: int, ok: bool, no_subscribers: bool, reason_code: int | None
+    ) -> list[Action] | None:
+        """The ack for `token`'s message; None: a 3.x client must be disconnected."""
+        entry = self._routes.pop(token, None)
+        if entry is None:
+            return []
+        qos, pid = entry
+        if qos == 2:
+            self._routing_qos2.discard(pid)
+        if ok:
+            if qos == 2:
+                self._awaiting_rel.add(pid)
+            ok_code = RC.NO_MATCHING_SUBSCRIBERS if no_subscribers else RC.SUCCESS
+            return [Send(self._ack(qos, pid, ok_code))]
+        code: int = RC.UNSPECIFIED_ERROR if reason_code is None else reason_code
+        if self._v5:
+            return [Send(self._ack(qos, pid, code))]
+        if code == RC.NOT_AUTHORIZED:
+            return [Send(self._ack(qos, pid, RC.SUCCESS))]
+        return None
+
+    def _ack(self, qos: int, pid: int, code: int) -> Puback | Pubrec:
+        if not self._v5:
+            code = RC.SUCCESS
+        return Puback(pid, code) if qos == 1 else Pubrec(pid, code)
+
+    def on_pubrel(self, pid: int) -> list[Action]:
+        if pid in self._awaiting_rel:
+            self._awaiting_rel.discard(pid)
+            return [Released(pid), Send(Pubcomp(pid))]
+        if self._v5:
+            return [Send(Pubcomp(pid, RC.PACKET_IDENTIFIER_NOT_FOUND))]
+        return [Send(Pubcomp(pid))]
+

@@ -24,11 +24,20 @@ from services.mqtt.errors import (
     QosNotSupported,
     ReceiveMaximumExceeded,
     TopicAliasInvalid,
+    TopicNameInvalid,
 )
 from services.mqtt.packets import Message, Puback, Pubcomp, Publish, Pubrec, ReasonCode
 from services.mqtt.topics import validate_topic_name
 
 RC = ReasonCode
+
+
+def _is_topic_name(text: str) -> bool:
+    try:
+        validate_topic_name(text)
+    except TopicNameInvalid:
+        return False
+    return True
 
 
 class InboundFlow:
@@ -78,6 +87,9 @@ class InboundFlow:
             raise ProtocolError(f"QoS {p.qos} PUBLISH without a packet id")
         topic = self._inbound_topic(p)
         validate_topic_name(topic)
+        response_topic = p.properties.response_topic
+        if response_topic is not None and not _is_topic_name(response_topic):
+            raise ProtocolError(f"response topic {response_topic!r} is not a topic name")
         if pid is not None and p.qos == 2:
             if pid in self._awaiting_rel:
                 return [Send(self._ack(2, pid, RC.SUCCESS))]

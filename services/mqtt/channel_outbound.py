@@ -94,7 +94,7 @@ class OutboundShaper:
             payload=message.payload,
             qos=message.qos,
             retain=message.retain,
-            dup=dup,
+            dup=dup and message.qos > 0,
             packet_id=packet_id,
             properties=props if self._v5 else NO_PROPERTIES,
         )

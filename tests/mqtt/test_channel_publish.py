@@ -179,6 +179,7 @@ def test_inbound_topic_alias() -> None:
         (ChannelConfig(max_qos=0), Publish("t", b"", qos=1, packet_id=1), 0x9B),
         (ChannelConfig(retain_available=False), Publish("t", b"", retain=True), 0x9A),
         (ChannelConfig(), Publish("t", b"", qos=1), 0x82),
+        (ChannelConfig(), Publish("t", b"", properties=Properties(response_topic="r/+")), 0x82),
     ],
 )
 def test_v5_publish_errors_disconnect_with_reason(
@@ -460,3 +461,14 @@ def test_keepalive_cancel_precedes_close_on_error() -> None:
 def test_qos1_delivery_without_packet_id_is_a_node_bug() -> None:
     with pytest.raises(ValueError, match="needs a packet id"):
         conn(V5).deliver(Message("t", b"", qos=1), None, False, NOW_MS)
+
+
+def test_qos0_delivery_never_sets_dup() -> None:
+    assert conn(V5).deliver(Message("t", b""), None, True, NOW_MS) == [Send(Publish("t", b""))]
+
+
+def test_response_topic_passes_through() -> None:
+    props = Properties(response_topic="reply/c1", correlation_data=b"42")
+    assert conn(V5).receive(Publish("t", b"", properties=props), NOW) == [
+        Route(Message("t", b"", properties=props, sender="c1"))
+    ]

@@ -176,15 +176,20 @@ class _Node(_Entries[V]):
 
 
 class TopicTrie(Generic[V]):
-    """Subscriptions by topic filter; `key` is a client id, `value` its options."""
+    """Subscriptions by topic filter; `key` is a client id, `value` its options.
+
+    `index_keys` keeps, per key, the filters it holds (for `filters`,
+    `remove_key`, `keys`); it costs about a fifth of the trie's memory, so
+    a caller that already tracks each client's filters can turn it off.
+    """
 
     __slots__ = ("_by_key", "_cache", "_cache_size", "_count", "_exact", "_root")
 
-    def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+    def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE, index_keys: bool = True) -> None:
         self._root: _Node[V] = _Node()
         self._exact: dict[str, _Entries[V]] = {}
         self._count = 0
-        self._by_key: dict[str, dict[str, None]] = {}
+        self._by_key: dict[str, dict[str, None]] | None = {} if index_keys else None
         self._cache: dict[str, list[_Node[V]]] = {}
         self._cache_size = cache_size
 
@@ -225,10 +230,12 @@ class TopicTrie(Generic[V]):
         new = entries.put(entry) if shared is None else entries.put_shared(shared, entry)
         if new:
             self._count += 1
-            held = self._by_key.get(key)
-            if held is None:
-                held = self._by_key[key] = {}
-            held[topic_filter] = None
+            by_key = self._by_key
+            if by_key is not None:
+                held = by_key.get(key)
+                if held is None:
+                    held = by_key[key] = {}
+                held[topic_filter] = None
         return new
 
     def remove(self, topic_filter: str, key: str) -> bool:
@@ -273,25 +280,32 @@ class TopicTrie(Generic[V]):
 
     def _forget(self, topic_filter: str, key: str) -> None:
         self._count -= 1
-        held = self._by_key[key]
-        del held[topic_filter]
-        if not held:
-            del self._by_key[key]
+        by_key = self._by_key
+        if by_key is not None:
+            held = by_key[key]
+            del held[topic_filter]
+            if not held:
+                del by_key[key]
+
+    def _index(self) -> dict[str, dict[str, None]]:
+        if self._by_key is None:
+            raise TypeError("this TopicTrie was built with index_keys=False")
+        return self._by_key
 
     def remove_key(self, key: str) -> list[str]:
         """Remove every subscription of `key`; returns the filters it held."""
-        held = list(self._by_key.get(key, ()))
+        held = list(self._index().get(key, ()))
         for topic_filter in held:
             self.remove(topic_filter, key)
         return held
 
     def filters(self, key: str) -> list[str]:
         """The filters `key` holds, in the order they were first added."""
-        return list(self._by_key.get(key, ()))
+        return list(self._index().get(key, ()))
 
     def keys(self) -> Iterator[str]:
         """Every key holding at least one subscription."""
-        return iter(self._by_key)
+        return iter(self._index())
 
     def match(self, topic: str) -> list[tuple[str, V]]:
         """Non-shared (key, value) pairs whose filter matches `topic`: one per

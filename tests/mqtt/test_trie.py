@@ -70,11 +70,13 @@ def check(trie: TopicTrie[int], model: Model, topic: str) -> None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(ops, st.lists(topics, min_size=1, max_size=8), st.sampled_from([0, 2, 4096]))
+@given(ops, st.lists(topics, min_size=1, max_size=8), st.sampled_from([0, 2, 4096]), st.booleans())
 def test_trie_equals_brute_force(
-    operations: list[tuple[str, str, str, int]], probes: list[str], cache_size: int
+    operations: list[tuple[str, str, str, int]], probes: list[str], cache_size: int, index: bool
 ) -> None:
-    trie: TopicTrie[int] = TopicTrie(cache_size=cache_size)
+    trie: TopicTrie[int] = TopicTrie(cache_size=cache_size, index_keys=index)
+    if not index:
+        operations = [o for o in operations if o[0] != "remove_key"]
     model: Model = {}
     for op, text, key, value in operations:
         if op == "add":
@@ -93,14 +95,15 @@ def test_trie_equals_brute_force(
         assert len(trie) == len(model)
     for topic in probes:
         check(trie, model, topic)
-    for key in ["c1", "c2", "c3", "c4"]:
+    for key in ["c1", "c2", "c3", "c4"] if index else []:
         assert sorted(trie.filters(key)) == sorted(f for f, k in model if k == key)
     for f, k in list(model):
         assert trie.remove(f, k)
     assert len(trie) == 0
     assert trie._root.is_empty()
     assert trie._exact == {}
-    assert list(trie.keys()) == []
+    if index:
+        assert list(trie.keys()) == []
 
 
 def test_add_replaces_value_and_match_sees_it() -> None:
@@ -255,3 +258,16 @@ def test_memory_per_subscription_stays_small() -> None:
     assert len(trie) == 100_000
     assert used / len(trie) < 400, used / len(trie)
     assert trie.match(f"devices/{clients[5]}/cmd/3") == [(clients[5], options)]
+
+
+def test_without_key_index() -> None:
+    trie: TopicTrie[int] = TopicTrie(index_keys=False)
+    assert trie.add("a/+", "c1", 1)
+    assert trie.add("a/b", "c1", 2)
+    assert sorted(trie.match("a/b")) == [("c1", 1), ("c1", 2)]
+    assert trie.remove("a/+", "c1")
+    assert len(trie) == 1
+    with pytest.raises(TypeError):
+        trie.filters("c1")
+    with pytest.raises(TypeError):
+        trie.remove_key("c1")

@@ -71,13 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=_port, default=1883)
     parser.add_argument("--qos", type=int, choices=(0, 1), default=0)
     parser.add_argument("--messages", type=_positive_int, help="messages published, at most")
-    parser.add_argument("--duration", type=_positive_float, default=10.0, help="seconds, at most")
+    parser.add_argument(
+        "--duration",
+        type=_positive_float,
+        default=10.0,
+        help="seconds of publishing, at most (then at most 5 s more for messages in flight)",
+    )
     parser.add_argument("--size", type=int, default=32, help="payload bytes (at least 14 used)")
     parser.add_argument("--window", type=_positive_int, default=64, help="QoS 1 unacked/publisher")
     parser.add_argument("--rate", type=_positive_float, default=2000.0, help="latency: msg/s")
     parser.add_argument("--mqtt", choices=("3.1.1", "5"), default="3.1.1")
     parser.add_argument("--split", action="store_true", help="publishers in a second process")
-    parser.add_argument("--drain", type=_positive_float, default=0.5, help="quiet seconds to end")
+    parser.add_argument("--drain", type=_positive_float, default=1.0, help="quiet seconds to end")
     parser.add_argument("--connections", type=_positive_int, default=1000, help="idle: how many")
     parser.add_argument("--workers", type=_positive_int, help="idle: generator processes")
     parser.add_argument("--broker-pid", type=_positive_int, help="for RSS and CPU (default: found)")

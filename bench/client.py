@@ -295,6 +295,11 @@ class Publisher:
             self._done.set_result(None)
 
 
+PACE_TICK_S = 0.001
+"""The paced publisher wakes at most this often (libuv timers count whole
+milliseconds; sleeping less would spin) and sends every message then due."""
+
+
 class PacedPublisher:
     """Publishes `count` messages at `rate` per second, each stamped when it is written."""
 
@@ -325,17 +330,21 @@ class PacedPublisher:
     async def run(self, deadline: float) -> None:
         loop = asyncio.get_running_loop()
         self.client.on_acks = self._on_acks
-        start = loop.time()
+        start = time.monotonic()
+        stop = start + (deadline - loop.time())
         self.first_ns = time.monotonic_ns()
-        period = 1 / self.rate
-        while self.sent < self.count and loop.time() < deadline and not self.client.closed.done():
-            due = min(self.count, int((loop.time() - start) * self.rate) + 1)
+        while (
+            self.sent < self.count
+            and (now := time.monotonic()) < stop
+            and not self.client.closed.done()
+        ):
+            due = min(self.count, int((now - start) * self.rate) + 1)
             packets = [self._encode(seq) for seq in range(self.sent, due)]
             if packets:
                 self.client.write(b"".join(packets))
                 self.sent = due
                 self.last_ns = time.monotonic_ns()
-            await asyncio.sleep(max(0.0, start + self.sent * period - loop.time()))
+            await asyncio.sleep(max(PACE_TICK_S, start + self.sent / self.rate - time.monotonic()))
         if self.qos and self.acked < self.sent:
             self._all_acked = loop.create_future()
             await asyncio.wait(

@@ -5,20 +5,23 @@ publishers send how many messages to which topic and which subscribers expect
 them. Running a plan: the subscribers connect and subscribe (SUBACK awaited),
 the publishers connect and encode their whole run, then all publishers start
 at once and publish until done or `duration` is up. Afterwards the run waits
-for the messages still on their way until every expected one is in, or nothing
-has arrived for `drain` seconds; it never waits past `duration` from the first
-send plus one such quiet period.
+for the messages still on their way until every expected one is in, nothing
+has arrived for `drain` seconds, or DRAIN_MAX_S have passed.
 
 With `split`, the publishers run in a child process (its own event loop and
 core) and the subscribers in this one; the two meet over a pipe: "ready",
-"go", then the child's `PublishOutcome`. Timestamps are CLOCK_MONOTONIC, which
-is one clock for every process, so latency holds across the split.
+"go", then the child's `PublishOutcome`. Timestamps are CLOCK_MONOTONIC, one
+clock for every process, so latency holds across the split. The garbage
+collector is off while a run measures (runs are bounded, and reference
+counting frees what they drop), so no collection pause lands in a sample.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import multiprocessing
+import os
 import secrets
 import time
 from collections.abc import Sequence
@@ -40,6 +43,9 @@ FAN_IN_PUBLISHERS = 8
 FAN_OUT_SUBSCRIBERS = 100
 PAIRS = 100
 PUBLISHER_PROCESS = "the publisher process"
+DRAIN_MAX_S = 5.0
+"""The longest a run waits for messages after publishing stopped: a slow broker
+still delivers its backlog, a broker that lost messages cannot stall the run."""
 PROGRESS_POLL_S = 0.02
 """How often the drain phase looks at the counters; the timing itself comes
 from the receive timestamps, so this only bounds how late the run notices."""
@@ -57,7 +63,7 @@ class RunConfig:
     version: int = wire.MQTT_311
     rate: float = 2000.0
     split: bool = False
-    drain: float = 0.5
+    drain: float = 1.0
     connect_timeout: float = 10.0
     broker_pid: int | None = None
 
@@ -200,10 +206,10 @@ async def connect_subscribers(
     return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(plan.subscribers))))
 
 
-async def _drain(tallies: list[Tally], expected: int, quiet: float, deadline: float) -> None:
-    """Wait until all `expected` messages are in, none came for `quiet` seconds, or
-    `deadline` (time.monotonic) has passed and the quiet period after it too."""
-    hard_stop = max(deadline, time.monotonic() + quiet)
+async def _drain(tallies: list[Tally], expected: int, quiet: float) -> None:
+    """Wait until all `expected` messages are in, none came for `quiet` seconds,
+    or DRAIN_MAX_S have passed."""
+    hard_stop = time.monotonic() + max(quiet, DRAIN_MAX_S)
     last_seen, last_change = -1, time.monotonic()
     while (now := time.monotonic()) < hard_stop:
         unique = sum(t.unique for t in tallies)
@@ -224,7 +230,10 @@ def _close(clients: Sequence[BenchClient]) -> None:
 async def run_plan(cfg: RunConfig, plan: Plan) -> Result:
     """Run `plan` against the broker of `cfg` and say what happened."""
     broker_pid = cfg.broker_pid or find_listener_pid(cfg.port)
+    load_before = round(os.getloadavg()[0], 2)
     subscribers = await connect_subscribers(cfg, plan)
+    gc.collect()
+    gc.disable()
     try:
         if cfg.split:
             cpu = _CpuMeter(broker_pid)
@@ -238,36 +247,45 @@ async def run_plan(cfg: RunConfig, plan: Plan) -> Result:
                 _close([p.client for p in publishers])
         tallies = [tally for _, tally, _ in subscribers]
         expected = sum(outcome.sent[n] for _, _, spec in subscribers for n in spec.publishers)
-        deadline = outcome.first_ns / 1e9 + cfg.duration
-        await _drain(tallies, expected, cfg.drain, deadline)
+        await _drain(tallies, expected, cfg.drain)
         duration = (time.monotonic_ns() - outcome.first_ns) / 1e9
-        usage = cpu.cores(duration, outcome.cpu_s if cfg.split else 0.0)
+        received = sum(t.received for t in tallies)
+        usage = cpu.usage(duration, outcome.cpu_s if cfg.split else 0.0, received)
     finally:
         _close([client for client, _, _ in subscribers])
+        gc.enable()
     result = _result(cfg, plan, outcome, tallies, expected, duration)
     result.extra.update(usage)
+    result.extra["load_avg_1m"] = load_before
     return result
 
 
 class _CpuMeter:
-    """CPU used by the broker and by this generator since construction, in cores."""
+    """CPU used by the broker and by this generator since construction.
+
+    Reported in cores (CPU seconds / wall seconds) and in microseconds per
+    delivered message: when the generator's cost per message is well below the
+    broker's, the generator is not what limits the run.
+    """
 
     def __init__(self, broker_pid: int | None) -> None:
         self.broker_pid = broker_pid
         self.broker_start = cpu_seconds(broker_pid) if broker_pid else None
         self.own_start = time.process_time()
 
-    def cores(self, wall_s: float, child_cpu_s: float) -> dict[str, float]:
-        if wall_s <= 0:
-            return {}
-        usage = {
-            "generator_cpu": round((time.process_time() - self.own_start + child_cpu_s) / wall_s, 2)
-        }
+    def usage(self, wall_s: float, child_cpu_s: float, messages: int) -> dict[str, float]:
+        spent = {"generator": time.process_time() - self.own_start + child_cpu_s}
         if self.broker_pid and self.broker_start is not None:
             now = cpu_seconds(self.broker_pid)
             if now is not None:
-                usage["broker_cpu"] = round((now - self.broker_start) / wall_s, 2)
-        return usage
+                spent["broker"] = now - self.broker_start
+        report: dict[str, float] = {}
+        for who, seconds in spent.items():
+            if wall_s > 0:
+                report[f"{who}_cpu"] = round(seconds / wall_s, 2)
+            if messages:
+                report[f"{who}_cpu_us_per_msg"] = round(seconds / messages * 1e6, 2)
+        return report
 
 
 def _result(
@@ -344,6 +362,7 @@ def _publisher_process(cfg: RunConfig, plan: Plan, conn: Connection) -> None:
 
 
 async def _publisher_side(cfg: RunConfig, plan: Plan, conn: Connection) -> None:
+    gc.disable()
     try:
         publishers = await connect_publishers(cfg, plan)
     except BenchError as exc:

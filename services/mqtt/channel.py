@@ -305,7 +305,11 @@ class Channel:
             return []
         if reason_code:
             self._held.clear()
-            return self._refuse(reason_code, f"session refused with 0x{reason_code:02X}")
+            return self._refuse(
+                reason_code,
+                f"session refused with 0x{reason_code:02X}",
+                v3_default=ConnackCode311.SERVER_UNAVAILABLE,
+            )
         neg = self._neg
         self.state = State.CONNECTED
         if session_present:
@@ -320,12 +324,14 @@ class Channel:
             actions += self.receive(packet, at)
         return actions
 
-    def _refuse(self, reason_code: int, detail: str) -> list[Action]:
+    def _refuse(
+        self, reason_code: int, detail: str, *, v3_default: int | None = None
+    ) -> list[Action]:
         """Refuse before CONNACK: a CONNACK with the code (if the level has
-        one), then Close without the will."""
+        one, else `v3_default` if given), then Close without the will."""
         code = connack_code(reason_code, self.protocol_level)
-        if code is None and self.state is State.CONNECTING:
-            code = ConnackCode311.SERVER_UNAVAILABLE
+        if code is None:
+            code = v3_default
         actions: list[Action] = []
         if code is not None:
             actions.append(Send(Connack(False, code)))
@@ -455,8 +461,7 @@ class Channel:
         if self.state is State.CONNECTED:
             return self._server_close(reason_code, "kicked", detail)
         if self.state is State.CONNECTING:
-            self._held.clear()
-            return self._refuse(reason_code, detail)
+            return self._refuse(reason_code, detail, v3_default=ConnackCode311.SERVER_UNAVAILABLE)
         return self._close_early("kicked", detail)
 
     def connection_lost(self) -> list[Action]:
@@ -466,7 +471,13 @@ class Channel:
         return self._close_early("error", "connection lost before CONNACK")
 
     def protocol_error(self, err: MQTTError) -> list[Action]:
-        """What to do about an MQTTError (from the channel or the codec)."""
+        """What to do about an MQTTError (from the channel or the codec).
+
+        Connected: DISCONNECT with the error's reason code (5.0; 0x82 when
+        the spec does not allow that code in DISCONNECT), then Close with the
+        will. Before the CONNACK: a refusing CONNACK where the level has a
+        code for it (always on 5.0), then Close without the will.
+        """
         detail = f"{type(err).__name__}: {err}"
         if self.state is State.CLOSED:
             return []
@@ -475,7 +486,7 @@ class Channel:
             if code not in _SERVER_DISCONNECT_CODES:
                 code = RC.PROTOCOL_ERROR
             return self._server_close(code, "error", detail)
-        if self.state is State.AWAIT_CONNECT and self.protocol_level:
+        if self.state is State.CONNECTING or self.protocol_level:
             return self._refuse(err.reason_code, detail)
         if isinstance(err, UnsupportedProtocolVersion) and self.state is State.AWAIT_CONNECT:
             level = getattr(err, "protocol_level", None)

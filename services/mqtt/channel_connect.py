@@ -65,15 +65,27 @@ _V3_CONNACK: dict[int, int] = {
 }
 
 
+_V5_CONNACK = frozenset(
+    {0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C}
+    | {0x90, 0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F}
+)
+"""Reason codes a 5.0 CONNACK may carry (MQTT 5 3.2.2.2)."""
+
+
 def connack_code(reason_code: int, protocol_level: int) -> int | None:
     """The CONNACK code for a refusal at `protocol_level`.
 
-    5.0 takes MQTT 5 reason codes as they are. 3.x takes its own codes 1-5
+    5.0 takes the MQTT 5 reason codes a CONNACK allows (shutting down
+    becomes 0x88 Server unavailable, any other becomes 0x80). 3.x takes its own codes 1-5
     unchanged and translates MQTT 5 ones; None means 3.x has no code for it
     (a protocol violation): close without a CONNACK.
     """
     if protocol_level == ProtocolLevel.MQTT_5:
-        return reason_code
+        if reason_code in _V5_CONNACK:
+            return reason_code
+        if reason_code == RC.SERVER_SHUTTING_DOWN:
+            return RC.SERVER_UNAVAILABLE
+        return RC.UNSPECIFIED_ERROR
     if 0 < reason_code <= ConnackCode311.NOT_AUTHORIZED:
         return reason_code
     return _V3_CONNACK.get(reason_code)

@@ -25,7 +25,13 @@ from services.mqtt.actions import (
 )
 from services.mqtt.channel import KEEPALIVE_TIMER, TRANSITIONS, Channel, State
 from services.mqtt.channel_config import NEVER_EXPIRE, ChannelConfig
-from services.mqtt.errors import MalformedPacket, UnsupportedProtocolVersion
+from services.mqtt.errors import (
+    MalformedPacket,
+    MQTTError,
+    PacketTooLarge,
+    TopicAliasInvalid,
+    UnsupportedProtocolVersion,
+)
 from services.mqtt.packets import (
     NO_PROPERTIES,
     Auth,
@@ -424,11 +430,31 @@ def test_table_covers_exactly_the_client_packets() -> None:
     assert TRANSITIONS[(State.CONNECTED, PacketType.DISCONNECT)] is State.CLOSED
 
 
-def test_second_connect_while_connecting_closes_without_connack() -> None:
+@pytest.mark.parametrize(
+    ("level", "expected"),
+    [(V5, [Send(Connack(False, 0x82)), closed("error")]), (V311, [closed("error")])],
+)
+def test_second_connect_while_connecting_is_refused(level: int, expected: list[Action]) -> None:
     ch = new_channel()
-    ch.receive(make_connect(V5, will=WILL), NOW)
-    assert plain(ch.receive(make_connect(V5), NOW)) == [closed("error")]
+    ch.receive(make_connect(level, will=WILL), NOW)
+    assert plain(ch.receive(make_connect(level), NOW)) == expected
     assert ch.session_opened(False) == []
+
+
+@pytest.mark.parametrize(
+    ("level", "err", "expected"),
+    [
+        (V5, MalformedPacket("x"), [Send(Connack(False, 0x81)), closed("error")]),
+        (V5, PacketTooLarge("x"), [Send(Connack(False, 0x95)), closed("error")]),
+        (V5, TopicAliasInvalid("x"), [Send(Connack(False, 0x80)), closed("error")]),
+        (V311, MalformedPacket("x"), [closed("error")]),
+        (V3, PacketTooLarge("x"), [closed("error")]),
+    ],
+)
+def test_codec_error_while_connecting(level: int, err: MQTTError, expected: list[Action]) -> None:
+    ch = new_channel()
+    ch.receive(make_connect(level, will=WILL), NOW)
+    assert plain(ch.protocol_error(err)) == expected
 
 
 def test_packets_after_close_are_ignored() -> None:
@@ -466,7 +492,7 @@ def test_too_many_packets_before_connack_closes() -> None:
     ch.receive(make_connect(V5), NOW)
     assert ch.receive(Pingreq(), NOW) == []
     assert ch.receive(Pingreq(), NOW) == []
-    assert plain(ch.receive(Pingreq(), NOW)) == [closed("error")]
+    assert plain(ch.receive(Pingreq(), NOW)) == [Send(Connack(False, 0x97)), closed("error")]
 
 
 def test_refused_session_drops_pipelined_packets() -> None:
@@ -609,11 +635,14 @@ def test_server_disconnect(level: int) -> None:
     assert plain(ch.server_disconnect(0x8B)) == expected
 
 
-@pytest.mark.parametrize(("level", "connack"), [(V311, 0x03), (V5, 0x8B)])
-def test_server_disconnect_before_connack_refuses(level: int, connack: int) -> None:
+@pytest.mark.parametrize(
+    ("level", "code", "connack"),
+    [(V311, 0x8B, 0x03), (V5, 0x8B, 0x88), (V5, 0x89, 0x89), (V5, 0x98, 0x80)],
+)
+def test_server_disconnect_before_connack_refuses(level: int, code: int, connack: int) -> None:
     ch = new_channel()
     ch.receive(make_connect(level, will=WILL), NOW)
-    assert plain(ch.server_disconnect(0x8B)) == [Send(Connack(False, connack)), closed("error")]
+    assert plain(ch.server_disconnect(code)) == [Send(Connack(False, connack)), closed("error")]
 
 
 def test_server_disconnect_before_connect() -> None:

@@ -103,7 +103,7 @@ class RedisQueueStore:
             keys.extend(client_keys(client_id))
             taker = takers.get(client_id)
             if taker is None:
-                args.extend((0, 0, len(blobs)))
+                args.extend(("-", 0, len(blobs)))
             else:
                 args.extend((taker[0], taker[1], len(blobs)))
                 order.append(client_id)

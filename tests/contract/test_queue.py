@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.mqtt.packets import Message, Properties
-from services.queue.api import QueueStore
+from services.queue.api import EnqueueResult, QueueStore
 from services.queue.memory import MemoryQueueStore
 from services.queue.redis import RedisQueueStore
 from services.queue.serial import SerialError, dumps, loads
@@ -412,3 +412,109 @@ async def test_redis_batch_costs_two_round_trips_per_hundred_messages(redis_url:
         assert calls == 20
     finally:
         await q.close()
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("seed", range(4))
+async def test_memory_and_redis_agree_on_random_operations(redis_url: str, seed: int) -> None:
+    """Differential test: the same random operations on both stores give the same answers."""
+    import random
+
+    rng = random.Random(seed)
+    mem_sessions = MemorySessionStore()
+    client = connect(redis_url)
+    impls: list[tuple[SessionStore, QueueStore]] = [
+        (mem_sessions, MemoryQueueStore(mem_sessions, 5)),
+        (RedisSessionStore(client), RedisQueueStore(client, 5)),
+    ]
+    clients = ["a", "b", "c"]
+    epochs: list[dict[str, list[int]]] = [{c: [0] for c in clients} for _ in impls]
+    past = time.time_ns() // 1_000_000 - 1000
+    counter = 0
+
+    def pick_epoch(i: int, c: str, stale: bool) -> int:
+        history = epochs[i][c]
+        return history[-2] if stale and len(history) > 1 else history[-1]
+
+    async def apply(i: int, op: tuple[Any, ...]) -> object:
+        sessions, q = impls[i]
+        kind, c, stale = op[0], op[1], op[2]
+        epoch = pick_epoch(i, c, stale)
+        try:
+            if kind == "claim":
+                claim = await sessions.claim(c, "n", op[3], 60)
+                epochs[i][c].append(claim.epoch)
+                return (claim.session_present, claim.previous_node)
+            if kind == "enqueue":
+                return await q.enqueue(op[3])
+            if kind == "enqueue_and_take":
+                takers = {c: (epoch, op[4])}
+                r = await q.enqueue_and_take(op[3], takers)
+                return (r.accepted, r.dropped, r.taken, r.fenced)
+            if kind == "take":
+                return await q.take(c, epoch, op[3])
+            if kind == "ack_many":
+                return await q.ack_many(c, epoch, op[3])
+            if kind == "ack_and_take":
+                return await q.ack_and_take(c, epoch, op[3], op[4])
+            if kind == "received":
+                return await q.received(c, epoch, op[3])
+            if kind == "pending":
+                return await q.pending(c, epoch)
+            if kind == "incoming_add":
+                return await q.incoming_add(c, epoch, op[3])
+            if kind == "incoming_release":
+                return await q.incoming_release(c, epoch, op[3])
+            if kind == "incoming_ids":
+                return await q.incoming_ids(c, epoch)
+            if kind == "drops":
+                return await q.drops(c)
+            if kind == "discard":
+                return await q.discard(c)
+            if kind == "release":
+                await sessions.release(c, epoch, op[3])
+                return None
+        except Fenced:
+            return "fenced"
+        raise AssertionError(kind)
+
+    def random_messages() -> list[tuple[str, Message]]:
+        nonlocal counter
+        out = []
+        for _ in range(rng.randint(0, 7)):
+            counter += 1
+            expiry = past if rng.random() < 0.1 else None
+            m = msg(counter, rng.choice((0, 1, 1, 2)), expires_at_ms=expiry)
+            out.append((rng.choice(clients), m))
+        return out
+
+    delivered = dropped = 0
+    try:
+        for step in range(400):
+            c, stale = rng.choice(clients), rng.random() < 0.15
+            kind = rng.choice(
+                ["enqueue", "enqueue_and_take", "take", "ack_many", "ack_and_take", "received"] * 3
+                + ["claim", "pending", "incoming_add", "incoming_release", "incoming_ids"]
+                + ["drops", "discard", "release"]
+            )
+            pids = [rng.randint(1, 8) for _ in range(rng.randint(0, 3))]
+            op: tuple[Any, ...] = {
+                "claim": (kind, c, stale, rng.random() < 0.2),
+                "enqueue": (kind, c, stale, random_messages()),
+                "enqueue_and_take": (kind, c, stale, random_messages(), rng.randint(0, 4)),
+                "take": (kind, c, stale, rng.randint(0, 4)),
+                "ack_many": (kind, c, stale, pids),
+                "ack_and_take": (kind, c, stale, pids, rng.randint(0, 4)),
+                "received": (kind, c, stale, rng.randint(1, 8)),
+                "incoming_add": (kind, c, stale, rng.randint(1, 4)),
+                "incoming_release": (kind, c, stale, rng.randint(1, 4)),
+                "release": (kind, c, stale, rng.choice((0, 60))),
+            }.get(kind, (kind, c, stale))
+            results = [await apply(i, op) for i in range(len(impls))]
+            assert results[0] == results[1], f"step {step}: {op[:3]} -> {results}"
+            if isinstance(results[0], list) and results[0]:
+                delivered += 1
+            dropped += isinstance(results[0], EnqueueResult) and results[0].dropped > 0
+        assert delivered > 10 and dropped > 0  # the walk reached the interesting states
+    finally:
+        await client.aclose()

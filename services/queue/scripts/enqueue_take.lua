@@ -5,10 +5,10 @@
 --   z QoS 0 seqs list (oldest first), f inflight hash (packet id -> message),
 --   fo inflight order zset (packet id scored by seq), x released packet ids set,
 --   r incoming QoS 2 ids set (unused here)
--- ARGV: 1 queue limit, then per group: epoch ("0" = enqueue only), window,
+-- ARGV: 1 queue limit, then per group: epoch ("-" = enqueue only), window,
 --   n, then n serialized messages (services/queue/serial.py: byte 2 holds the
 --   QoS in bits 0-1 and "has expiry" in bit 3, bytes 3-10 the expiry in ms)
--- Returns: {accepted, dropped, then for each group whose epoch is not "0":
+-- Returns: {accepted, dropped, then for each group whose epoch is not "-":
 --   -1 if fenced, else k followed by k pairs (packet id or 0 for QoS 0, message)}
 --
 -- A client without a session hash gets nothing stored. A taker first drains
@@ -133,7 +133,7 @@ while a <= #ARGV do
   a, g = last + 1, g + 1
   local session = redis.call('HGET', s, 'epoch')
   local ctx = nil
-  if epoch ~= '0' and session == epoch then
+  if epoch ~= '-' and session == epoch then
     ctx = {f = f, items = {}, fo = {}, blocked = false,
       window = math.min(tonumber(ARGV[first - 2]), 65535),
       inflight = redis.call('HLEN', f),
@@ -154,7 +154,7 @@ while a <= #ARGV do
     if #ctx.fo > 0 then bulk('ZADD', fo, ctx.fo) end
     out[#out + 1] = #ctx.items / 2
     for i = 1, #ctx.items do out[#out + 1] = ctx.items[i] end
-  elseif epoch ~= '0' then
+  elseif epoch ~= '-' then
     out[#out + 1] = -1
   end
 end

@@ -281,10 +281,8 @@ class Channel:
         self.session_expiry_s = result.session_expiry_s
         self._subscriptions = SubscribeFlow(self.config, self.v5)
         self._inbound = InboundFlow(self.config, self.v5, result.client_id, self._wall_ms)
-        self._shaper = OutboundShaper(
-            self.v5, result.client_topic_alias_maximum if self.config.outbound_topic_aliases
-            else 0, result.client_max_packet_size
-        )
+        aliases = result.client_topic_alias_maximum if self.config.outbound_topic_aliases else 0
+        self._shaper = OutboundShaper(self.v5, aliases, result.client_max_packet_size)
         return [
             OpenSession(connect, result.client_id, connect.clean_start, result.session_expiry_s)
         ]
@@ -304,7 +302,6 @@ class Channel:
         if self.state is not State.CONNECTING or self._neg is None:
             return []
         if reason_code:
-            self._held.clear()
             return self._refuse(
                 reason_code,
                 f"session refused with 0x{reason_code:02X}",

@@ -255,10 +255,10 @@ def load(
         if option.env is not None and option.env in env:
             values[option.path] = _convert(option, env[option.env], option.env)
     for key, raw in cli.items():
-        option = _BY_PATH.get(key)
-        if option is None:
+        known = _BY_PATH.get(key)
+        if known is None:
             raise SettingsError(f"unknown option {key!r}")
-        values[key] = _convert(option, raw, f"--{key.rpartition('.')[2].replace('_', '-')}")
+        values[key] = _convert(known, raw, f"--{key.rpartition('.')[2].replace('_', '-')}")
     return _build(values)
 
 

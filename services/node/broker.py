@@ -1,0 +1,741 @@
+"""Routing on one node: subscriptions, sessions, delivery, wills, retained.
+
+Theory of operation. One `TopicTrie` holds every subscription (key = client
+id, value = `SubOptions`). A publish matches the trie once, folds a
+client's overlapping subscriptions into one delivery (highest QoS, every
+subscription identifier), picks one member per shared group, then:
+
+- QoS 0 to an online client: the PUBLISH is encoded once per distinct
+  (protocol family, retain flag, subscription ids) and the same bytes are
+  written to every such subscriber (dropped and counted if it cannot keep up);
+- QoS 1/2 (and QoS 0 for an offline persistent session): the message joins
+  this loop turn's batch; one `enqueue_and_take` call stores the batch and
+  moves what fits into the online subscribers' inflight windows. Publishers'
+  PUBACK/PUBREC (`channel.routed`) go out after that call, in order.
+
+Each session has at most one delivery pump task at a time; acks and new
+messages mark it dirty and it loops (`ack_and_take`) until nothing is left.
+
+Seams for the event log: every state change a cluster must agree on goes
+through one coroutine each (`open_session`, `subscribe`, `unsubscribe`,
+`end_session`, `set_retained`); the log append slots in at their start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from services.mqtt import codec
+from services.mqtt.actions import OpenSession, Route, SubscribeRequest, UnsubscribeRequest
+from services.mqtt.errors import TopicFilterInvalid
+from services.mqtt.packets import NO_PROPERTIES, Message, PacketType, ReasonCode, Will
+from services.mqtt.topics import matches, parse_shared, validate_topic_filter
+from services.mqtt.trie import TopicTrie
+from services.queue.api import Inflight, QueueStore
+from services.retain.api import RetainStore
+from services.session.api import Fenced, SessionError, SessionStore
+from services.settings import Limits
+
+if TYPE_CHECKING:
+    from services.mqtt.channel_config import ChannelConfig
+    from services.node.connection import Connection
+    from services.node.timers import TimerWheel
+
+log = logging.getLogger("weir.broker")
+
+NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry meaning "never"
+V3_SUBACK_FAILURE = 0x80
+
+
+@dataclass(frozen=True, slots=True)
+class SubOptions:
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    subscription_id: int | None = None
+    sub_ids: tuple[int, ...] = ()  # (subscription_id,) or (): ready for the PUBLISH
+
+    @classmethod
+    def of(
+        cls, qos: int, no_local: bool, retain_as_published: bool, subscription_id: int | None
+    ) -> SubOptions:
+        ids = (subscription_id,) if subscription_id else ()
+        return cls(qos, no_local, retain_as_published, subscription_id, ids)
+
+
+PlanEntry = tuple["Session", "SubOptions | list[SubOptions]"]
+Plan = tuple[list[PlanEntry], list[tuple[tuple[str, str], list[tuple[str, SubOptions]]]]]
+PLAN_CACHE_SIZE = 4096  # topics whose routing plan is kept; cleared whole when full
+
+
+class Session:
+    """A client's session on this node; outlives connections when persistent."""
+
+    __slots__ = (
+        "acks",
+        "client_id",
+        "conn",
+        "dirty",
+        "epoch",
+        "expiry_handle",
+        "expiry_s",
+        "ops",
+        "pumping",
+        "ready",
+        "subs",
+    )
+
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
+        self.conn: Connection | None = None
+        self.epoch = 0
+        self.expiry_s = 0
+        self.subs: dict[str, SubOptions] = {}
+        self.expiry_handle: asyncio.TimerHandle | None = None
+        self.ready = False  # CONNACK sent and inflight resent: deliveries may flow
+        self.pumping = False
+        self.dirty = False
+        self.acks: list[int] = []
+        self.ops: list[tuple[str, int]] = []  # ("received" | "released", packet id)
+
+
+class Broker:
+    def __init__(
+        self,
+        node_id: str,
+        channel_config: ChannelConfig,
+        limits: Limits,
+        sessions: SessionStore,
+        queue: QueueStore,
+        retain: RetainStore,
+        loop: asyncio.AbstractEventLoop,
+        wheel: TimerWheel,
+        shared_strategy: str = "round_robin",
+    ) -> None:
+        self.node_id = node_id
+        self.channel_config = channel_config
+        self.limits = limits
+        self.store = sessions
+        self.queue = queue
+        self.retained = retain
+        self.loop = loop
+        self.wheel = wheel
+        self.shared_strategy = shared_strategy
+        self.trie: TopicTrie[SubOptions] = TopicTrie()
+        self.sessions: dict[str, Session] = {}
+        self.connections: set[Connection] = set()
+        self.qos0_dropped = 0
+        self.queue_dropped = 0
+        self._dirty: list[Connection] = []
+        self._flush_scheduled = False
+        self._batch: list[tuple[str, Message]] = []
+        self._batch_tokens: list[tuple[Connection, int, bool]] = []
+        self._batch_takers: set[Session] = set()
+        self._batch_scheduled = False
+        self._wills: dict[str, asyncio.TimerHandle] = {}
+        self._round_robin: dict[tuple[str, str], int] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._no_connections: asyncio.Event | None = None
+        self._plans: dict[str, Plan] = {}
+        self.work = 0  # deliveries made; connections budget their processing by it
+
+    # -- plumbing -----------------------------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("broker task failed", exc_info=task.exception())
+
+    def mark_dirty(self, conn: Connection) -> None:
+        self._dirty.append(conn)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush_all)
+
+    def _flush_all(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, []
+        for conn in dirty:
+            conn.flush()
+
+    def connection_made(self, conn: Connection) -> bool:
+        if len(self.connections) >= self.limits.max_connections:
+            return False
+        self.connections.add(conn)
+        return True
+
+    def connection_lost(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        if not self.connections and self._no_connections is not None:
+            self._no_connections.set()
+
+    async def wait_no_connections(self, timeout_s: float) -> bool:
+        """Wait until every connection is gone; False if the timeout passed first."""
+        if not self.connections:
+            return True
+        self._no_connections = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._no_connections.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    @staticmethod
+    def now_ms() -> int:
+        return time.time_ns() // 1_000_000
+
+    # -- sessions -----------------------------------------------------------
+
+    async def open_session(self, conn: Connection, action: OpenSession) -> None:
+        client_id = action.client_id
+        props = action.connect.properties
+        conn.max_outgoing_packet = props.maximum_packet_size
+        old = self.sessions.get(client_id)
+        if old is not None and old.conn is not None and old.conn is not conn:
+            old_conn = old.conn
+            self._detach(old)
+            old_conn.session = None
+            old_conn.carry_out(old_conn.channel.taken_over())
+        try:
+            claim = await self.store.claim(
+                client_id, self.node_id, action.clean_start, action.session_expiry_s
+            )
+        except SessionError:
+            log.exception("session claim failed for %s", client_id)
+            conn.carry_out(
+                conn.channel.session_opened(False, set(), ReasonCode.SERVER_UNAVAILABLE)
+            )
+            conn.resume_processing()
+            return
+        session = self.sessions.get(client_id)
+        if session is not None and session.conn is not None and session.conn is not conn:
+            # Another connection claimed it while we waited; it wins only if newer.
+            self._detach(session)
+        if session is None or not claim.session_present:
+            if session is not None:
+                self._drop_subscriptions(session)
+            session = Session(client_id)
+            self.sessions[client_id] = session
+            self._plans.clear()
+        if session.expiry_handle is not None:
+            session.expiry_handle.cancel()
+            session.expiry_handle = None
+        will = self._wills.pop(client_id, None)
+        if will is not None:
+            will.cancel()
+        session.epoch = claim.epoch
+        session.expiry_s = action.session_expiry_s
+        session.ready = False
+        if conn.closed:
+            self.spawn(self.end_session(session, session.epoch, conn_gone=True))
+            return
+        session.conn = conn
+        conn.session = session
+        try:
+            incoming = (
+                await self.queue.incoming_ids(client_id, claim.epoch)
+                if claim.session_present
+                else set()
+            )
+            conn.carry_out(conn.channel.session_opened(claim.session_present, incoming))
+            pending = await self.queue.pending(client_id, claim.epoch)
+        except Fenced:
+            conn.close()
+            return
+        if session.conn is not conn:
+            return
+        now_ms = self.now_ms()
+        for item in pending:
+            if item.released:
+                conn.carry_out(conn.channel.resend_pubrel(item.packet_id))
+            else:
+                conn.carry_out(conn.channel.deliver(item.message, item.packet_id, True, now_ms))
+        session.ready = True
+        conn.resume_processing()
+        self._kick(session)
+
+    def _detach(self, session: Session) -> None:
+        session.conn = None
+        session.ready = False
+
+    def connection_ended(
+        self,
+        conn: Connection,
+        will: Will | None,
+        will_delay_s: int,
+        session_expiry_s: int | None = None,
+    ) -> None:
+        """The connection closed (normally, by error, or taken over)."""
+        session = conn.session
+        if session is not None and session_expiry_s is not None:
+            session.expiry_s = session_expiry_s
+        conn.session = None
+        expiry_s = 0
+        client_id = conn.channel.client_id
+        if session is not None and session.conn is conn:
+            self._detach(session)
+            expiry_s = session.expiry_s
+            self.spawn(self.end_session(session, session.epoch, conn_gone=True))
+        if will is not None and client_id is not None:
+            self._schedule_will(client_id, will, min(will_delay_s, expiry_s))
+
+    async def end_session(self, session: Session, epoch: int, conn_gone: bool) -> None:
+        """Seam: a connection left its session (release) or the session ended."""
+        client_id = session.client_id
+        if session.conn is not None or session.epoch != epoch:
+            return
+        expiry_s = session.expiry_s if conn_gone else 0
+        if expiry_s == 0:
+            await self._redistribute_shared(session)
+            if self.sessions.get(client_id) is session:
+                del self.sessions[client_id]
+            self._drop_subscriptions(session)
+        try:
+            await self.store.release(client_id, epoch, expiry_s)
+            if expiry_s == 0:
+                await self.queue.discard(client_id)
+        except Fenced:
+            return
+        except SessionError:
+            log.exception("session release failed for %s", client_id)
+            return
+        if expiry_s and expiry_s < NEVER_EXPIRES and session.conn is None:
+            session.expiry_handle = self.loop.call_later(expiry_s, self._expire, session, epoch)
+
+    def _expire(self, session: Session, epoch: int) -> None:
+        session.expiry_handle = None
+        if session.conn is None and session.epoch == epoch:
+            if self.sessions.get(session.client_id) is session:
+                del self.sessions[session.client_id]
+            self._drop_subscriptions(session)
+            self.spawn(self.queue.discard(session.client_id))
+
+    def _drop_subscriptions(self, session: Session) -> None:
+        self._plans.clear()
+        for topic_filter in session.subs:
+            self.trie.remove(topic_filter, session.client_id)
+        session.subs = {}
+
+    async def _redistribute_shared(self, session: Session) -> None:
+        """A leaving clean member's unacknowledged shared messages go to another member."""
+        shared = [parsed for f in session.subs if (parsed := parse_shared(f)) is not None]
+        if not shared:
+            return
+        try:
+            items = await self.queue.pending(session.client_id, session.epoch)
+            items += await self.queue.take(session.client_id, session.epoch, 1 << 16)
+        except SessionError:
+            return
+        for item in items:
+            for group, topic_filter in shared:
+                if matches(topic_filter, item.message.topic):
+                    members = self.trie.match_shared(item.message.topic).get((group, topic_filter))
+                    others = [m for m in members or () if m[0] != session.client_id]
+                    if others:
+                        self._deliver_shared(item.message, others, (group, topic_filter))
+                    break
+        self._schedule_batch()
+
+    def _schedule_will(self, client_id: str, will: Will, delay_s: int) -> None:
+        props = will.properties
+        expiry = props.message_expiry_interval
+        message = Message(
+            topic=will.topic,
+            payload=will.payload,
+            qos=will.qos,
+            retain=will.retain,
+            properties=dataclasses.replace(props, will_delay_interval=None)
+            if props is not NO_PROPERTIES
+            else props,
+            sender=client_id,
+            expires_at_ms=None if expiry is None else self.now_ms() + expiry * 1000,
+        )
+        if delay_s <= 0:
+            self.publish_message(message)
+            return
+        old = self._wills.pop(client_id, None)
+        if old is not None:
+            old.cancel()
+        self._wills[client_id] = self.loop.call_later(delay_s, self._will_due, client_id, message)
+
+    def _will_due(self, client_id: str, message: Message) -> None:
+        self._wills.pop(client_id, None)
+        self.publish_message(message)
+
+    # -- subscriptions --------------------------------------------------------
+
+    async def subscribe(self, conn: Connection, request: SubscribeRequest) -> None:
+        """Seam: apply a SUBSCRIBE, answer SUBACK, send retained messages."""
+        session = conn.session
+        if session is None or conn.closed:
+            return
+        v5 = conn.channel.protocol_level >= 5
+        codes: list[int] = []
+        retained: list[tuple[str, SubOptions]] = []
+        max_qos = getattr(self.channel_config, "max_qos", 2)
+        for sub in request.subscriptions:
+            try:
+                validate_topic_filter(sub.topic_filter)
+            except TopicFilterInvalid:
+                codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else V3_SUBACK_FAILURE)
+                continue
+            granted = min(sub.qos, max_qos)
+            options = SubOptions.of(
+                granted, sub.no_local, sub.retain_as_published, request.subscription_id
+            )
+            is_new = self.trie.add(sub.topic_filter, session.client_id, options)
+            self._plans.clear()
+            session.subs[sub.topic_filter] = options
+            codes.append(granted)
+            if parse_shared(sub.topic_filter) is None and (
+                sub.retain_handling == 0 or (sub.retain_handling == 1 and is_new)
+            ):
+                retained.append((sub.topic_filter, options))
+        conn.carry_out(conn.channel.subscribed(request.packet_id, codes))
+        now_ms = self.now_ms()
+        for topic_filter, options in retained:
+            for message in self.retained.match(topic_filter, now_ms):
+                self._deliver(session, self._for_subscriber(message, options, True))
+        self._schedule_batch()
+        conn.resume_processing()
+
+    async def unsubscribe(self, conn: Connection, request: UnsubscribeRequest) -> None:
+        """Seam: apply an UNSUBSCRIBE and answer UNSUBACK."""
+        session = conn.session
+        if session is None or conn.closed:
+            return
+        codes: list[int] = []
+        for topic_filter in request.topic_filters:
+            existed = session.subs.pop(topic_filter, None) is not None
+            if existed:
+                self.trie.remove(topic_filter, session.client_id)
+                self._plans.clear()
+            codes.append(
+                ReasonCode.SUCCESS if existed else ReasonCode.NO_SUBSCRIPTION_EXISTED
+            )
+        conn.carry_out(conn.channel.unsubscribed(request.packet_id, codes))
+        conn.resume_processing()
+
+    async def set_retained(self, message: Message) -> None:
+        """Seam: a retained message was set (or cleared by an empty payload)."""
+        self.retained.set(message)
+
+    # -- publish --------------------------------------------------------------
+
+    def publish(self, conn: Connection, route: Route) -> None:
+        message = route.message
+        if route.qos2_packet_id is not None and conn.session is not None:
+            self.spawn(self._publish_qos2(conn, conn.session, route))
+            return
+        delivered = self.publish_message(message)
+        if route.token is not None:
+            self._batch_tokens.append((conn, route.token, delivered == 0))
+            self._schedule_batch()
+
+    async def _publish_qos2(self, conn: Connection, session: Session, route: Route) -> None:
+        try:
+            fresh = await self.queue.incoming_add(
+                session.client_id, session.epoch, route.qos2_packet_id or 0
+            )
+        except Fenced:
+            conn.close()
+            return
+        delivered = self.publish_message(route.message) if fresh else 1
+        if route.token is not None:
+            self._batch_tokens.append((conn, route.token, delivered == 0))
+            self._schedule_batch()
+
+    def publish_message(self, message: Message) -> int:
+        """Route one message to every matching subscription; returns how many."""
+        if message.retain:
+            self.spawn(self.set_retained(message))
+        plan = self._plans.get(message.topic)
+        if plan is None:
+            plan = self._plan(message.topic)
+        plain, shared = plan
+        count = self._deliver_plain(message, plain) if plain else 0
+        for group_filter, members in shared:
+            if self._deliver_shared(message, members, group_filter):
+                count += 1
+        self.work += count
+        if self._batch:
+            self._schedule_batch()
+        return count
+
+    def _plan(self, topic: str) -> Plan:
+        """Who a topic reaches: one entry per local session, shared groups apart."""
+        per_client: dict[str, SubOptions | list[SubOptions]] = {}
+        for client_id, options in self.trie.match(topic):
+            prev = per_client.get(client_id)
+            if prev is None:
+                per_client[client_id] = options
+            elif isinstance(prev, list):
+                prev.append(options)
+            else:
+                per_client[client_id] = [prev, options]
+        sessions = self.sessions
+        plain: list[PlanEntry] = []
+        for client_id, opts in per_client.items():
+            session = sessions.get(client_id)
+            if session is not None:
+                plain.append((session, opts))
+        plan: Plan = (plain, list(self.trie.match_shared(topic).items()))
+        if len(self._plans) >= PLAN_CACHE_SIZE:
+            self._plans.clear()
+        self._plans[topic] = plan
+        return plan
+
+    def _deliver_plain(self, message: Message, plan: list[PlanEntry]) -> int:
+        sender = message.sender
+        encoded: dict[tuple[bool, bool, tuple[int, ...]], bytes] = {}
+        qos_in = message.qos
+        retain_in = message.retain
+        fast = message.expires_at_ms is None
+        count = 0
+        for session, opts in plan:
+            if type(opts) is SubOptions:
+                if opts.no_local and session.client_id == sender:
+                    continue
+                qos = opts.qos if opts.qos < qos_in else qos_in
+                retain = retain_in and opts.retain_as_published
+                sub_ids = opts.sub_ids
+            else:
+                assert isinstance(opts, list)
+                live = [o for o in opts if not (o.no_local and session.client_id == sender)]
+                if not live:
+                    continue
+                qos = min(qos_in, max(o.qos for o in live))
+                retain = retain_in and any(o.retain_as_published for o in live)
+                sub_ids = tuple(o.subscription_id for o in live if o.subscription_id)
+            count += 1
+            conn = session.conn
+            if qos == 0 and fast and conn is not None and session.ready:
+                v5 = conn.channel.protocol_level >= 5
+                key = (v5, retain, sub_ids if v5 else ())
+                data = encoded.get(key)
+                if data is None:
+                    data = self._encode_qos0(message, retain, v5, sub_ids)
+                    encoded[key] = data
+                limit = conn.max_outgoing_packet
+                if limit is None or len(data) <= limit:
+                    conn.write_qos0(data)
+            else:
+                self._deliver(session, self._adjusted(message, qos, retain, sub_ids))
+        return count
+
+    @staticmethod
+    def _encode_qos0(message: Message, retain: bool, v5: bool, sub_ids: tuple[int, ...]) -> bytes:
+        props: bytes | None = None
+        if v5:
+            properties = message.properties
+            if sub_ids:
+                properties = dataclasses.replace(properties, subscription_identifier=sub_ids)
+            props = codec.encode_properties(properties, PacketType.PUBLISH)
+        return codec.encode_publish(
+            message.topic.encode(), message.payload, 0, retain, False, None, props
+        )
+
+    @staticmethod
+    def _adjusted(message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> Message:
+        properties = message.properties
+        if sub_ids or properties.subscription_identifier:
+            properties = dataclasses.replace(properties, subscription_identifier=sub_ids)
+        if qos == message.qos and retain == message.retain and properties is message.properties:
+            return message
+        return dataclasses.replace(message, qos=qos, retain=retain, properties=properties)
+
+    @classmethod
+    def _for_subscriber(cls, message: Message, options: SubOptions, retained: bool) -> Message:
+        sub_ids = options.sub_ids
+        retain = True if retained else message.retain and options.retain_as_published
+        return cls._adjusted(message, min(message.qos, options.qos), retain, sub_ids)
+
+    def _deliver_shared(
+        self,
+        message: Message,
+        members: list[tuple[str, SubOptions]],
+        group_filter: tuple[str, str],
+    ) -> bool:
+        """One member of a shared group gets the message: an online one if any."""
+        count = len(members)
+        if self.shared_strategy == "random":
+            start = random.randrange(count)
+        else:
+            start = self._round_robin.get(group_filter, 0) % count
+            self._round_robin[group_filter] = start + 1
+        fallback: tuple[Session, SubOptions] | None = None
+        for i in range(count):
+            client_id, options = members[(start + i) % count]
+            session = self.sessions.get(client_id)
+            if session is None:
+                continue
+            if session.conn is not None and session.ready:
+                self._deliver(session, self._for_subscriber(message, options, False))
+                return True
+            if fallback is None and session.expiry_s > 0:
+                fallback = (session, options)
+        if fallback is not None:
+            self._deliver(fallback[0], self._for_subscriber(message, fallback[1], False))
+            return True
+        return False
+
+    def _deliver(self, session: Session, message: Message) -> None:
+        """The general path: through the channel (QoS 0) or the queue (QoS 1/2, offline)."""
+        conn = session.conn
+        if message.qos == 0 and conn is not None and session.ready:
+            conn.carry_out(conn.channel.deliver(message, None, False, self.now_ms()))
+            return
+        if message.qos == 0 and session.expiry_s == 0:
+            return  # a clean session that is not connected yet: nothing to keep it for
+        self._batch.append((session.client_id, message))
+        if conn is not None and session.ready:
+            self._batch_takers.add(session)
+
+    # -- the durable batch ------------------------------------------------------
+
+    def _schedule_batch(self) -> None:
+        if not self._batch_scheduled and (self._batch or self._batch_tokens):
+            self._batch_scheduled = True
+            self.loop.call_soon(self._start_batch)
+
+    def _start_batch(self) -> None:
+        self._batch_scheduled = False
+        items, self._batch = self._batch, []
+        tokens, self._batch_tokens = self._batch_tokens, []
+        takers, self._batch_takers = self._batch_takers, set()
+        if not items:
+            for conn, token, no_subs in tokens:
+                conn.routed(token, True, no_subs)
+            return
+        self.spawn(self._store_batch(items, tokens, takers))
+
+    async def _store_batch(
+        self,
+        items: list[tuple[str, Message]],
+        tokens: list[tuple[Connection, int, bool]],
+        takers: set[Session],
+    ) -> None:
+        ready = [s for s in takers if s.conn is not None and s.ready and not s.pumping]
+        windows = {s.client_id: (s.epoch, self._window(s)) for s in ready}
+        ok = True
+        try:
+            result = await self.queue.enqueue_and_take(items, windows)
+        except SessionError:
+            log.exception("enqueue of %d messages failed", len(items))
+            ok = False
+        else:
+            self.queue_dropped += result.dropped
+            for session in ready:
+                taken = result.taken.get(session.client_id)
+                if taken:
+                    self._send_taken(session, taken)
+        for conn, token, no_subs in tokens:
+            conn.routed(token, ok, no_subs)
+        for session in takers:
+            if session not in ready or session.dirty:
+                self._kick(session)
+
+    def _window(self, session: Session) -> int:
+        conn = session.conn
+        return conn.channel.client_receive_maximum if conn is not None else 0
+
+    def _send_taken(self, session: Session, taken: list[Inflight]) -> None:
+        conn = session.conn
+        if conn is None:
+            return
+        now_ms = self.now_ms()
+        for item in taken:
+            pid = item.packet_id if item.message.qos > 0 else None
+            conn.carry_out(conn.channel.deliver(item.message, pid, item.dup, now_ms))
+
+    # -- the per-session delivery pump -------------------------------------------
+
+    def acked(self, conn: Connection, packet_id: int) -> None:
+        session = conn.session
+        if session is not None:
+            session.acks.append(packet_id)
+            self._kick(session)
+
+    def received(self, conn: Connection, packet_id: int) -> None:
+        session = conn.session
+        if session is not None:
+            session.ops.append(("received", packet_id))
+            self._kick(session)
+
+    def released(self, conn: Connection, packet_id: int) -> None:
+        session = conn.session
+        if session is not None:
+            session.ops.append(("released", packet_id))
+            self._kick(session)
+
+    def _kick(self, session: Session) -> None:
+        if session.pumping:
+            session.dirty = True
+            return
+        if session.conn is None or not session.ready:
+            return
+        session.pumping = True
+        session.dirty = True
+        self.spawn(self._pump(session))
+
+    async def _pump(self, session: Session) -> None:
+        client_id = session.client_id
+        try:
+            while session.dirty and session.conn is not None and session.ready:
+                session.dirty = False
+                epoch = session.epoch
+                ops, session.ops = session.ops, []
+                for op, pid in ops:
+                    if op == "received":
+                        await self.queue.received(client_id, epoch, pid)
+                    else:
+                        await self.queue.incoming_release(client_id, epoch, pid)
+                acks, session.acks = session.acks, []
+                window = self._window(session)
+                taken = await self.queue.ack_and_take(client_id, epoch, acks, window)
+                if taken:
+                    self._send_taken(session, taken)
+        except Fenced:
+            conn = session.conn
+            if conn is not None:
+                conn.close()
+        except SessionError:
+            log.exception("delivery to %s failed", client_id)
+        finally:
+            session.pumping = False
+
+    # -- shutdown -----------------------------------------------------------------
+
+    def disconnect_all(self, reason_code: int) -> None:
+        for conn in list(self.connections):
+            if not conn.closed:
+                conn.carry_out(conn.channel.server_disconnect(reason_code))
+                conn.close()
+
+    async def drain_tasks(self, timeout_s: float) -> None:
+        if self._tasks:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*self._tasks, return_exceptions=True), timeout_s
+                )
+
+    def close(self) -> None:
+        for handle in self._wills.values():
+            handle.cancel()
+        self._wills.clear()
+        for session in self.sessions.values():
+            if session.expiry_handle is not None:
+                session.expiry_handle.cancel()

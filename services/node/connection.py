@@ -1,0 +1,338 @@
+"""One MQTT connection: bytes in, channel actions carried out, bytes out.
+
+Theory of operation: `Connection` is an `asyncio.Protocol` (no task, no
+stream objects) so an idle connection costs a few small objects. Incoming
+bytes go through an incremental decode loop (the codec enforces the maximum
+packet size from the fixed header, before the body is buffered); each
+packet goes to the channel, and the returned actions are carried out in
+order. Actions that need the broker to wait (open a session, subscribe,
+unsubscribe) mark the connection busy: later packets stay in the buffer
+until the answer is back, so a client's packets keep their order.
+
+Writes are batched: `write` appends to a list and registers the connection
+with the broker, which flushes every dirty connection once per loop turn.
+When the transport's buffer passes its high-water mark (`pause_writing`)
+we stop reading from this client and hold further output; QoS 0 messages
+to it are dropped and counted once the held output passes its bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from services.mqtt import codec
+from services.mqtt.actions import (
+    Acked,
+    Action,
+    CancelTimer,
+    Close,
+    OpenSession,
+    Received,
+    Released,
+    Route,
+    Send,
+    StartTimer,
+    SubscribeRequest,
+    UnsubscribeRequest,
+)
+from services.mqtt.channel import Channel
+from services.mqtt.errors import MQTTError
+
+if TYPE_CHECKING:
+    from services.node.broker import Broker, Session
+
+
+WORK_BUDGET = 4096  # packets + deliveries one connection may cause per loop turn: about
+#   a millisecond of work, so a publisher with a full buffer cannot stall everyone else
+
+
+class Connection(asyncio.Protocol):
+    __slots__ = (
+        "_buf",
+        "_busy",
+        "_deferred",
+        "_out",
+        "_out_bytes",
+        "_read_paused",
+        "_timers",
+        "_wake",
+        "_write_paused",
+        "broker",
+        "channel",
+        "closed",
+        "dirty",
+        "dropped",
+        "ended",
+        "max_outgoing_packet",
+        "session",
+        "transport",
+    )
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.transport: asyncio.BaseTransport | None = None
+        self.channel = Channel(broker.channel_config, broker.node_id)
+        self.session: Session | None = None
+        self._buf: bytearray | None = None
+        self._out: list[bytes] | None = None
+        self._out_bytes = 0
+        self._busy = False
+        self._deferred = False
+        self._read_paused = False
+        self._write_paused = False
+        self._timers: dict[str, float] | None = None
+        self._wake: int | None = None
+        self.closed = False  # we asked the transport to close, or it is gone
+        self.ended = False  # the broker was told the connection ended
+        self.dirty = False
+        self.dropped = 0
+        self.max_outgoing_packet: int | None = None  # the client's Maximum Packet Size
+
+    # -- asyncio.Protocol ---------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        if not self.broker.connection_made(self):
+            self.closed = True
+            self.ended = True
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        limits = self.broker.limits
+        transport.set_write_buffer_limits(  # type: ignore[attr-defined]
+            limits.outbound_high_water, limits.outbound_low_water
+        )
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self._buf:
+            self._buf += data
+        else:
+            self._buf = bytearray(data)
+        if not self._busy and not self._deferred:
+            self._process()
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._buf = None
+        self._out = None
+        self._timers = None
+        if not self.ended:
+            actions = self.channel.connection_lost()
+            self._carry_out(actions)
+            if not self.ended:
+                self.ended = True
+                self.broker.connection_ended(self, None, 0)
+        self.broker.connection_lost(self)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self.flush()
+        if not self._write_paused:
+            self._resume_reading()
+
+    # -- incoming -----------------------------------------------------------
+
+    def _process(self) -> None:
+        buf = self._buf
+        if not buf:
+            return
+        view = memoryview(buf)
+        used = 0
+        broker = self.broker
+        max_size = broker.limits.max_packet_size
+        channel = self.channel
+        budget = broker.work + WORK_BUDGET
+        try:
+            while not self._busy and not self.closed:
+                if broker.work > budget:
+                    self._defer()
+                    break
+                result = codec.decode(view[used:], channel.protocol_level, max_size)
+                if result is None:
+                    break
+                packet, size = result
+                used += size
+                broker.work += 1
+                self._carry_out(channel.receive(packet, broker.loop.time()))
+        except MQTTError as err:
+            view.release()
+            self._buf = None
+            self._carry_out(channel.protocol_error(err))
+            if not self.closed:
+                self.close()
+            return
+        view.release()
+        if self._buf is not None:
+            if used == len(buf):
+                self._buf = None
+            elif used:
+                del buf[:used]
+
+    def _defer(self) -> None:
+        """This turn's work budget is spent: stop reading, go on next turn
+        (after the flush), so one busy publisher cannot stall the loop."""
+        self._deferred = True
+        self._pause_reading()
+        self.broker.loop.call_soon(self._continue)
+
+    def _continue(self) -> None:
+        self._deferred = False
+        if self.closed:
+            return
+        if not self._busy:
+            self._process()
+        if not self._deferred and not self._write_paused:
+            self._resume_reading()
+
+    def resume_processing(self) -> None:
+        """The broker answered a busy action: handle the packets held meanwhile."""
+        self._busy = False
+        if not self.closed and self._buf and not self._deferred:
+            self._process()
+
+    def _carry_out(self, actions: Sequence[Action]) -> None:
+        broker = self.broker
+        for action in actions:
+            match action:
+                case Route():
+                    broker.publish(self, action)
+                case Send():
+                    self.write(codec.encode(action.packet, self.channel.protocol_level))
+                case StartTimer():
+                    self.start_timer(action.name, action.delay_s)
+                case CancelTimer():
+                    if self._timers is not None:
+                        self._timers.pop(action.name, None)
+                case Acked():
+                    broker.acked(self, action.packet_id)
+                case Received():
+                    broker.received(self, action.packet_id)
+                case Released():
+                    broker.released(self, action.packet_id)
+                case OpenSession():
+                    self._busy = True
+                    broker.spawn(broker.open_session(self, action))
+                case SubscribeRequest():
+                    self._busy = True
+                    broker.spawn(broker.subscribe(self, action))
+                case UnsubscribeRequest():
+                    self._busy = True
+                    broker.spawn(broker.unsubscribe(self, action))
+                case Close():
+                    self._close_action(action)
+
+    carry_out = _carry_out
+
+    def _close_action(self, action: Close) -> None:
+        self.close()
+        if not self.ended:
+            self.ended = True
+            self.broker.connection_ended(
+                self, action.will, action.will_delay_s, action.session_expiry_s
+            )
+
+    # -- timers -------------------------------------------------------------
+
+    def start_timer(self, name: str, delay_s: float) -> None:
+        if self.closed:
+            return
+        if self._timers is None:
+            self._timers = {}
+        deadline = self.broker.loop.time() + delay_s
+        self._timers[name] = deadline
+        self.broker.wheel.schedule(self, deadline)
+
+    def fire_timers(self, now: float) -> float | None:
+        timers = self._timers
+        if not timers or self.closed:
+            return None
+        for name in [n for n, at in timers.items() if at <= now]:
+            del timers[name]
+            self._carry_out(self.channel.timer(name, now))
+            if self._timers is None:
+                return None
+        return min(timers.values()) if timers else None
+
+    # -- outgoing -----------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self._out is None:
+            self._out = [data]
+        else:
+            self._out.append(data)
+        self._out_bytes += len(data)
+        if not self.dirty:
+            self.dirty = True
+            self.broker.mark_dirty(self)
+
+    def write_qos0(self, data: bytes) -> bool:
+        """A QoS 0 PUBLISH that may be dropped when this client cannot keep up."""
+        if self._out_bytes >= self.broker.limits.subscriber_queue_bytes:
+            self.dropped += 1
+            self.broker.qos0_dropped += 1
+            return False
+        self.write(data)
+        return True
+
+    def flush(self) -> None:
+        self.dirty = False
+        out = self._out
+        if not out or self._write_paused or self.transport is None:
+            return
+        self._out = None
+        self._out_bytes = 0
+        transport: asyncio.WriteTransport = self.transport  # type: ignore[assignment]
+        if len(out) == 1:
+            transport.write(out[0])
+        else:
+            transport.write(b"".join(out))
+
+    def close(self) -> None:
+        """Write what is queued, then close the transport."""
+        if self.closed:
+            return
+        self._write_paused = False
+        self.flush()
+        self.closed = True
+        self._timers = None
+        if self.transport is not None:
+            self.transport.close()
+
+    def routed(self, token: int, ok: bool, no_subscribers: bool) -> None:
+        if not self.closed:
+            self._carry_out(self.channel.routed(token, ok, no_subscribers))
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    # -- reading flow control ----------------------------------------------
+
+    def _pause_reading(self) -> None:
+        if not self._read_paused and self.transport is not None and not self.closed:
+            self._read_paused = True
+            self.transport.pause_reading()  # type: ignore[attr-defined]
+
+    def _resume_reading(self) -> None:
+        if self._read_paused and self.transport is not None and not self.closed:
+            self._read_paused = False
+            self.transport.resume_reading()  # type: ignore[attr-defined]
+
+    @property
+    def peer(self) -> str:
+        if self.transport is None:
+            return "?"
+        peer = self.transport.get_extra_info("peername")
+        return f"{peer[0]}:{peer[1]}" if peer else "?"

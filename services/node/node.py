@@ -1,0 +1,121 @@
+"""A running node: the broker plus its TCP and WebSocket listeners.
+
+Shutdown order (STYLE 11): stop accepting, tell every client (5.0 gets
+DISCONNECT 0x8B), flush and close, wait a bounded grace for sockets and
+broker tasks, then abort whatever is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from services.mqtt.channel_config import ChannelConfig
+from services.mqtt.packets import ReasonCode
+from services.node.broker import Broker
+from services.node.connection import Connection
+from services.node.timers import TimerWheel
+from services.node.websocket import WebSocketProtocol
+from services.queue.api import QueueStore
+from services.retain.api import RetainStore
+from services.session.api import SessionStore
+from services.settings import Settings
+
+LISTEN_BACKLOG = 4096  # pending accepts; a reconnect storm of thousands must not be refused
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """The backends a node runs on; the composition root picks them."""
+
+    sessions: SessionStore
+    queue: QueueStore
+    retain: RetainStore
+
+
+def channel_config(settings: Settings) -> ChannelConfig:
+    limits = settings.limits
+    return ChannelConfig(
+        receive_maximum=limits.receive_maximum,
+        max_packet_size=limits.max_packet_size,
+        max_keep_alive=limits.max_keep_alive_s,
+    )
+
+
+class Node:
+    def __init__(self, settings: Settings, services: Services) -> None:
+        self.settings = settings
+        self.services = services
+        self.broker: Broker | None = None
+        self.wheel: TimerWheel | None = None
+        self._servers: list[asyncio.Server] = []
+        self.mqtt_port: int | None = None
+        self.ws_port: int | None = None
+
+    async def start(self) -> None:
+        """Bind the listeners; raises OSError (e.g. port in use) with nothing left open."""
+        loop = asyncio.get_running_loop()
+        settings = self.settings
+        self.wheel = TimerWheel(loop)
+        broker = Broker(
+            node_id=settings.node_id,
+            channel_config=channel_config(settings),
+            limits=settings.limits,
+            sessions=self.services.sessions,
+            queue=self.services.queue,
+            retain=self.services.retain,
+            loop=loop,
+            wheel=self.wheel,
+            shared_strategy=settings.shared_strategy,
+        )
+        self.broker = broker
+        host = settings.listeners.host
+        try:
+            mqtt = await loop.create_server(
+                lambda: Connection(broker),
+                host,
+                settings.listeners.mqtt_port,
+                backlog=LISTEN_BACKLOG,
+                reuse_address=True,
+            )
+            self._servers.append(mqtt)
+            self.mqtt_port = mqtt.sockets[0].getsockname()[1]
+            if settings.listeners.ws_port is not None:
+                ws = await loop.create_server(
+                    lambda: WebSocketProtocol(broker),
+                    host,
+                    settings.listeners.ws_port,
+                    backlog=LISTEN_BACKLOG,
+                    reuse_address=True,
+                )
+                self._servers.append(ws)
+                self.ws_port = ws.sockets[0].getsockname()[1]
+        except OSError:
+            await self._close_servers()
+            raise
+
+    async def _close_servers(self) -> None:
+        for server in self._servers:
+            server.close()
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()
+
+    async def stop(self) -> None:
+        broker = self.broker
+        for server in self._servers:
+            server.close()
+        if broker is not None:
+            broker.disconnect_all(ReasonCode.SERVER_SHUTTING_DOWN)
+            grace = self.settings.limits.shutdown_grace_s
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + grace
+            await broker.wait_no_connections(grace)
+            for conn in list(broker.connections):
+                if conn.transport is not None:
+                    conn.transport.abort()  # type: ignore[attr-defined]
+            await broker.drain_tasks(max(0.0, deadline - loop.time()))
+            broker.close()
+        if self.wheel is not None:
+            self.wheel.close()
+        await self._close_servers()

@@ -1,0 +1,70 @@
+"""`weir up` as a subprocess: ready line, port-in-use error, SIGTERM exits 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+from tests.integration.conftest import Paho
+
+START_S = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start(*args: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "services", "up", "--host", "127.0.0.1", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def test_up_serves_then_sigterm_exits_0() -> None:
+    mqtt_port, ws_port = free_port(), free_port()
+    proc = start("--mqtt-port", str(mqtt_port), "--ws-port", str(ws_port), "--node-id", "n1")
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "weir: node n1 ready" in line and f":{mqtt_port}" in line, line
+        client = Paho(mqtt_port, "v5c", v5=True)
+        assert client.connack()[1] == 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=START_S) == 0
+        assert client.disconnects.get(timeout=5.0) == 0x8B  # server shutting down
+        client.client.loop_stop()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_up_port_in_use_is_one_line_exit_1() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = start("--mqtt-port", str(port), "--ws-port", "0")
+        _out, err = proc.communicate(timeout=START_S)
+    assert proc.returncode == 1
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and str(port) in err
+
+
+def test_up_sigint_before_clients_exits_0() -> None:
+    proc = start("--mqtt-port", "0", "--ws-port", "0")
+    assert proc.stdout is not None
+    assert "ready" in proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=START_S) == 0

@@ -102,8 +102,10 @@ class QueueStore(Protocol):
         """Messages dropped for this client by the overflow policy, ever."""
         ...
 
-    async def discard(self, client_id: str) -> None:
-        """Forget every message and id of this client (session ended)."""
+    async def discard(self, client_id: str, epoch: int | None = None) -> None:
+        """Forget every message and id of this client (session ended). With
+        `epoch`, only if it is still current: a node cleaning up after its own
+        session must pass it, or it may wipe a newer owner's state (no-op then)."""
         ...
 
     async def close(self) -> None:

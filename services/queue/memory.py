@@ -175,9 +175,9 @@ class MemoryQueueStore:
             return 0
         return _state(rec).drops
 
-    async def discard(self, client_id: str) -> None:
+    async def discard(self, client_id: str, epoch: int | None = None) -> None:
         rec = self._sessions.record(client_id)
-        if rec is not None:
+        if rec is not None and (epoch is None or rec.epoch == epoch):
             rec.queue = None
 
     async def close(self) -> None:

@@ -195,8 +195,8 @@ class RedisQueueStore:
         value = await bounded(self._client.hget(client_keys(client_id)[_S], "drops"), self._timeout)
         return int(value or 0)
 
-    async def discard(self, client_id: str) -> None:
-        await self._run(self._discard, client_keys(client_id), [])
+    async def discard(self, client_id: str, epoch: int | None = None) -> None:
+        await self._run(self._discard, client_keys(client_id), ["-" if epoch is None else epoch])
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -249,6 +249,18 @@ async def test_discard_forgets_messages_and_ids(stores: Stores) -> None:
     assert [(i.packet_id, i.message.payload) for i in await q.take("c", epoch, 1)] == [(1, b"2")]
 
 
+async def test_discard_with_a_stale_epoch_leaves_the_new_owner_alone(stores: Stores) -> None:
+    q = stores.queue
+    old = await stores.claim("c")
+    await q.enqueue([("c", msg(0))])
+    new = await stores.claim("c")
+    await q.discard("c", old)
+    assert payloads(await q.take("c", new, 10)) == [b"0"]
+    await q.enqueue([("c", msg(1))])
+    await q.discard("c", new)
+    assert await q.take("c", new, 10) == []
+
+
 async def test_state_expires_with_the_session(stores: Stores) -> None:
     q = stores.queue
     epoch = await stores.claim("c", expiry_s=1)
@@ -470,7 +482,7 @@ async def test_memory_and_redis_agree_on_random_operations(redis_url: str, seed:
             if kind == "drops":
                 return await q.drops(c)
             if kind == "discard":
-                return await q.discard(c)
+                return await q.discard(c, epoch if stale else None)
             if kind == "release":
                 await sessions.release(c, epoch, op[3])
                 return None

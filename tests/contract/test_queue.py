@@ -530,3 +530,20 @@ async def test_memory_and_redis_agree_on_random_operations(redis_url: str, seed:
         assert delivered > 10 and dropped > 0  # the walk reached the interesting states
     finally:
         await client.aclose()
+
+
+@pytest.mark.redis
+async def test_scripts_reload_after_script_flush(redis_url: str) -> None:
+    client = connect(redis_url)
+    sessions, q = RedisSessionStore(client), RedisQueueStore(client)
+    try:
+        epoch = (await sessions.claim("c", "n1", False, 60)).epoch
+        await q.enqueue([("c", msg(0))])
+        await client.script_flush()  # as after a Redis restart without the scripts
+        assert payloads(await q.ack_and_take("c", epoch, [], 10)) == [b"0"]  # pipelined
+        await client.script_flush()
+        assert await q.ack_many("c", epoch, [1]) == 1
+        await client.script_flush()
+        assert await sessions.next_version("c", epoch) > 0
+    finally:
+        await q.close()

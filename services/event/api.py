@@ -39,7 +39,8 @@ class EventLogCorrupt(EventLogError):
     schema version). Names the topic, partition and offset."""
 
 
-Handler: TypeAlias = Callable[["Event"], Awaitable[None] | None]
+# A handler may return an awaitable (awaited before the next event) or anything else.
+Handler: TypeAlias = Callable[["Event"], Awaitable[object] | object]
 Offsets: TypeAlias = Mapping[tuple[str, int], int]  # (topic, partition) -> next offset to read
 
 

@@ -68,6 +68,7 @@ BATCH: Final = 1000  # records per consume() call
 REPLAY_POLL_S: Final = 0.2
 TAIL_POLL_S: Final = 0.05  # tail latency added on top of the broker's fetch wait
 ADMIN_TIMEOUT_S: Final = 10.0
+_PLAIN: Final = frozenset({type(None), bool})  # handler results that are surely not awaitable
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +126,9 @@ class KafkaEventLog:
             except KafkaException as exc:
                 err = exc.args[0]
                 if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise EventLogUnavailable(f"cannot create topic {topic}: {err}") from None
+                    raise EventLogUnavailable(f"event log: cannot create {topic}: {err}") from None
+            except Exception as exc:  # a timeout: the broker did not answer
+                raise EventLogUnavailable(f"event log: cannot create {topic}: {exc!r}") from None
 
     async def start(self) -> None:
         """Create the topics and the producer now rather than at the first
@@ -262,7 +265,10 @@ class KafkaEventLog:
         parts: list[_TP] = []
         assigned: list[tuple[str, int]] = []
         for topic in self.topics:
-            meta = consumer.list_topics(topic, timeout=ADMIN_TIMEOUT_S).topics[topic]
+            try:
+                meta = consumer.list_topics(topic, timeout=ADMIN_TIMEOUT_S).topics[topic]
+            except KafkaException as exc:
+                raise EventLogUnavailable(f"event log: no metadata for {topic}: {exc}") from None
             if meta.error is not None:
                 raise EventLogUnavailable(f"event log: topic {topic}: {meta.error}")
             for p in sorted(meta.partitions):
@@ -311,7 +317,7 @@ class KafkaEventLog:
                 break
             for topic, partition, offset, event in batch:
                 result = handler(event)
-                if inspect.isawaitable(result):
+                if result.__class__ not in _PLAIN and inspect.isawaitable(result):
                     await result
                 self._positions[(topic, partition)] = offset + 1
                 count += 1

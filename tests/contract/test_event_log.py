@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from services.event.api import (
     EventLog,
@@ -20,13 +22,19 @@ from services.event.embedded_kafka import EmbeddedKafka
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.event.memory import MemoryEventLog, MemoryLog
 from services.event.schema import (
+    EVENT_TYPES,
     Event,
+    EventSchemaError,
     RetainedCleared,
     RetainedSet,
     SessionClosed,
+    SessionDiscarded,
+    SessionExpired,
     SessionOpened,
     Subscribed,
     Unsubscribed,
+    decode,
+    encode,
 )
 
 DEADLINE_S = 20.0
@@ -310,3 +318,129 @@ async def test_kafka_corrupt_record_raises_event_log_corrupt(
             await asyncio.wait_for(log.replay(lambda e: None), DEADLINE_S)
     finally:
         await log.close()
+
+
+# -- the catalogue's wire form ----------------------------------------------
+
+
+_text = st.text(max_size=20)
+_common = {"version": st.integers(1, 2**53), "node": _text, "ts_ms": st.integers(0, 2**53)}
+_client = {"client_id": _text, **_common}
+_opt_int = st.none() | st.integers(0, 2**31)
+EVENTS = st.one_of(
+    st.builds(
+        SessionOpened,
+        **_client,
+        epoch=st.integers(1, 2**40),
+        clean_start=st.booleans(),
+        expiry_s=st.integers(0, 2**32 - 1),
+        protocol=st.sampled_from([3, 4, 5]),
+        username=st.none() | _text,
+        peer=_text,
+    ),
+    st.builds(
+        SessionClosed,
+        **_client,
+        reason=st.sampled_from(["normal", "keepalive", "takenover", "kicked", "error"]),
+        expiry_s=st.integers(0, 2**32),
+    ),
+    st.builds(SessionExpired, **_client),
+    st.builds(SessionDiscarded, **_client),
+    st.builds(
+        Subscribed,
+        **_client,
+        filter=_text,
+        qos=st.integers(0, 2),
+        no_local=st.booleans(),
+        retain_as_published=st.booleans(),
+        retain_handling=st.integers(0, 2),
+        subscription_id=_opt_int,
+    ),
+    st.builds(Unsubscribed, **_client, filter=_text),
+    st.builds(
+        RetainedSet,
+        topic=_text,
+        **_common,
+        payload=st.binary(max_size=64),
+        qos=st.integers(0, 2),
+        expires_at_ms=_opt_int,
+        payload_format_indicator=_opt_int,
+        content_type=st.none() | _text,
+        response_topic=st.none() | _text,
+        correlation_data=st.none() | st.binary(max_size=16),
+        user_property=st.lists(st.tuples(_text, _text), max_size=3).map(tuple),
+        sender=_text,
+    ),
+    st.builds(RetainedCleared, topic=_text, **_common),
+)
+
+
+@given(EVENTS)
+def test_every_event_round_trips_through_its_topic(event: Event) -> None:
+    suffix, key, value = encode(event)
+    assert suffix == type(event).topic_suffix
+    assert key == (
+        event.topic if isinstance(event, RetainedSet | RetainedCleared) else event.client_id
+    )  # type: ignore[union-attr]
+    assert decode("weir." + suffix, value) == event
+
+
+def test_catalogue_topics_and_keys() -> None:
+    topics = {t.type_name: t.topic_suffix for t in EVENT_TYPES}
+    assert topics == {
+        "session_opened": "sessions",
+        "session_closed": "sessions",
+        "session_expired": "sessions",
+        "session_discarded": "sessions",
+        "subscribed": "subscriptions",
+        "unsubscribed": "subscriptions",
+        "retained_set": "retained",
+        "retained_cleared": "retained",
+    }
+
+
+@pytest.mark.parametrize(
+    ("topic", "value", "message"),
+    [
+        ("weir.sessions", b"not json", "not JSON"),
+        ("weir.sessions", b"[1]", "not a JSON object"),
+        (
+            "weir.sessions",
+            b'{"type":"session_teleported","schema_version":1}',
+            "unknown event type",
+        ),
+        ("weir.subscriptions", b'{"type":"unsubscribed","schema_version":2}', "schema_version 2"),
+        ("weir.subscriptions", b'{"type":"unsubscribed"}', "schema_version None"),
+        (
+            "weir.retained",
+            encode(Unsubscribed(client_id="c", version=1, node="n", ts_ms=1, filter="f"))[2],
+            "belongs in",
+        ),
+        (
+            "weir.subscriptions",
+            b'{"type":"unsubscribed","schema_version":1,"client_id":"c","version":1}',
+            "fields",
+        ),
+        (
+            "weir.subscriptions",
+            b'{"type":"unsubscribed","schema_version":1,"client_id":"c","version":1,"node":"n",'
+            b'"ts_ms":1,"filtre":"f"}',
+            "fields",
+        ),
+        (
+            "weir.subscriptions",
+            b'{"type":"unsubscribed","schema_version":1,"client_id":"c","version":"1","node":"n",'
+            b'"ts_ms":1,"filter":"f"}',
+            "integer version",
+        ),
+        (
+            "weir.sessions",
+            b'{"type":"session_closed","schema_version":1,"client_id":"c","version":1,"node":"n",'
+            b'"ts_ms":1,"reason":"bored","expiry_s":0}',
+            "close reason",
+        ),
+    ],
+)
+def test_decode_rejects_what_it_does_not_know(topic: str, value: bytes, message: str) -> None:
+    with pytest.raises(EventSchemaError, match=message):
+        decode(topic, value)

@@ -20,7 +20,7 @@ import uvloop
 
 from bench import wire
 from bench.errors import BenchError, UsageError
-from bench.idle import PER_WORKER_MAX, IdleConfig, run_idle
+from bench.idle import PER_WORKER_MAX, IdleConfig, raise_nofile_limit, run_idle
 from bench.mosquitto import MOSQUITTO, spawn_mosquitto
 from bench.report import Result, comparison
 from bench.scenarios import SCENARIOS, RunConfig, plan_for, run_plan
@@ -155,6 +155,7 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> list[Result]:
+    raise_nofile_limit()
     ours: Runner = (args.host, args.port, args.broker_pid)
     with _peer(args) as peer:
         if peer is None:

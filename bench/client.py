@@ -203,7 +203,11 @@ async def open_client(
             _, client = await loop.create_connection(
                 lambda: BenchClient(version=version, tally=tally), host, port, local_addr=local_addr
             )
-            client.write(wire.connect(client_id, version=version))
+            try:
+                client.write(wire.connect(client_id, version=version))
+            except BrokerUnavailable:
+                client.connack.cancel()
+                raise
             code = await client.connack
     except (OSError, TimeoutError) as exc:
         raise BrokerUnavailable(f"cannot connect to {host}:{port}: {exc or 'timed out'}") from exc

@@ -108,3 +108,26 @@ def test_vs_alternates_and_ends_with_the_ratio(mosquitto: tuple[int, int]) -> No
     assert all(line["received"] == 1000 for line in lines[:4])
     assert lines[4]["rounds"] == 2
     assert lines[4]["throughput_ratio_median"] > 0
+
+
+def test_spawn_mosquitto_is_the_peer(mosquitto: tuple[int, int]) -> None:
+    port, _ = mosquitto
+    lines = bench(
+        "fan-in",
+        "--qos",
+        "1",
+        "--port",
+        str(port),
+        "--messages",
+        "800",
+        "--spawn-mosquitto",
+        "--rounds",
+        "1",
+        "--duration",
+        "20",
+    )
+    ours, peer, summary = lines
+    assert ours["broker"] == f"127.0.0.1:{port}"
+    assert peer["broker"] != ours["broker"] and peer["broker"].startswith("127.0.0.1:")
+    assert ours["received"] == peer["received"] == 800
+    assert (summary["ours"], summary["peer"]) == (ours["broker"], peer["broker"])

@@ -9,6 +9,12 @@ so the store recovers by itself when Redis returns. Scripts are registered
 once; redis-py re-loads them when Redis answers NOSCRIPT (after a restart).
 
 Expiry: `release` PEXPIREs every key of the client; `claim` PERSISTs them.
+
+No automatic resend: redis-py's retry is off, because resending a script
+whose answer was lost (timeout, reset) could run it twice (an enqueue twice
+is a duplicate delivery). Such a call raises StoreUnavailable and its outcome
+is unknown; the caller decides. Dead pooled connections (after a Redis
+restart) are still replaced transparently when they are checked out.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from importlib import resources
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
@@ -30,6 +38,14 @@ TOPIC_VERSION_TTL_MS = 86_400_000  # versions are clocks, so the key may be forg
 FENCED = -1
 
 T = TypeVar("T")
+
+_POOL_OPTIONS: dict[str, Any] = {}
+try:  # redis-py >= 7: "auto" maintenance notifications skip the pool's dead-connection check
+    from redis.maint_notifications import MaintNotificationsConfig
+
+    _POOL_OPTIONS["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+except ImportError:  # pragma: no cover - older redis-py has no such mode
+    pass
 
 # s session hash; q queue hash; o queue order; z QoS 0 seqs; f inflight hash;
 # fo inflight order; x released ids; r incoming QoS 2 ids
@@ -48,6 +64,8 @@ def connect(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> aioredis.Redis:
         socket_connect_timeout=timeout,
         health_check_interval=0,
         decode_responses=False,
+        retry=Retry(NoBackoff(), 0),  # never resend a script whose answer was lost
+        **_POOL_OPTIONS,
     )
 
 

@@ -393,6 +393,7 @@ async def test_queue_redis_down_raises_unavailable_then_recovers(tmp_path: Path)
     try:
         epoch = (await sessions.claim("c", "n1", False, 60)).epoch
         await q.enqueue([("c", msg(0))])
+        await asyncio.gather(*(q.incoming_ids("c", epoch) for _ in range(10)))  # 10 conns
         server.stop()
         with pytest.raises(StoreUnavailable):
             await q.enqueue([("c", msg(1))])
@@ -401,6 +402,10 @@ async def test_queue_redis_down_raises_unavailable_then_recovers(tmp_path: Path)
         with pytest.raises(StoreUnavailable):
             await q.ack_and_take("c", epoch, [1], 10)
         server.start()
+        # every pooled connection died with the old process; none may fail now
+        assert (
+            await asyncio.gather(*(q.incoming_ids("c", epoch) for _ in range(10))) == [set()] * 10
+        )
         assert payloads(await q.take("c", epoch, 10)) == [b"0"]
     finally:
         await q.close()

@@ -28,7 +28,7 @@ from bench import wire
 from bench.client import BenchClient, open_client
 from bench.errors import BenchError
 from bench.pipe import receive
-from bench.proc import find_listener_pid, rss_kib
+from bench.proc import find_listener_pid, is_local, rss_kib
 from bench.report import Result
 
 FIRST_SOURCE = 2
@@ -156,7 +156,7 @@ def _collect(conns: list[Connection], wait_s: float) -> list[WorkerReport]:
 
 def run_idle(cfg: IdleConfig) -> Result:
     """Open `cfg.connections` idle connections and report rate and the broker's RSS."""
-    broker_pid = cfg.broker_pid or find_listener_pid(cfg.port)
+    broker_pid = cfg.broker_pid or (find_listener_pid(cfg.port) if is_local(cfg.host) else None)
     rss_before = rss_kib(broker_pid) if broker_pid else None
     context = multiprocessing.get_context("spawn")
     run_id = secrets.token_hex(4)

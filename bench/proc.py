@@ -30,6 +30,10 @@ def _listening_inodes(port: int) -> set[str]:
     return inodes
 
 
+def is_local(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
 def find_listener_pid(port: int) -> int | None:
     """The process holding a socket that listens on TCP `port`, if /proc shows one."""
     wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}

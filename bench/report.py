@@ -40,6 +40,9 @@ class Result:
         return json.dumps({**record, **extra}, sort_keys=False)
 
 
+IDLE_KEYS = ("connect_rate_per_s", "broker_rss_per_connection_bytes")
+
+
 def percentile(sorted_values: Sequence[int], fraction: float) -> int:
     """Nearest-rank percentile of an ascending sequence."""
     rank = max(1, math.ceil(fraction * len(sorted_values)))
@@ -80,6 +83,11 @@ def comparison(ours: list[Result], peer: list[Result]) -> dict[str, Any]:
             [r.msg_per_s for r in ours], [r.msg_per_s for r in peer]
         ),
     }
+    for key in IDLE_KEYS:
+        if ours and all(isinstance(r.extra.get(key), int | float) for r in ours + peer):
+            line[f"{key}_ratio_median"] = _median_ratio(
+                [r.extra[key] for r in ours], [r.extra[key] for r in peer]
+            )
     if all(r.latency for r in ours + peer) and ours:
         for key in ("p50_ms", "p99_ms", "p999_ms"):
             line[f"latency_{key}_ratio_median"] = _median_ratio(

@@ -35,7 +35,7 @@ from bench import wire
 from bench.client import BenchClient, PacedPublisher, Publisher, Tally, open_client, subscribe
 from bench.errors import BenchError, BrokerUnavailable
 from bench.pipe import receive
-from bench.proc import cpu_seconds, find_listener_pid
+from bench.proc import cpu_seconds, find_listener_pid, is_local
 from bench.report import Result, latency_of
 
 SCENARIOS = ("fan-in", "fan-out", "pairs", "latency")
@@ -105,6 +105,8 @@ class PublishOutcome:
     first_ns: int
     last_ns: int
     cpu_s: float = 0.0
+    dropped: int = 0
+    """Publisher connections the broker closed before the run ended."""
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -178,6 +180,7 @@ async def publish_all(
     await asyncio.gather(*(p.run(deadline) for p in publishers))
     return PublishOutcome(
         cpu_s=time.process_time() - cpu_before,
+        dropped=sum(p.client.closed.done() for p in publishers),
         sent={spec.number: p.sent for spec, p in zip(plan.publishers, publishers, strict=True)},
         acked=sum(p.acked for p in publishers),
         first_ns=min(p.first_ns for p in publishers),
@@ -229,7 +232,7 @@ def _close(clients: Sequence[BenchClient]) -> None:
 
 async def run_plan(cfg: RunConfig, plan: Plan) -> Result:
     """Run `plan` against the broker of `cfg` and say what happened."""
-    broker_pid = cfg.broker_pid or find_listener_pid(cfg.port)
+    broker_pid = cfg.broker_pid or (find_listener_pid(cfg.port) if is_local(cfg.host) else None)
     load_before = round(os.getloadavg()[0], 2)
     subscribers = await connect_subscribers(cfg, plan)
     gc.collect()
@@ -251,12 +254,15 @@ async def run_plan(cfg: RunConfig, plan: Plan) -> Result:
         duration = (time.monotonic_ns() - outcome.first_ns) / 1e9
         received = sum(t.received for t in tallies)
         usage = cpu.usage(duration, outcome.cpu_s if cfg.split else 0.0, received)
+        dropped = outcome.dropped + sum(client.closed.done() for client, _, _ in subscribers)
     finally:
         _close([client for client, _, _ in subscribers])
         gc.enable()
     result = _result(cfg, plan, outcome, tallies, expected, duration)
     result.extra.update(usage)
     result.extra["load_avg_1m"] = load_before
+    if dropped:
+        result.extra["connections_dropped"] = dropped
     return result
 
 

@@ -42,3 +42,13 @@ def test_result_line_is_flat_json_and_comparison_takes_median_ratio() -> None:
     summary = comparison(ours, peer)
     assert summary["throughput_ratio_median"] == 2.0
     assert (summary["ours"], summary["peer"], summary["rounds"]) == ("a:1", "b:2", 3)
+
+
+def test_idle_comparison_uses_connect_rate_and_rss() -> None:
+    def idle(rate: float, rss: int) -> Result:
+        extra = {"connect_rate_per_s": rate, "broker_rss_per_connection_bytes": rss}
+        return Result("idle", 0, "x:1", 0, 0, 0, 0, 0, 0.0, 1.0, extra=extra)
+
+    summary = comparison([idle(100.0, 3000)], [idle(200.0, 1000)])
+    assert summary["connect_rate_per_s_ratio_median"] == 0.5
+    assert summary["broker_rss_per_connection_bytes_ratio_median"] == 3.0

@@ -168,12 +168,15 @@ class BenchClient(asyncio.Protocol):
                 raise ProtocolViolation(f"unexpected packet type {first >> 4}")
         if payloads and self.tally is not None:
             self.tally.record(payloads, time.monotonic_ns())
-        if acks and self.on_acks is not None:
-            more = self.on_acks(acks)
+        more = self.on_acks(acks) if acks and self.on_acks is not None else None
+        if self.transport is None or self.transport.is_closing():
+            return
+        if replies:
             if more:
                 replies.append(bytes(more))
-        if replies and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(replies))
+        elif more:
+            self.transport.write(more)
 
     @staticmethod
     def _resolve(future: asyncio.Future[int] | asyncio.Future[bytes], value: object) -> None:

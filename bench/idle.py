@@ -26,7 +26,7 @@ import uvloop
 
 from bench import wire
 from bench.client import BenchClient, open_client
-from bench.errors import BenchError
+from bench.errors import BenchError, BrokerUnavailable
 from bench.pipe import receive
 from bench.proc import find_listener_pid, is_local, rss_kib
 from bench.report import Result
@@ -184,6 +184,8 @@ def run_idle(cfg: IdleConfig) -> Result:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+    if not any(r.connected for r in reports):
+        raise BrokerUnavailable(next((r.error for r in reports if r.error), "no connection"))
     return _idle_result(cfg, broker_pid, reports, rss_before, rss_after)
 
 

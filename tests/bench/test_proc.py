@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import os
+import socket
+
+from bench.idle import shares, source_address
+from bench.proc import cpu_seconds, find_listener_pid, is_local, rss_kib
+
+
+def test_finds_the_process_listening_on_a_port() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        assert find_listener_pid(port) is None
+        listener.listen()
+        assert find_listener_pid(port) == os.getpid()
+
+
+def test_rss_and_cpu_of_this_process() -> None:
+    rss = rss_kib(os.getpid())
+    cpu = cpu_seconds(os.getpid())
+    assert rss is not None and rss > 1000
+    assert cpu is not None and cpu > 0
+    assert rss_kib(2**22 + 7) is None
+
+
+def test_idle_spreads_over_249_source_addresses_and_workers() -> None:
+    assert [source_address(i) for i in (0, 1, 248, 249)] == [
+        "127.0.0.2",
+        "127.0.0.3",
+        "127.0.0.250",
+        "127.0.0.2",
+    ]
+    assert shares(19_001, 2) == [9_501, 9_500]
+    assert sum(shares(45_000, 3)) == 45_000
+    assert is_local("127.0.0.1") and is_local("localhost") and not is_local("10.0.0.1")

@@ -76,7 +76,7 @@ class RedisQueueStore:
     ) -> RedisQueueStore:
         return cls(connect(url, timeout), limit, timeout)
 
-    async def _run(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+    async def _run(self, script: AsyncScript, keys: Sequence[bytes], args: list[Any]) -> Any:
         return await bounded(script(keys=keys, args=args), self._timeout)
 
     async def _fenced_run(
@@ -90,21 +90,28 @@ class RedisQueueStore:
 
     def _batch(
         self, items: Sequence[tuple[str, Message]], takers: Mapping[str, tuple[int, int]]
-    ) -> tuple[list[str], list[Any], list[str]]:
+    ) -> tuple[list[bytes], list[Any], list[str]]:
+        """KEYS and ARGV of enqueue_take.lua: 8 keys per taker, 4 (s, q, o, z) per
+        other client; a message fanned out to many clients is serialized once."""
         groups: dict[str, list[bytes]] = {}
+        blobs_by_id: dict[int, bytes] = {}
         for client_id, message in items:
-            groups.setdefault(client_id, []).append(dumps(message))
+            blob = blobs_by_id.get(id(message))
+            if blob is None:
+                blob = blobs_by_id[id(message)] = dumps(message)
+            groups.setdefault(client_id, []).append(blob)
         for client_id in takers:
             groups.setdefault(client_id, [])
-        keys: list[str] = []
+        keys: list[bytes] = []
         args: list[Any] = [self._limit]
         order: list[str] = []
         for client_id, blobs in groups.items():
-            keys.extend(client_keys(client_id))
             taker = takers.get(client_id)
             if taker is None:
+                keys.extend(client_keys(client_id)[:4])
                 args.extend(("-", 0, len(blobs)))
             else:
+                keys.extend(client_keys(client_id))
                 args.extend((taker[0], taker[1], len(blobs)))
                 order.append(client_id)
             args.extend(blobs)
@@ -167,7 +174,7 @@ class RedisQueueStore:
         await self._ack(
             keys=[keys[i] for i in (_S, _F, _FO, _X)], args=[epoch, *packet_ids], client=pipe
         )
-        await self._enqueue_take(keys=keys, args=[self._limit, epoch, window, 0], client=pipe)
+        await self._enqueue_take(keys=list(keys), args=[self._limit, epoch, window, 0], client=pipe)
         acked, flat = await bounded(pipe.execute(), self._timeout)
         if acked == FENCED:
             raise Fenced(client_id)

@@ -20,7 +20,8 @@ restart) are still replaced transparently when they are checked out.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import functools
+from collections.abc import Awaitable, Sequence
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -52,9 +53,10 @@ except ImportError:  # pragma: no cover - older redis-py has no such mode
 KEY_SUFFIXES = ("s", "q", "o", "z", "f", "fo", "x", "r")
 
 
-def client_keys(client_id: str) -> list[str]:
-    tag = "{c:" + client_id + "}:"
-    return [tag + suffix for suffix in KEY_SUFFIXES]
+@functools.lru_cache(maxsize=8192)  # about 4 MB at most
+def client_keys(client_id: str) -> tuple[bytes, ...]:
+    tag = ("{c:" + client_id + "}:").encode()
+    return tuple(tag + suffix.encode() for suffix in KEY_SUFFIXES)
 
 
 def connect(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> aioredis.Redis:
@@ -96,7 +98,7 @@ class RedisSessionStore:
     def from_url(cls, url: str, timeout: float = DEFAULT_TIMEOUT_S) -> RedisSessionStore:
         return cls(connect(url, timeout), timeout)
 
-    async def _run(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+    async def _run(self, script: AsyncScript, keys: Sequence[bytes], args: list[Any]) -> Any:
         return await bounded(script(keys=keys, args=args), self._timeout)
 
     async def claim(self, client_id: str, node: str, clean_start: bool, expiry_s: int) -> Claim:
@@ -117,7 +119,7 @@ class RedisSessionStore:
         return int(version)
 
     async def next_topic_version(self, topic: str) -> int:
-        key = "{t:" + topic + "}:v"
+        key = ("{t:" + topic + "}:v").encode()
         return int(await self._run(self._topic_version, [key], [TOPIC_VERSION_TTL_MS]))
 
     async def get(self, client_id: str) -> SessionInfo | None:

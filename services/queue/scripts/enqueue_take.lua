@@ -1,10 +1,10 @@
 -- Append messages to client queues and, for the clients that take (their
 -- owner is online with window space), move messages into the inflight window.
--- KEYS: 8 per client group g (0-based) at 8g+1 .. 8g+8, all tagged {c:id}:
+-- KEYS: per client group, in ARGV's group order, all tagged {c:id}:
 --   s session hash, q queue hash (seq -> message), o queue order zset (seq),
---   z QoS 0 seqs list (oldest first), f inflight hash (packet id -> message),
---   fo inflight order zset (packet id scored by seq), x released packet ids set,
---   r incoming QoS 2 ids set (unused here)
+--   z QoS 0 seqs list (oldest first), and for a taking group 4 more:
+--   f inflight hash (packet id -> message), fo inflight order zset (packet id
+--   scored by seq), x released packet ids set, r incoming QoS 2 ids (unused)
 -- ARGV: 1 queue limit, then per group: epoch ("-" = enqueue only), window,
 --   n, then n serialized messages (services/queue/serial.py: byte 2 holds the
 --   QoS in bits 0-1 and "has expiry" in bit 3, bytes 3-10 the expiry in ms)
@@ -124,13 +124,13 @@ end
 
 local accepted, dropped = 0, 0
 local out = {0, 0}
-local a, g = 2, 0
+local a, k = 2, 0
 while a <= #ARGV do
-  local k = g * 8
-  local s, q, o, z, f, fo = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6]
   local epoch, n = ARGV[a], tonumber(ARGV[a + 2])
+  local s, q, o, z, f, fo = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6]
   local first, last = a + 3, a + 2 + n
-  a, g = last + 1, g + 1
+  a = last + 1
+  k = k + (epoch == '-' and 4 or 8)
   local session = redis.call('HGET', s, 'epoch')
   local ctx = nil
   if epoch ~= '-' and session == epoch then

@@ -68,6 +68,10 @@ BATCH: Final = 1000  # records per consume() call
 REPLAY_POLL_S: Final = 0.2
 TAIL_POLL_S: Final = 0.05  # tail latency added on top of the broker's fetch wait
 ADMIN_TIMEOUT_S: Final = 10.0
+# Consecutive append timeouts after which the producer is rebuilt. An idempotent
+# producer whose broker forgot its id (a restarted embedded broker) retries
+# forever without reporting an error; a new producer gets a new id.
+REBUILD_AFTER_TIMEOUTS: Final = 3
 _PLAIN: Final = frozenset({type(None), bool})  # handler results that are surely not awaitable
 
 
@@ -95,6 +99,7 @@ class KafkaEventLog:
         self.append_timeout_s = settings.append_timeout_s
         self._producer: Producer | None = None
         self._producer_failed = False
+        self._timeouts = 0
         self._poller: threading.Thread | None = None
         self._stop_polling = threading.Event()
         self._waiting: set[asyncio.Future[None]] = set()
@@ -154,6 +159,7 @@ class KafkaEventLog:
         }
         producer = Producer(config)
         self._producer_failed = False
+        self._timeouts = 0
         self._stop_polling.clear()
         self._poller = threading.Thread(
             target=self._poll_loop, args=(producer,), name="weir-event-produce", daemon=True
@@ -170,18 +176,22 @@ class KafkaEventLog:
             log.error("event log producer failed: %s", err)
             self._producer_failed = True
 
-    def _retire_producer(self) -> None:
-        if self._producer is not None:
+    def _retire_producer(self, purge: bool = False) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
             self._stop_polling.set()
             if self._poller is not None:
                 self._poller.join()
-            self._producer = None
+            if purge:  # abandon what the failed producer still holds (callers were told)
+                producer.purge()
+                producer.flush(0)
 
     async def append(self, event: Event) -> None:
         if self._closed:
             raise EventLogClosed("event log is closed")
         if self._producer_failed:
-            await asyncio.to_thread(self._retire_producer)
+            await asyncio.to_thread(self._retire_producer, True)
+            self._topics_ready = False  # a broker that forgot us may have forgotten them too
             for waiting in self._waiting:
                 if not waiting.done():
                     waiting.set_exception(EventLogUnavailable("event log producer failed"))
@@ -207,7 +217,14 @@ class KafkaEventLog:
         self._waiting.add(fut)
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.append_timeout_s)
+            self._timeouts = 0
         except TimeoutError:
+            self._timeouts += 1
+            if self._timeouts >= REBUILD_AFTER_TIMEOUTS:
+                log.warning(
+                    "event log: %d appends timed out; rebuilding the producer", self._timeouts
+                )
+                self._producer_failed = True
             raise EventLogUnavailable(
                 f"event log: no acknowledgement within {self.append_timeout_s} s"
             ) from None

@@ -444,3 +444,34 @@ def test_catalogue_topics_and_keys() -> None:
 def test_decode_rejects_what_it_does_not_know(topic: str, value: bytes, message: str) -> None:
     with pytest.raises(EventSchemaError, match=message):
         decode(topic, value)
+
+
+async def test_kafka_producer_is_rebuilt_after_the_broker_forgets_it(
+    private_kafka: EmbeddedKafka,
+) -> None:
+    """A restarted embedded broker has lost the idempotent producer's id (and
+    every topic): appends time out, then the producer is rebuilt and works."""
+    log = KafkaEventLog(KafkaSettings(private_kafka.bootstrap, partitions=2))
+    try:
+        await log.append(workload(1, 1)[0])
+        log.append_timeout_s = 1.0
+        private_kafka.stop()
+        private_kafka.start()  # same port, empty memory storage
+        outcomes: list[str] = []
+        fresh = Subscribed(client_id="c", version=2, node="n", ts_ms=2, filter="f", qos=0)
+        for _ in range(6):
+            try:
+                await log.append(fresh)
+                outcomes.append("ok")
+                break
+            except EventLogUnavailable:
+                outcomes.append("unavailable")
+        assert outcomes[-1] == "ok"
+        assert len(outcomes) <= 4  # at most REBUILD_AFTER_TIMEOUTS failures
+        reader = KafkaEventLog(KafkaSettings(private_kafka.bootstrap))
+        try:
+            assert fresh in await replay_all(reader)
+        finally:
+            await reader.close()
+    finally:
+        await log.close()

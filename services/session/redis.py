@@ -62,7 +62,7 @@ def client_keys(client_id: str) -> tuple[bytes, ...]:
 def connect(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> aioredis.Redis:
     return aioredis.Redis.from_url(
         url,
-        socket_timeout=timeout,
+        socket_timeout=None,  # calls are bounded by `bounded`; socket timeouts cost 2 tasks a call
         socket_connect_timeout=timeout,
         health_check_interval=0,
         decode_responses=False,

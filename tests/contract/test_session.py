@@ -169,9 +169,16 @@ async def test_hung_redis_raises_unavailable_within_timeout(tmp_path: Path) -> N
         with pytest.raises(StoreUnavailable):
             await store.get("c1")
         assert time.monotonic() - started < 3
+        with pytest.raises(StoreUnavailable):
+            await store.next_version("c1", 1)
         server.process.send_signal(18)  # SIGCONT
-        info = await store.get("c1")
-        assert info is not None
+        # the late replies to the cancelled calls must not be read as answers to new ones
+        for _ in range(3):
+            info = await store.get("c1")
+            assert info is not None and info.node == "n1"
+            assert await store.next_topic_version("t") > 1000
+            with pytest.raises(Fenced):
+                await store.next_version("c1", 1)
     finally:
         if server.process is not None:
             server.process.send_signal(18)

@@ -54,28 +54,20 @@ def test_qos1_run_receives_every_message_once(scenario: str, mosquitto: tuple[in
     assert line["broker_cpu"] >= 0
 
 
-def test_split_fan_out_and_latency(mosquitto: tuple[int, int]) -> None:
-    port, _ = mosquitto
-    [fan_out] = bench(
-        "fan-out",
-        "--qos",
-        "1",
-        "--port",
-        str(port),
-        "--messages",
-        "50",
-        "--split",
-        "--duration",
-        "20",
-    )
+def test_fan_out_splits_by_default_and_latency_splits_on_request(
+    mosquitto: tuple[int, int],
+) -> None:
+    port = str(mosquitto[0])
+    [fan_out] = bench("fan-out", "--qos", "1", "--port", port, "--messages", "50")
     assert fan_out["split"] is True
     assert fan_out["expected"] == fan_out["received"] == 50 * 100
-    [latency] = bench(
-        "latency", "--port", str(port), "--rate", "1000", "--messages", "200", "--duration", "20"
-    )
+    [latency] = bench("latency", "--split", "--port", port, "--rate", "1000", "--messages", "200")
+    assert latency["split"] is True
     assert latency["received"] == 200
     assert latency["latency"]["samples"] == 200
     assert 0 < latency["latency"]["p50_ms"] <= latency["latency"]["p99_ms"]
+    [pairs] = bench("pairs", "--port", port, "--messages", "500")
+    assert pairs["split"] is False
 
 
 def test_idle_weighs_connections(mosquitto: tuple[int, int]) -> None:

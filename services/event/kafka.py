@@ -68,6 +68,10 @@ BATCH: Final = 1000  # records per consume() call
 REPLAY_POLL_S: Final = 0.2
 TAIL_POLL_S: Final = 0.05  # tail latency added on top of the broker's fetch wait
 ADMIN_TIMEOUT_S: Final = 10.0
+# A replay that reads nothing and reaches no partition end for this long gives
+# up: the broker is gone or stalled (Tansu also stalls silently on a fetch past
+# the end of a partition). Generous: a busy broker can pause for seconds.
+DEFAULT_REPLAY_STALL_S: Final = 30.0
 # Consecutive append timeouts after which the producer is rebuilt. An idempotent
 # producer whose broker forgot its id (a restarted embedded broker) retries
 # forever without reporting an error; a new producer gets a new id.
@@ -84,6 +88,7 @@ class KafkaSettings:
     append_timeout_s: float = DEFAULT_APPEND_TIMEOUT_S
     max_pending: int = DEFAULT_MAX_PENDING
     linger_ms: int = 2
+    replay_stall_s: float = DEFAULT_REPLAY_STALL_S
     producer_config: Mapping[str, Any] = field(default_factory=dict)
     consumer_config: Mapping[str, Any] = field(default_factory=dict)
 
@@ -283,7 +288,8 @@ class KafkaEventLog:
         assigned: list[tuple[str, int]] = []
         for topic in self.topics:
             try:
-                meta = consumer.list_topics(topic, timeout=ADMIN_TIMEOUT_S).topics[topic]
+                timeout = min(ADMIN_TIMEOUT_S, self.settings.replay_stall_s)
+                meta = consumer.list_topics(topic, timeout=timeout).topics[topic]
             except KafkaException as exc:
                 raise EventLogUnavailable(f"event log: no metadata for {topic}: {exc}") from None
             if meta.error is not None:
@@ -327,11 +333,19 @@ class KafkaEventLog:
         pending_eof = set(self._assigned)
         count = 0
         poll_s = REPLAY_POLL_S if until_eof else TAIL_POLL_S
+        progress = loop.time()
         while not self._closed and not (until_eof and not pending_eof):
             try:
                 batch, eofs = await loop.run_in_executor(self._worker, self._next_batch, poll_s)
             except EventLogClosed:
                 break
+            if batch or eofs:
+                progress = loop.time()
+            elif until_eof and loop.time() - progress > self.settings.replay_stall_s:
+                raise EventLogUnavailable(
+                    f"event log: replay read nothing for {self.settings.replay_stall_s} s; "
+                    f"partitions not at their end: {sorted(pending_eof)}"
+                )
             for topic, partition, offset, event in batch:
                 result = handler(event)
                 if result.__class__ not in _PLAIN and inspect.isawaitable(result):

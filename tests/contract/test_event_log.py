@@ -475,3 +475,48 @@ async def test_kafka_producer_is_rebuilt_after_the_broker_forgets_it(
             await reader.close()
     finally:
         await log.close()
+
+
+async def test_kafka_outage_replay_gives_up_within_its_stall_bound(
+    private_kafka: EmbeddedKafka,
+) -> None:
+    stall_s = 1.0
+    log = KafkaEventLog(
+        KafkaSettings(private_kafka.bootstrap, partitions=2, replay_stall_s=stall_s)
+    )
+    try:
+        await log.append(workload(1, 1)[0])
+        private_kafka.pause()
+        started = time.monotonic()
+        with pytest.raises(EventLogUnavailable):
+            await asyncio.wait_for(log.replay(lambda e: None), DEADLINE_S)
+        assert time.monotonic() - started < stall_s + 3.0
+    finally:
+        private_kafka.resume()
+        await log.close()
+
+
+async def test_kafka_replay_from_past_the_end_does_not_hang(
+    kafka_bootstrap: str, kafka_topic_prefix: str
+) -> None:
+    """Tansu stalls silently on a fetch past a partition's end: the stall
+    bound turns that into EventLogUnavailable. (Apache Kafka resets such an
+    offset to the earliest instead, and the replay reads everything.)"""
+    settings_ = KafkaSettings(
+        kafka_bootstrap, topic_prefix=kafka_topic_prefix, partitions=1, replay_stall_s=1.0
+    )
+    writer, reader = KafkaEventLog(settings_), KafkaEventLog(settings_)
+    try:
+        await writer.append(workload(1, 1)[0])
+        start = {(t, 0): 1000 for t in writer.topics}
+        started = time.monotonic()
+        try:
+            n = await asyncio.wait_for(reader.replay(lambda e: None, start=start), DEADLINE_S)
+        except EventLogUnavailable as exc:
+            assert "not at their end" in str(exc)
+            assert time.monotonic() - started < 5.0
+        else:
+            assert n == 1
+    finally:
+        await writer.close()
+        await reader.close()

@@ -209,6 +209,11 @@ _FIELD_NAMES: Final[dict[type[Event], tuple[str, ...]]] = {
 }
 
 
+def wire_fields(cls: type[Event]) -> tuple[str, ...]:
+    """The JSON keys of a record of `cls`, in order (for Spark schemas)."""
+    return ("type", "schema_version", *_FIELD_NAMES[cls])
+
+
 _JSON: Final = json.JSONDecoder()
 
 

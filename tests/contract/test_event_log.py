@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from services.event.schema import (
     Unsubscribed,
     decode,
     encode,
+    wire_fields,
 )
 
 DEADLINE_S = 20.0
@@ -383,6 +385,7 @@ def test_every_event_round_trips_through_its_topic(event: Event) -> None:
         event.topic if isinstance(event, RetainedSet | RetainedCleared) else event.client_id
     )  # type: ignore[union-attr]
     assert decode("weir." + suffix, value) == event
+    assert tuple(json.loads(value)) == wire_fields(type(event))
 
 
 def test_catalogue_topics_and_keys() -> None:

@@ -23,10 +23,18 @@ from bench.errors import BenchError, UsageError
 from bench.idle import PER_WORKER_MAX, IdleConfig, raise_nofile_limit, run_idle
 from bench.mosquitto import MOSQUITTO, spawn_mosquitto
 from bench.report import Result, comparison
-from bench.scenarios import SCENARIOS, RunConfig, plan_for, run_plan
+from bench.scenarios import FAN_OUT_SUBSCRIBERS, SCENARIOS, RunConfig, plan_for, run_plan
 
 DEFAULT_MESSAGES = {"fan-in": 400_000, "fan-out": 4_000, "pairs": 400_000}
 """Messages published per run; fan-out delivers 100 times as many."""
+MAX_DELIVERIES = 10_000_000
+"""Each delivery the subscribers expect takes a byte to track; each run's worth
+of messages is encoded up front. Both bounds keep one run under ~1 GiB."""
+MAX_ENCODED_BYTES = 1 << 30
+MAX_PAYLOAD = 1 << 20
+"""Bytes; far above what a benchmark needs, below most brokers' packet limits."""
+PACKET_OVERHEAD = 64
+"""Bytes per PUBLISH beyond --size, at most: header, topic, packet id, payload header."""
 SPLIT_BY_DEFAULT = frozenset({"fan-out"})
 """Scenarios whose publishers run in their own process unless --no-split. Measured
 against Mosquitto 2.0.11 on the 2-core box: a second process doubles fan-out at
@@ -177,8 +185,16 @@ def _validate(args: argparse.Namespace) -> None:
             f"--connections {args.connections} needs --workers >= "
             f"{math.ceil(args.connections / PER_WORKER_MAX)} ({PER_WORKER_MAX} per process)"
         )
-    if args.size < 0:
-        raise UsageError(f"--size must not be negative, not {args.size}")
+    if not 0 <= args.size <= MAX_PAYLOAD:
+        raise UsageError(f"--size must be 0..{MAX_PAYLOAD}, not {args.size}")
+    if args.messages:
+        fan = FAN_OUT_SUBSCRIBERS if args.scenario == "fan-out" else 1
+        if args.messages * fan > MAX_DELIVERIES:
+            raise UsageError(
+                f"--messages {args.messages} means more than {MAX_DELIVERIES} deliveries"
+            )
+        if args.messages * (args.size + PACKET_OVERHEAD) > MAX_ENCODED_BYTES:
+            raise UsageError(f"--messages x --size is more than {MAX_ENCODED_BYTES >> 20} MiB")
 
 
 def run(args: argparse.Namespace) -> list[Result]:

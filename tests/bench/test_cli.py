@@ -21,6 +21,9 @@ from bench.cli import main
         (["fan-in", "--vs", "h:1", "--spawn-mosquitto"], "give one"),
         (["idle", "--connections", "40000", "--workers", "1"], "--workers >= 3"),
         (["fan-in", "--bogus"], "unrecognized arguments: --bogus"),
+        (["fan-out", "--messages", "200000"], "deliveries"),
+        (["fan-in", "--size", "-1"], "--size must be 0..1048576"),
+        (["pairs", "--messages", "1000000", "--size", "10000"], "MiB"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(

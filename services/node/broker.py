@@ -146,6 +146,7 @@ class Broker:
         self._no_connections: asyncio.Event | None = None
         self._plans: dict[str, Plan] = {}
         self.work = 0  # deliveries made; connections budget their processing by it
+        self.publisher: Connection | None = None  # the connection whose packets are in hand
 
     # -- plumbing -----------------------------------------------------------
 

@@ -45,19 +45,26 @@ if TYPE_CHECKING:
     from services.node.broker import Broker, Session
 
 
+PUBLISHER_STALL_S = 0.5  # seconds a publisher waits for one slow subscriber to drain
+#   before that subscriber is treated as slow (QoS 0 dropped) until it drains
+EARLY_FLUSH_BYTES = 64 * 1024  # bytes: hand output to the transport within the turn, so
+#   its high-water mark (and pause_writing) reacts before a turn's output piles up
 WORK_BUDGET = 4096  # packets + deliveries one connection may cause per loop turn: about
 #   a millisecond of work, so a publisher with a full buffer cannot stall everyone else
 
 
 class Connection(asyncio.Protocol):
     __slots__ = (
+        "_blocked_on",
         "_buf",
         "_busy",
         "_deferred",
         "_out",
         "_out_bytes",
         "_read_paused",
+        "_slow",
         "_timers",
+        "_waiters",
         "_wake",
         "_write_paused",
         "broker",
@@ -81,6 +88,9 @@ class Connection(asyncio.Protocol):
         self._out_bytes = 0
         self._busy = False
         self._deferred = False
+        self._blocked_on: Connection | None = None  # a paused subscriber we wait for
+        self._waiters: list[Connection] | None = None  # publishers waiting for us to drain
+        self._slow = False  # paused past the stall bound: drop instead of making anyone wait
         self._read_paused = False
         self._write_paused = False
         self._timers: dict[str, float] | None = None
@@ -112,7 +122,7 @@ class Connection(asyncio.Protocol):
             self._buf += data
         else:
             self._buf = bytearray(data)
-        if not self._busy and not self._deferred:
+        if not self._busy and not self._deferred and self._blocked_on is None:
             self._process()
 
     def eof_received(self) -> bool | None:
@@ -137,9 +147,13 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self._slow = False
         self.flush()
         if not self._write_paused:
             self._resume_reading()
+        waiters, self._waiters = self._waiters, None
+        for publisher in waiters or ():
+            publisher._unblock(self)
 
     # -- incoming -----------------------------------------------------------
 
@@ -153,8 +167,9 @@ class Connection(asyncio.Protocol):
         max_size = broker.limits.max_packet_size
         channel = self.channel
         budget = broker.work + WORK_BUDGET
+        outer, broker.publisher = broker.publisher, self
         try:
-            while not self._busy and not self.closed:
+            while not self._busy and not self.closed and self._blocked_on is None:
                 if broker.work > budget:
                     self._defer()
                     break
@@ -166,12 +181,14 @@ class Connection(asyncio.Protocol):
                 broker.work += 1
                 self._carry_out(channel.receive(packet, broker.loop.time()))
         except MQTTError as err:
+            broker.publisher = outer
             view.release()
             self._buf = None
             self._carry_out(channel.protocol_error(err))
             if not self.closed:
                 self.close()
             return
+        broker.publisher = outer
         view.release()
         if self._buf is not None:
             if used == len(buf):
@@ -190,15 +207,38 @@ class Connection(asyncio.Protocol):
         self._deferred = False
         if self.closed:
             return
-        if not self._busy:
+        if not self._busy and self._blocked_on is None:
             self._process()
-        if not self._deferred and not self._write_paused:
+        if not self._deferred and not self._write_paused and self._blocked_on is None:
             self._resume_reading()
+
+    def _block_on(self, subscriber: Connection) -> None:
+        """Back-pressure: a subscriber of ours is over its high-water mark. Stop
+        reading our packets until it drains, for at most PUBLISHER_STALL_S."""
+        if self._blocked_on is not None or self.closed:
+            return
+        self._blocked_on = subscriber
+        if subscriber._waiters is None:
+            subscriber._waiters = [self]
+        else:
+            subscriber._waiters.append(self)
+        self._pause_reading()
+        self.broker.loop.call_later(PUBLISHER_STALL_S, self._stalled, subscriber)
+
+    def _stalled(self, subscriber: Connection) -> None:
+        if self._blocked_on is subscriber:
+            subscriber._slow = True  # until it drains, its QoS 0 messages are dropped
+            self._unblock(subscriber)
+
+    def _unblock(self, subscriber: Connection) -> None:
+        if self._blocked_on is subscriber:
+            self._blocked_on = None
+            self._continue()
 
     def resume_processing(self) -> None:
         """The broker answered a busy action: handle the packets held meanwhile."""
         self._busy = False
-        if not self.closed and self._buf and not self._deferred:
+        if not self.closed and self._buf and not self._deferred and self._blocked_on is None:
             self._process()
 
     def _carry_out(self, actions: Sequence[Action]) -> None:
@@ -279,12 +319,21 @@ class Connection(asyncio.Protocol):
             self.broker.mark_dirty(self)
 
     def write_qos0(self, data: bytes) -> bool:
-        """A QoS 0 PUBLISH that may be dropped when this client cannot keep up."""
-        if self._out_bytes >= self.broker.limits.subscriber_queue_bytes:
-            self.dropped += 1
-            self.broker.qos0_dropped += 1
-            return False
+        """A QoS 0 PUBLISH for this subscriber. While its transport is over the
+        high-water mark the publishing connection waits (bounded); a subscriber
+        that stays behind gets its QoS 0 messages dropped and counted."""
+        if self._write_paused:
+            broker = self.broker
+            if self._slow or self._out_bytes >= broker.limits.subscriber_queue_bytes:
+                self.dropped += 1
+                broker.qos0_dropped += 1
+                return False
+            publisher = broker.publisher
+            if publisher is not None and publisher is not self:
+                publisher._block_on(self)
         self.write(data)
+        if self._out_bytes >= EARLY_FLUSH_BYTES:
+            self.flush()
         return True
 
     def flush(self) -> None:

@@ -192,26 +192,53 @@ async def test_partial_packet_buffer_is_only_what_arrived(harness: Harness) -> N
     assert conn._buf is not None and len(conn._buf) == len(header) + 13
 
 
-async def test_backpressure_pauses_reading_holds_output_and_drops_qos0() -> None:
-    h = await make_harness(settings(subscriber_queue_bytes=100))
+Pair = tuple[Connection, FakeTransport, Connection, FakeTransport]
+
+
+async def subscribed_pair(h: Harness, topic: str) -> Pair:
     sub, sub_t = await h.connected("sub", level=4)
-    sub.data_received(codec.encode(Subscribe(1, (Subscription("bp", 0),)), 4))
+    sub.data_received(codec.encode(Subscribe(1, (Subscription(topic, 0),)), 4))
     await wait_for(lambda: any(isinstance(p, Suback) for p in sub_t.packets(4)), "suback")
-    pub, _ = await h.connected("pub", level=4)
+    pub, pub_t = await h.connected("pub", level=4)
+    sub_t.data.clear()
+    return sub, sub_t, pub, pub_t
+
+
+def publishes(t: FakeTransport) -> list[bytes]:
+    return [p.payload[:2] for p in t.packets(4) if isinstance(p, Publish)]
+
+
+async def test_publisher_waits_while_its_subscriber_is_paused(harness: Harness) -> None:
+    sub, sub_t, pub, pub_t = await subscribed_pair(harness, "bp")
     sub.pause_writing()
-    assert not sub_t.reading
-    sent_before = len(sub_t.data)
-    for i in range(50):
-        pub.data_received(codec.encode(Publish("bp", b"%02d" % i + b"." * 20), 4))
-    await asyncio.sleep(0)  # one loop turn: the flush callback would run here
-    assert len(sub_t.data) == sent_before  # nothing written while paused
-    assert sub.dropped > 0
-    held = 50 - sub.dropped
+    assert not sub_t.reading  # the slow client is not read either
+    pub.data_received(b"".join(codec.encode(Publish("bp", b"%02d" % i), 4) for i in range(50)))
+    await asyncio.sleep(0)  # one loop turn: the flush callback runs
+    assert not pub_t.reading  # back-pressure reached the publisher
+    assert sub_t.data == b""  # held while paused
+    assert sub.dropped == 0
     sub.resume_writing()
     assert sub_t.reading
-    got = [p for p in sub_t.packets(4) if isinstance(p, Publish)]
-    assert len(got) == held
-    assert [p.payload[:2] for p in got] == [b"%02d" % i for i in range(held)]
+    await wait_for(lambda: len(publishes(sub_t)) == 50, "all 50 after the drain")
+    assert publishes(sub_t) == [b"%02d" % i for i in range(50)]
+    assert pub_t.reading and sub.dropped == 0
+
+
+async def test_stuck_subscriber_stalls_publisher_once_then_drops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.node import connection
+
+    monkeypatch.setattr(connection, "PUBLISHER_STALL_S", 0.05)
+    h = await make_harness(settings(subscriber_queue_bytes=100))
+    sub, sub_t, pub, pub_t = await subscribed_pair(h, "stuck")
+    sub.pause_writing()
+    pub.data_received(b"".join(codec.encode(Publish("stuck", b"%02d" % i), 4) for i in range(50)))
+    await wait_for(lambda: pub._buf is None and pub_t.reading, "publisher went on")
+    assert sub.dropped == 50 - 1 and h.broker.qos0_dropped == 49  # first held, rest dropped
+    sub.resume_writing()
+    await wait_for(lambda: len(publishes(sub_t)) == 1, "the held message")
+    assert publishes(sub_t) == [b"00"]
 
 
 async def test_writes_are_batched_per_loop_turn(harness: Harness) -> None:

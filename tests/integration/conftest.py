@@ -124,6 +124,7 @@ class Paho:
         will: tuple[str, bytes, int] | None = None,
         session_expiry: int | None = None,
         keepalive: int = 30,
+        will_delay: int | None = None,
     ) -> None:
         import queue
 
@@ -148,7 +149,11 @@ class Paho:
             **kwargs,
         )
         if will is not None:
-            self.client.will_set(will[0], will[1], will[2])
+            will_props = None
+            if will_delay is not None:
+                will_props = Properties(PacketTypes.WILLMESSAGE)
+                will_props.WillDelayInterval = will_delay
+            self.client.will_set(will[0], will[1], will[2], properties=will_props)
         self.client.on_connect = lambda c, u, f, rc, p: self.connacks.put((f, rc))
         self.client.on_message = lambda c, u, m: self.messages.put(m)
         self.client.on_disconnect = lambda c, u, f, rc, p: self.disconnects.put(rc)

@@ -219,3 +219,57 @@ def _message(topic: str, payload: bytes) -> object:
     from services.mqtt.packets import Message
 
     return Message(topic, payload)
+
+
+def test_retain_handling_and_retain_as_published(node: NodeRunner, clients: list[Paho]) -> None:
+    pub = connect(clients, node, "pub", v5=True)
+    pub.publish("rh/1", b"old", 1, retain=True)
+    never = connect(clients, node, "never", v5=True)
+    never.subscribe("rh/#", 1, retainHandling=2)
+    assert never.no_message()
+    rap = connect(clients, node, "rap", v5=True)
+    rap.subscribe("rh/#", 1, retainAsPublished=True, retainHandling=2)
+    plain = connect(clients, node, "plain", v5=True)
+    plain.subscribe("rh/#", 1, retainHandling=2)
+    pub.publish("rh/1", b"new", 1, retain=True)
+    assert rap.message().retain is True
+    assert plain.message().retain is False
+    assert never.message().payload == b"new"
+
+
+def test_v5_session_expires(node: NodeRunner, clients: list[Paho]) -> None:
+    sub = connect(clients, node, "short", v5=True, clean=False, session_expiry=1)
+    sub.subscribe("gone", 1)
+    sub.close()
+
+    def session_gone() -> bool:
+        return "short" not in node.node.broker.sessions
+
+    import time
+
+    deadline = time.monotonic() + 5.0
+    while not node.call(session_gone) and time.monotonic() < deadline:
+        sub.no_message(within=0.1)  # a bounded wait between checks
+    assert node.call(session_gone)
+    again = Paho(node.mqtt_port, "short", v5=True, clean=False, session_expiry=1)
+    clients.append(again)
+    flags, _ = again.connack()
+    assert not flags.session_present
+
+
+def test_will_delay_publishes_after_the_delay(node: NodeRunner, clients: list[Paho]) -> None:
+    import time
+
+    watcher = connect(clients, node, "watcher", v5=True)
+    watcher.subscribe("wd", 0)
+    w = Paho(
+        node.mqtt_port, "delayed", v5=True, session_expiry=30, will=("wd", b"late", 0),
+        will_delay=1,
+    )
+    clients.append(w)
+    assert w.connack()[1] == 0
+    started = time.monotonic()
+    w.drop()
+    assert watcher.no_message(within=0.5)  # not before the delay
+    assert watcher.message().payload == b"late"
+    assert 0.9 <= time.monotonic() - started < 5.0

@@ -274,3 +274,49 @@ async def test_idle_connection_is_small(harness: Harness) -> None:
     # Python-side cost per connected, idle client (excludes the socket/transport).
     print(f"python-side bytes per idle connection: {per_conn:.0f}")
     assert per_conn < 8 * 1024, per_conn
+
+
+def publish_payloads(t: FakeTransport, level: int = 4) -> list[bytes]:
+    return [p.payload for p in t.packets(level) if isinstance(p, Publish)]
+
+
+async def test_offline_queue_bound_drops_oldest_and_counts() -> None:
+    h = await make_harness(settings(queue_limit=5))
+    sub, sub_t = h.open()
+    sub.data_received(codec.encode(Connect("off", protocol_level=4, clean_start=False), 4))
+    await wait_for(lambda: any(isinstance(p, Connack) for p in sub_t.packets(4)), "connack")
+    sub.data_received(codec.encode(Subscribe(1, (Subscription("q", 1),)), 4))
+    await wait_for(lambda: any(isinstance(p, Suback) for p in sub_t.packets(4)), "suback")
+    sub.data_received(codec.encode(Disconnect(), 4))
+    await wait_for(lambda: sub_t.closed and sub.ended, "disconnected")
+    pub, _ = await h.connected("pub", level=4)
+    for i in range(8):
+        pub.data_received(codec.encode(Publish("q", b"%d" % i, qos=1, packet_id=i + 1), 4))
+    await wait_for(lambda: not h.broker._batch and not h.broker._tasks, "enqueued")
+    assert await h.broker.queue.drops("off") == 3
+    again, again_t = h.open()
+    again.data_received(codec.encode(Connect("off", protocol_level=4, clean_start=False), 4))
+    await wait_for(lambda: len(publish_payloads(again_t)) == 5, "five queued messages")
+    assert publish_payloads(again_t) == [b"3", b"4", b"5", b"6", b"7"]
+
+
+async def test_leaving_shared_member_hands_unacked_to_another(harness: Harness) -> None:
+    members = []
+    for name in ("a", "b"):
+        conn, t = await harness.connected(name, level=5)
+        conn.data_received(codec.encode(Subscribe(1, (Subscription("$share/g/t", 1),)), 5))
+        await wait_for(lambda t=t: any(isinstance(p, Suback) for p in t.packets(5)), "suback")
+        t.data.clear()
+        members.append((conn, t))
+    pub, _ = await harness.connected("pub", level=5)
+    for i in range(4):
+        pub.data_received(codec.encode(Publish("t", b"%d" % i, qos=1, packet_id=i + 1), 5))
+    (_a, a_t), (_b, b_t) = members
+    await wait_for(
+        lambda: len(publish_payloads(a_t, 5)) + len(publish_payloads(b_t, 5)) == 4, "4 delivered"
+    )
+    got_a = publish_payloads(a_t, 5)
+    assert got_a and len(publish_payloads(b_t, 5)) == 4 - len(got_a)
+    a_t.close()  # a never acknowledged its share
+    await wait_for(lambda: len(publish_payloads(b_t, 5)) == 4, "a's share went to b")
+    assert sorted(publish_payloads(b_t, 5)) == [b"0", b"1", b"2", b"3"]

@@ -462,7 +462,7 @@ async def test_kafka_producer_is_rebuilt_after_the_broker_forgets_it(
         private_kafka.start()  # same port, empty memory storage
         outcomes: list[str] = []
         fresh = Subscribed(client_id="c", version=2, node="n", ts_ms=2, filter="f", qos=0)
-        for _ in range(6):
+        for _ in range(10):
             try:
                 await log.append(fresh)
                 outcomes.append("ok")
@@ -470,7 +470,10 @@ async def test_kafka_producer_is_rebuilt_after_the_broker_forgets_it(
             except EventLogUnavailable:
                 outcomes.append("unavailable")
         assert outcomes[-1] == "ok"
-        assert len(outcomes) <= 4  # at most REBUILD_AFTER_TIMEOUTS failures
+        # REBUILD_AFTER_TIMEOUTS failures, then the new producer's first appends
+        # may still time out while it gets an id (0.5-1 s, longer on a busy machine).
+        assert outcomes[:3] == ["unavailable"] * 3
+        assert len(outcomes) <= 8
         reader = KafkaEventLog(KafkaSettings(private_kafka.bootstrap))
         try:
             assert fresh in await replay_all(reader)

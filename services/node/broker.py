@@ -81,6 +81,7 @@ class Session:
 
     __slots__ = (
         "acks",
+        "backlog",
         "client_id",
         "conn",
         "dirty",
@@ -104,6 +105,7 @@ class Session:
         self.pumping = False
         self.dirty = False
         self.acks: list[int] = []
+        self.backlog = 0  # queued for this online session, not yet taken (approximate)
         self.ops: list[tuple[str, int]] = []  # ("received" | "released", packet id)
 
 
@@ -147,6 +149,10 @@ class Broker:
         self._plans: dict[str, Plan] = {}
         self.work = 0  # deliveries made; connections budget their processing by it
         self.publisher: Connection | None = None  # the connection whose packets are in hand
+        # An online subscriber's queue past half full makes its publishers wait (bounded)
+        # before the overflow policy has to drop anything; they go on below a quarter.
+        self._backlog_high = max(1, limits.queue_limit // 2)
+        self._backlog_low = limits.queue_limit // 4
 
     # -- plumbing -----------------------------------------------------------
 
@@ -240,6 +246,7 @@ class Broker:
         session.epoch = claim.epoch
         session.expiry_s = action.session_expiry_s
         session.ready = False
+        session.backlog = 0
         if conn.closed:
             self.spawn(self.end_session(session, session.epoch, conn_gone=True))
             return
@@ -604,6 +611,11 @@ class Broker:
         self._batch.append((session.client_id, message))
         if conn is not None and session.ready:
             self._batch_takers.add(session)
+            session.backlog += 1
+            if session.backlog >= self._backlog_high:
+                publisher = self.publisher
+                if publisher is not None and publisher is not conn:
+                    publisher.block_on(conn)
 
     # -- the durable batch ------------------------------------------------------
 
@@ -661,6 +673,9 @@ class Broker:
         for item in taken:
             pid = item.packet_id if item.message.qos > 0 else None
             conn.carry_out(conn.channel.deliver(item.message, pid, item.dup, now_ms))
+        session.backlog = max(0, session.backlog - len(taken))
+        if session.backlog <= self._backlog_low:
+            conn.wake_waiters()
 
     # -- the per-session delivery pump -------------------------------------------
 

@@ -151,6 +151,10 @@ class Connection(asyncio.Protocol):
         self.flush()
         if not self._write_paused:
             self._resume_reading()
+        self.wake_waiters()
+
+    def wake_waiters(self) -> None:
+        """Publishers held back for this subscriber may go on."""
         waiters, self._waiters = self._waiters, None
         for publisher in waiters or ():
             publisher._unblock(self)
@@ -212,7 +216,7 @@ class Connection(asyncio.Protocol):
         if not self._deferred and not self._write_paused and self._blocked_on is None:
             self._resume_reading()
 
-    def _block_on(self, subscriber: Connection) -> None:
+    def block_on(self, subscriber: Connection) -> None:
         """Back-pressure: a subscriber of ours is over its high-water mark. Stop
         reading our packets until it drains, for at most PUBLISHER_STALL_S."""
         if self._blocked_on is not None or self.closed:
@@ -330,7 +334,7 @@ class Connection(asyncio.Protocol):
                 return False
             publisher = broker.publisher
             if publisher is not None and publisher is not self:
-                publisher._block_on(self)
+                publisher.block_on(self)
         self.write(data)
         if self._out_bytes >= EARLY_FLUSH_BYTES:
             self.flush()

@@ -320,3 +320,40 @@ async def test_leaving_shared_member_hands_unacked_to_another(harness: Harness) 
     a_t.close()  # a never acknowledged its share
     await wait_for(lambda: len(publish_payloads(b_t, 5)) == 4, "a's share went to b")
     assert sorted(publish_payloads(b_t, 5)) == [b"0", b"1", b"2", b"3"]
+
+
+async def test_qos1_publisher_waits_for_a_full_subscriber_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.mqtt.packets import Puback
+    from services.node import connection
+
+    monkeypatch.setattr(connection, "PUBLISHER_STALL_S", 30.0)
+    h = await make_harness(settings(queue_limit=8))
+    sub, sub_t = await h.connected("sub", level=4)
+    sub.data_received(codec.encode(Subscribe(1, (Subscription("q1", 1),)), 4))
+    await wait_for(lambda: any(isinstance(p, Suback) for p in sub_t.packets(4)), "suback")
+    pub, pub_t = await h.connected("pub", level=4)
+    chunk = b"".join(
+        codec.encode(Publish("q1", b"%02d" % i, qos=1, packet_id=i + 1), 4) for i in range(60)
+    )
+    pub.data_received(chunk)
+    await wait_for(lambda: not pub_t.reading, "publisher held back")
+    assert len(publish_payloads(sub_t)) < 60
+    acked: set[int] = set()
+    for _ in range(200):
+        if len(publish_payloads(sub_t)) == 60:
+            break
+        fresh = [
+            p.packet_id
+            for p in sub_t.packets(4)
+            if isinstance(p, Publish) and p.packet_id not in acked
+        ]
+        for pid in fresh:
+            assert pid is not None
+            acked.add(pid)
+            sub.data_received(codec.encode(Puback(pid), 4))
+        await asyncio.sleep(0)  # let the pump and the unblocked publisher run
+    assert publish_payloads(sub_t) == [b"%02d" % i for i in range(60)]
+    assert await h.broker.queue.drops("sub") == 0
+    assert pub_t.reading

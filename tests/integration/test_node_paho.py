@@ -273,3 +273,20 @@ def test_will_delay_publishes_after_the_delay(node: NodeRunner, clients: list[Pa
     assert watcher.no_message(within=0.5)  # not before the delay
     assert watcher.message().payload == b"late"
     assert 0.9 <= time.monotonic() - started < 5.0
+
+
+def test_takeover_of_persistent_v311_session_keeps_subscriptions(
+    node: NodeRunner, clients: list[Paho]
+) -> None:
+    first = connect(clients, node, "keep", clean=False)
+    first.subscribe("k", 1)
+    first.client.reconnect_delay_set(120, 120)  # do not fight the new owner
+    second = Paho(node.mqtt_port, "keep", clean=False)
+    clients.append(second)
+    flags, rc = second.connack()
+    assert rc == 0 and flags.session_present
+    first.disconnects.get(timeout=5.0)
+    pub = connect(clients, node, "pub")
+    pub.publish("k", b"to-new-owner", 1)
+    assert second.message().payload == b"to-new-owner"
+    assert first.no_message()

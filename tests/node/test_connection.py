@@ -357,3 +357,13 @@ async def test_qos1_publisher_waits_for_a_full_subscriber_queue(
     assert publish_payloads(sub_t) == [b"%02d" % i for i in range(60)]
     assert await h.broker.queue.drops("sub") == 0
     assert pub_t.reading
+
+
+async def test_connections_past_the_limit_are_refused() -> None:
+    h = await make_harness(settings(max_connections=2))
+    _, first = h.open()
+    _, second = h.open()
+    third_conn, third = h.open()
+    assert not first.closed and not second.closed
+    assert third.closed and third_conn.ended
+    assert len(h.broker.connections) == 2

@@ -1,20 +1,20 @@
-"""Routing on one node: subscriptions, sessions, delivery, wills, retained.
+"""Routing on one node: subscriptions, sessions, wills, retained.
 
 Theory of operation. One `TopicTrie` holds every subscription (key = client
-id, value = `SubOptions`). A publish matches the trie once, folds a
-client's overlapping subscriptions into one delivery (highest QoS, every
-subscription identifier), picks one member per shared group, then:
+id, value = `SubOptions`). The first publish to a topic builds its routing
+plan (one entry per session, a client's overlapping subscriptions folded:
+highest QoS, every subscription identifier; shared groups apart), cached
+per topic until a subscription or session changes. Per publish, one member
+of each shared group is picked (an online one first), then:
 
 - QoS 0 to an online client: the PUBLISH is encoded once per distinct
   (protocol family, retain flag, subscription ids) and the same bytes are
   written to every such subscriber (dropped and counted if it cannot keep up);
-- QoS 1/2 (and QoS 0 for an offline persistent session): the message joins
-  this loop turn's batch; one `enqueue_and_take` call stores the batch and
-  moves what fits into the online subscribers' inflight windows. Publishers'
-  PUBACK/PUBREC (`channel.routed`) go out after that call, in order.
+- QoS 1/2 (and QoS 0 for an offline persistent session): through the
+  QueueStore, batched per loop turn (`services.node.delivery`).
 
-Each session has at most one delivery pump task at a time; acks and new
-messages mark it dirty and it loops (`ack_and_take`) until nothing is left.
+The publishing connection is `self.publisher` while its packets are being
+handled, so a subscriber that cannot keep up can hold it back.
 
 Seams for the event log: every state change a cluster must agree on goes
 through one coroutine each (`open_session`, `subscribe`, `unsubscribe`,
@@ -30,7 +30,6 @@ import logging
 import random
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from services.mqtt import codec
@@ -39,7 +38,9 @@ from services.mqtt.errors import TopicFilterInvalid
 from services.mqtt.packets import NO_PROPERTIES, Message, PacketType, ReasonCode, Will
 from services.mqtt.topics import matches, parse_shared, validate_topic_filter
 from services.mqtt.trie import TopicTrie
-from services.queue.api import Inflight, QueueStore
+from services.node.delivery import Delivery
+from services.node.session import Session, SubOptions
+from services.queue.api import QueueStore
 from services.retain.api import RetainStore
 from services.session.api import Fenced, SessionError, SessionStore
 from services.settings import Limits
@@ -55,58 +56,9 @@ NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry meaning "never"
 V3_SUBACK_FAILURE = 0x80
 
 
-@dataclass(frozen=True, slots=True)
-class SubOptions:
-    qos: int
-    no_local: bool = False
-    retain_as_published: bool = False
-    subscription_id: int | None = None
-    sub_ids: tuple[int, ...] = ()  # (subscription_id,) or (): ready for the PUBLISH
-
-    @classmethod
-    def of(
-        cls, qos: int, no_local: bool, retain_as_published: bool, subscription_id: int | None
-    ) -> SubOptions:
-        ids = (subscription_id,) if subscription_id else ()
-        return cls(qos, no_local, retain_as_published, subscription_id, ids)
-
-
 PlanEntry = tuple["Session", "SubOptions | list[SubOptions]"]
 Plan = tuple[list[PlanEntry], list[tuple[tuple[str, str], list[tuple[str, SubOptions]]]]]
 PLAN_CACHE_SIZE = 4096  # topics whose routing plan is kept; cleared whole when full
-
-
-class Session:
-    """A client's session on this node; outlives connections when persistent."""
-
-    __slots__ = (
-        "acks",
-        "backlog",
-        "client_id",
-        "conn",
-        "dirty",
-        "epoch",
-        "expiry_handle",
-        "expiry_s",
-        "ops",
-        "pumping",
-        "ready",
-        "subs",
-    )
-
-    def __init__(self, client_id: str) -> None:
-        self.client_id = client_id
-        self.conn: Connection | None = None
-        self.epoch = 0
-        self.expiry_s = 0
-        self.subs: dict[str, SubOptions] = {}
-        self.expiry_handle: asyncio.TimerHandle | None = None
-        self.ready = False  # CONNACK sent and inflight resent: deliveries may flow
-        self.pumping = False
-        self.dirty = False
-        self.acks: list[int] = []
-        self.backlog = 0  # queued for this online session, not yet taken (approximate)
-        self.ops: list[tuple[str, int]] = []  # ("received" | "released", packet id)
 
 
 class Broker:
@@ -135,13 +87,8 @@ class Broker:
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
         self.qos0_dropped = 0
-        self.queue_dropped = 0
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
-        self._batch: list[tuple[str, Message]] = []
-        self._batch_tokens: list[tuple[Connection, int, bool]] = []
-        self._batch_takers: set[Session] = set()
-        self._batch_scheduled = False
         self._wills: dict[str, asyncio.TimerHandle] = {}
         self._round_robin: dict[tuple[str, str], int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -149,10 +96,10 @@ class Broker:
         self._plans: dict[str, Plan] = {}
         self.work = 0  # deliveries made; connections budget their processing by it
         self.publisher: Connection | None = None  # the connection whose packets are in hand
-        # An online subscriber's queue past half full makes its publishers wait (bounded)
-        # before the overflow policy has to drop anything; they go on below a quarter.
-        self._backlog_high = max(1, limits.queue_limit // 2)
-        self._backlog_low = limits.queue_limit // 4
+        self.delivery = Delivery(queue, loop, self.spawn, limits.queue_limit, self._publisher)
+
+    def _publisher(self) -> Connection | None:
+        return self.publisher
 
     # -- plumbing -----------------------------------------------------------
 
@@ -273,7 +220,7 @@ class Broker:
                 conn.carry_out(conn.channel.deliver(item.message, item.packet_id, True, now_ms))
         session.ready = True
         conn.resume_processing()
-        self._kick(session)
+        self.delivery.kick(session)
 
     def _detach(self, session: Session) -> None:
         session.conn = None
@@ -355,7 +302,7 @@ class Broker:
                     if others:
                         self._deliver_shared(item.message, others, (group, topic_filter))
                     break
-        self._schedule_batch()
+        self.delivery.schedule()
 
     def _schedule_will(self, client_id: str, will: Will, delay_s: int) -> None:
         props = will.properties
@@ -417,7 +364,7 @@ class Broker:
         for topic_filter, options in retained:
             for message in self.retained.match(topic_filter, now_ms):
                 self._deliver(session, self._for_subscriber(message, options, True))
-        self._schedule_batch()
+        self.delivery.schedule()
         conn.resume_processing()
 
     async def unsubscribe(self, conn: Connection, request: UnsubscribeRequest) -> None:
@@ -450,8 +397,7 @@ class Broker:
             return
         delivered = self.publish_message(message)
         if route.token is not None:
-            self._batch_tokens.append((conn, route.token, delivered == 0))
-            self._schedule_batch()
+            self.delivery.token(conn, route.token, delivered == 0)
 
     async def _publish_qos2(self, conn: Connection, session: Session, route: Route) -> None:
         try:
@@ -463,8 +409,7 @@ class Broker:
             return
         delivered = self.publish_message(route.message) if fresh else 1
         if route.token is not None:
-            self._batch_tokens.append((conn, route.token, delivered == 0))
-            self._schedule_batch()
+            self.delivery.token(conn, route.token, delivered == 0)
 
     def publish_message(self, message: Message) -> int:
         """Route one message to every matching subscription; returns how many."""
@@ -479,8 +424,7 @@ class Broker:
             if self._deliver_shared(message, members, group_filter):
                 count += 1
         self.work += count
-        if self._batch:
-            self._schedule_batch()
+        self.delivery.schedule()
         return count
 
     def _plan(self, topic: str) -> Plan:
@@ -608,130 +552,21 @@ class Broker:
             return
         if message.qos == 0 and session.expiry_s == 0:
             return  # a clean session that is not connected yet: nothing to keep it for
-        self._batch.append((session.client_id, message))
-        if conn is not None and session.ready:
-            self._batch_takers.add(session)
-            session.backlog += 1
-            if session.backlog >= self._backlog_high:
-                publisher = self.publisher
-                if publisher is not None and publisher is not conn:
-                    publisher.block_on(conn)
+        self.delivery.add(session, message)
 
-    # -- the durable batch ------------------------------------------------------
-
-    def _schedule_batch(self) -> None:
-        if not self._batch_scheduled and (self._batch or self._batch_tokens):
-            self._batch_scheduled = True
-            self.loop.call_soon(self._start_batch)
-
-    def _start_batch(self) -> None:
-        self._batch_scheduled = False
-        items, self._batch = self._batch, []
-        tokens, self._batch_tokens = self._batch_tokens, []
-        takers, self._batch_takers = self._batch_takers, set()
-        if not items:
-            for conn, token, no_subs in tokens:
-                conn.routed(token, True, no_subs)
-            return
-        self.spawn(self._store_batch(items, tokens, takers))
-
-    async def _store_batch(
-        self,
-        items: list[tuple[str, Message]],
-        tokens: list[tuple[Connection, int, bool]],
-        takers: set[Session],
-    ) -> None:
-        ready = [s for s in takers if s.conn is not None and s.ready and not s.pumping]
-        windows = {s.client_id: (s.epoch, self._window(s)) for s in ready}
-        ok = True
-        try:
-            result = await self.queue.enqueue_and_take(items, windows)
-        except SessionError:
-            log.exception("enqueue of %d messages failed", len(items))
-            ok = False
-        else:
-            self.queue_dropped += result.dropped
-            for session in ready:
-                taken = result.taken.get(session.client_id)
-                if taken:
-                    self._send_taken(session, taken)
-        for conn, token, no_subs in tokens:
-            conn.routed(token, ok, no_subs)
-        for session in takers:
-            if session not in ready or session.dirty:
-                self._kick(session)
-
-    def _window(self, session: Session) -> int:
-        conn = session.conn
-        return conn.channel.client_receive_maximum if conn is not None else 0
-
-    def _send_taken(self, session: Session, taken: list[Inflight]) -> None:
-        conn = session.conn
-        if conn is None:
-            return
-        now_ms = self.now_ms()
-        for item in taken:
-            pid = item.packet_id if item.message.qos > 0 else None
-            conn.carry_out(conn.channel.deliver(item.message, pid, item.dup, now_ms))
-        session.backlog = max(0, session.backlog - len(taken))
-        if session.backlog <= self._backlog_low:
-            conn.wake_waiters()
-
-    # -- the per-session delivery pump -------------------------------------------
+    # -- acknowledgements from subscribers -------------------------------------------
 
     def acked(self, conn: Connection, packet_id: int) -> None:
-        session = conn.session
-        if session is not None:
-            session.acks.append(packet_id)
-            self._kick(session)
+        if conn.session is not None:
+            self.delivery.acked(conn.session, packet_id)
 
     def received(self, conn: Connection, packet_id: int) -> None:
-        session = conn.session
-        if session is not None:
-            session.ops.append(("received", packet_id))
-            self._kick(session)
+        if conn.session is not None:
+            self.delivery.received(conn.session, packet_id)
 
     def released(self, conn: Connection, packet_id: int) -> None:
-        session = conn.session
-        if session is not None:
-            session.ops.append(("released", packet_id))
-            self._kick(session)
-
-    def _kick(self, session: Session) -> None:
-        if session.pumping:
-            session.dirty = True
-            return
-        if session.conn is None or not session.ready:
-            return
-        session.pumping = True
-        session.dirty = True
-        self.spawn(self._pump(session))
-
-    async def _pump(self, session: Session) -> None:
-        client_id = session.client_id
-        try:
-            while session.dirty and session.conn is not None and session.ready:
-                session.dirty = False
-                epoch = session.epoch
-                ops, session.ops = session.ops, []
-                for op, pid in ops:
-                    if op == "received":
-                        await self.queue.received(client_id, epoch, pid)
-                    else:
-                        await self.queue.incoming_release(client_id, epoch, pid)
-                acks, session.acks = session.acks, []
-                window = self._window(session)
-                taken = await self.queue.ack_and_take(client_id, epoch, acks, window)
-                if taken:
-                    self._send_taken(session, taken)
-        except Fenced:
-            conn = session.conn
-            if conn is not None:
-                conn.close()
-        except SessionError:
-            log.exception("delivery to %s failed", client_id)
-        finally:
-            session.pumping = False
+        if conn.session is not None:
+            self.delivery.released(conn.session, packet_id)
 
     # -- shutdown -----------------------------------------------------------------
 

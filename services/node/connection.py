@@ -42,7 +42,8 @@ from services.mqtt.channel import Channel
 from services.mqtt.errors import MQTTError
 
 if TYPE_CHECKING:
-    from services.node.broker import Broker, Session
+    from services.node.broker import Broker
+    from services.node.session import Session
 
 
 PUBLISHER_STALL_S = 0.5  # seconds a publisher waits for one slow subscriber to drain

@@ -292,7 +292,7 @@ async def test_offline_queue_bound_drops_oldest_and_counts() -> None:
     pub, _ = await h.connected("pub", level=4)
     for i in range(8):
         pub.data_received(codec.encode(Publish("q", b"%d" % i, qos=1, packet_id=i + 1), 4))
-    await wait_for(lambda: not h.broker._batch and not h.broker._tasks, "enqueued")
+    await wait_for(lambda: h.broker.delivery.idle and not h.broker._tasks, "enqueued")
     assert await h.broker.queue.drops("off") == 3
     again, again_t = h.open()
     again.data_received(codec.encode(Connect("off", protocol_level=4, clean_start=False), 4))

@@ -1,0 +1,184 @@
+"""Durable delivery: QoS 1/2 (and offline QoS 0) through the QueueStore.
+
+Theory of operation. Messages for the queue collect in this loop turn's
+batch; one `enqueue_and_take` call stores them and moves what fits into the
+online subscribers' inflight windows, and only then do the publishers get
+their PUBACK / PUBREC (`channel.routed`), in the order they published. Each
+session has at most one pump task: acknowledgements and new messages mark
+it dirty and it loops (`ack_and_take`) until nothing is left.
+
+Back-pressure: `backlog` counts what an online session has queued but not
+yet taken. Past half the queue bound its publishers wait (the connection
+stops reading them, bounded by PUBLISHER_STALL_S) rather than letting the
+overflow policy drop messages that were already acknowledged; below a
+quarter they go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from services.mqtt.packets import Message
+from services.queue.api import Inflight, QueueStore
+from services.session.api import Fenced, SessionError
+
+if TYPE_CHECKING:
+    from services.node.connection import Connection
+    from services.node.session import Session
+
+log = logging.getLogger("weir.delivery")
+
+
+class Delivery:
+    def __init__(
+        self,
+        queue: QueueStore,
+        loop: asyncio.AbstractEventLoop,
+        spawn: Callable[[Coroutine[Any, Any, Any]], None],
+        queue_limit: int,
+        publisher: Callable[[], Connection | None],
+    ) -> None:
+        self.queue = queue
+        self.loop = loop
+        self.spawn = spawn
+        self.publisher = publisher
+        self.dropped = 0  # messages the queue's overflow policy dropped
+        self._backlog_high = max(1, queue_limit // 2)
+        self._backlog_low = queue_limit // 4
+        self._batch: list[tuple[str, Message]] = []
+        self._batch_tokens: list[tuple[Connection, int, bool]] = []
+        self._batch_takers: set[Session] = set()
+        self._batch_scheduled = False
+
+    @property
+    def idle(self) -> bool:
+        return not (self._batch or self._batch_tokens or self._batch_scheduled)
+
+    def add(self, session: Session, message: Message) -> None:
+        """Queue `message` (in its delivered form) for `session`."""
+        self._batch.append((session.client_id, message))
+        conn = session.conn
+        if conn is not None and session.ready:
+            self._batch_takers.add(session)
+            session.backlog += 1
+            if session.backlog >= self._backlog_high:
+                publisher = self.publisher()
+                if publisher is not None and publisher is not conn:
+                    publisher.block_on(conn)
+
+    def token(self, conn: Connection, token: int, no_subscribers: bool) -> None:
+        """Answer `channel.routed(token)` once this turn's batch is stored."""
+        self._batch_tokens.append((conn, token, no_subscribers))
+        self.schedule()
+
+    def schedule(self) -> None:
+        if not self._batch_scheduled and (self._batch or self._batch_tokens):
+            self._batch_scheduled = True
+            self.loop.call_soon(self._start_batch)
+
+    def _start_batch(self) -> None:
+        self._batch_scheduled = False
+        items, self._batch = self._batch, []
+        tokens, self._batch_tokens = self._batch_tokens, []
+        takers, self._batch_takers = self._batch_takers, set()
+        if not items:
+            for conn, token, no_subs in tokens:
+                conn.routed(token, True, no_subs)
+            return
+        self.spawn(self._store_batch(items, tokens, takers))
+
+    async def _store_batch(
+        self,
+        items: list[tuple[str, Message]],
+        tokens: list[tuple[Connection, int, bool]],
+        takers: set[Session],
+    ) -> None:
+        ready = [s for s in takers if s.conn is not None and s.ready and not s.pumping]
+        windows = {s.client_id: (s.epoch, self._window(s)) for s in ready}
+        ok = True
+        try:
+            result = await self.queue.enqueue_and_take(items, windows)
+        except SessionError:
+            log.exception("enqueue of %d messages failed", len(items))
+            ok = False
+        else:
+            self.dropped += result.dropped
+            for session in ready:
+                taken = result.taken.get(session.client_id)
+                if taken:
+                    self._send_taken(session, taken)
+        for conn, token, no_subs in tokens:
+            conn.routed(token, ok, no_subs)
+        for session in takers:
+            if session not in ready or session.dirty:
+                self.kick(session)
+
+    def _window(self, session: Session) -> int:
+        conn = session.conn
+        return conn.channel.client_receive_maximum if conn is not None else 0
+
+    def _send_taken(self, session: Session, taken: list[Inflight]) -> None:
+        conn = session.conn
+        if conn is None:
+            return
+        now_ms = time.time_ns() // 1_000_000
+        for item in taken:
+            pid = item.packet_id if item.message.qos > 0 else None
+            conn.carry_out(conn.channel.deliver(item.message, pid, item.dup, now_ms))
+        session.backlog = max(0, session.backlog - len(taken))
+        if session.backlog <= self._backlog_low:
+            conn.wake_waiters()
+
+    # -- the per-session pump ------------------------------------------------------
+
+    def acked(self, session: Session, packet_id: int) -> None:
+        session.acks.append(packet_id)
+        self.kick(session)
+
+    def received(self, session: Session, packet_id: int) -> None:
+        session.ops.append(("received", packet_id))
+        self.kick(session)
+
+    def released(self, session: Session, packet_id: int) -> None:
+        session.ops.append(("released", packet_id))
+        self.kick(session)
+
+    def kick(self, session: Session) -> None:
+        if session.pumping:
+            session.dirty = True
+            return
+        if session.conn is None or not session.ready:
+            return
+        session.pumping = True
+        session.dirty = True
+        self.spawn(self._pump(session))
+
+    async def _pump(self, session: Session) -> None:
+        client_id = session.client_id
+        try:
+            while session.dirty and session.conn is not None and session.ready:
+                session.dirty = False
+                epoch = session.epoch
+                ops, session.ops = session.ops, []
+                for op, pid in ops:
+                    if op == "received":
+                        await self.queue.received(client_id, epoch, pid)
+                    else:
+                        await self.queue.incoming_release(client_id, epoch, pid)
+                acks, session.acks = session.acks, []
+                window = self._window(session)
+                taken = await self.queue.ack_and_take(client_id, epoch, acks, window)
+                if taken:
+                    self._send_taken(session, taken)
+        except Fenced:
+            conn = session.conn
+            if conn is not None:
+                conn.close()
+        except SessionError:
+            log.exception("delivery to %s failed", client_id)
+        finally:
+            session.pumping = False

@@ -55,8 +55,8 @@ MAX_CONNECTIONS = 19_000  # connections; the process may open 20,000 files (DESI
 MAX_PACKET_SIZE = 1 << 20  # bytes (1 MiB): bounds per-connection buffer memory
 RECEIVE_MAXIMUM = 32  # unacknowledged incoming QoS 1/2 PUBLISHes per client (EMQX's default)
 QUEUE_LIMIT = 1000  # messages per offline/overflow queue, as Mosquitto's max_queued_messages
-MIN_KEEP_ALIVE_S = 0  # seconds; 0 lets clients disable keep alive, as the spec allows
-MAX_KEEP_ALIVE_S = 65_535  # seconds; the largest keep alive MQTT can express
+MAX_KEEP_ALIVE_S = 65_535  # seconds; the largest keep alive MQTT can express (a 5.0
+#   client asking for more is told this; 0, no keep alive, stays allowed as the spec says)
 OUTBOUND_HIGH_WATER = 64 * 1024  # bytes in a transport's write buffer before we stop
 #   reading from that client (uvloop's own default high-water mark)
 OUTBOUND_LOW_WATER = 16 * 1024  # bytes: resume reading once the buffer drains to this
@@ -90,7 +90,6 @@ class Limits:
     max_packet_size: int = MAX_PACKET_SIZE
     receive_maximum: int = RECEIVE_MAXIMUM
     queue_limit: int = QUEUE_LIMIT
-    min_keep_alive_s: int = MIN_KEEP_ALIVE_S
     max_keep_alive_s: int = MAX_KEEP_ALIVE_S
     outbound_high_water: int = OUTBOUND_HIGH_WATER
     outbound_low_water: int = OUTBOUND_LOW_WATER
@@ -196,7 +195,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("limits.max_packet_size", _int(64, 268_435_460)),
     Option("limits.receive_maximum", _int(1, 65_535)),
     Option("limits.queue_limit", _int(1)),
-    Option("limits.min_keep_alive_s", _int(0, MAX_KEEP_ALIVE_S)),
     Option("limits.max_keep_alive_s", _int(0, MAX_KEEP_ALIVE_S)),
     Option("limits.outbound_high_water", _int(1024)),
     Option("limits.outbound_low_water", _int(0)),
@@ -269,8 +267,6 @@ def _build(values: Mapping[str, Any]) -> Settings:
         sections[section][name] = value
     listeners = Listeners(**sections["listeners"])
     limits = Limits(**sections["limits"])
-    if limits.min_keep_alive_s > limits.max_keep_alive_s:
-        raise SettingsError("limits.min_keep_alive_s is above limits.max_keep_alive_s")
     if limits.outbound_low_water > limits.outbound_high_water:
         raise SettingsError("limits.outbound_low_water is above limits.outbound_high_water")
     return Settings(listeners=listeners, limits=limits, **sections[""])

@@ -138,6 +138,7 @@ async def make_harness(s: Settings) -> Harness:
         retain=services.retain,
         loop=loop,
         wheel=TimerWheel(loop),
+        shared_strategy=s.shared_strategy,
     )
     return Harness(broker, loop)
 
@@ -367,3 +368,26 @@ async def test_connections_past_the_limit_are_refused() -> None:
     assert not first.closed and not second.closed
     assert third.closed and third_conn.ended
     assert len(h.broker.connections) == 2
+
+
+@pytest.mark.parametrize("strategy", ["random", "round_robin"])
+async def test_shared_strategies_deliver_each_message_once(strategy: str) -> None:
+    h = await make_harness(replace(settings(), shared_strategy=strategy))
+    transports = []
+    for name in ("m1", "m2", "m3"):
+        conn, t = await h.connected(name, level=5)
+        conn.data_received(codec.encode(Subscribe(1, (Subscription("$share/g/s", 0),)), 5))
+        await wait_for(lambda t=t: any(isinstance(p, Suback) for p in t.packets(5)), "suback")
+        t.data.clear()
+        transports.append(t)
+    pub, _ = await h.connected("pub", level=5)
+    for i in range(30):
+        pub.data_received(codec.encode(Publish("s", b"%02d" % i), 5))
+
+    def received() -> list[bytes]:
+        return sorted(p for t in transports for p in publish_payloads(t, 5))
+
+    await wait_for(lambda: len(received()) == 30, "30 deliveries")
+    assert received() == [b"%02d" % i for i in range(30)]
+    if strategy == "round_robin":
+        assert [len(publish_payloads(t, 5)) for t in transports] == [10, 10, 10]

@@ -1,0 +1,134 @@
+"""Takeover fencing: after B takes a session over, A's writes all bounce.
+
+Two nodes are two independent store pairs (own Redis connections) on one
+real redis-server. A claims the client, does some work, then B claims it
+(epoch + 1) and does its own work. Every write A then tries with its stale
+epoch must raise `Fenced`, and afterwards Redis must hold exactly B's state.
+The event-append path is covered by `next_version`: a node takes the event's
+version from it (which checks the epoch) before it appends to Kafka, so a
+fenced node cannot write an event either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+
+from services.mqtt.packets import Message
+from services.queue.redis import RedisQueueStore
+from services.session.api import Fenced
+from services.session.redis import RedisSessionStore
+
+pytestmark = pytest.mark.redis
+
+
+@dataclass
+class Node:
+    name: str
+    sessions: RedisSessionStore
+    queue: RedisQueueStore
+
+
+@pytest.fixture
+async def nodes(redis_url: str) -> AsyncIterator[tuple[Node, Node]]:
+    a = Node("A", RedisSessionStore.from_url(redis_url), RedisQueueStore.from_url(redis_url))
+    b = Node("B", RedisSessionStore.from_url(redis_url), RedisQueueStore.from_url(redis_url))
+    try:
+        yield a, b
+    finally:
+        for n in (a, b):
+            await n.queue.close()
+            await n.sessions.close()
+
+
+def msg(n: int, qos: int = 1) -> Message:
+    return Message("t/fence", str(n).encode(), qos=qos)
+
+
+async def test_old_owner_writes_are_all_fenced(nodes: tuple[Node, Node]) -> None:
+    a, b = nodes
+    cid = "fence-client"
+
+    # A owns the session and has a message inflight, one queued, an incoming QoS 2 id.
+    ca = await a.sessions.claim(cid, a.name, clean_start=False, expiry_s=3600)
+    await a.queue.enqueue([(cid, msg(1)), (cid, msg(2, qos=2)), (cid, msg(3))])
+    taken = await a.queue.take(cid, ca.epoch, 1)
+    assert [i.packet_id for i in taken] == [1]
+    assert await a.queue.incoming_add(cid, ca.epoch, 77)
+    version_a = await a.sessions.next_version(cid, ca.epoch)
+
+    # The same client id connects to B: takeover.
+    cb = await b.sessions.claim(cid, b.name, clean_start=False, expiry_s=3600)
+    assert cb.epoch > ca.epoch
+    assert cb.session_present and cb.previous_node == "A"
+    # B resumes: resends inflight 1 (DUP), takes the rest, PUBRECs message 2, gets PUBREL 77.
+    pending = await b.queue.pending(cid, cb.epoch)
+    assert [i.packet_id for i in pending] == [1]
+    taken_b = await b.queue.take(cid, cb.epoch, 10)
+    assert [(i.packet_id, i.message.payload) for i in taken_b] == [(2, b"2"), (3, b"3")]
+    assert await b.queue.received(cid, cb.epoch, 2)
+    await b.queue.incoming_release(cid, cb.epoch, 77)
+    assert await b.queue.incoming_add(cid, cb.epoch, 88)
+    version_b = await b.sessions.next_version(cid, cb.epoch)
+    assert version_b > version_a
+
+    # The old owner A keeps writing with its stale epoch: every write is rejected.
+    stale = ca.epoch
+    writes: dict[str, Callable[[], Awaitable[object]]] = {
+        "take": lambda: a.queue.take(cid, stale, 10),
+        "pending": lambda: a.queue.pending(cid, stale),
+        "ack": lambda: a.queue.ack(cid, stale, 1),
+        "ack_many": lambda: a.queue.ack_many(cid, stale, [1, 2, 3]),
+        "ack_and_take": lambda: a.queue.ack_and_take(cid, stale, [1], 10),
+        "received": lambda: a.queue.received(cid, stale, 3),
+        "incoming_add": lambda: a.queue.incoming_add(cid, stale, 99),
+        "incoming_release": lambda: a.queue.incoming_release(cid, stale, 88),
+        "incoming_ids": lambda: a.queue.incoming_ids(cid, stale),
+        "next_version (event append)": lambda: a.sessions.next_version(cid, stale),
+        "release": lambda: a.sessions.release(cid, stale, 0),
+    }
+    accepted = []
+    for name, write in writes.items():
+        try:
+            await write()
+        except Fenced:
+            continue
+        accepted.append(name)
+    assert accepted == [], f"stale owner's writes were accepted: {accepted}"
+
+    # enqueue_and_take with A as a stale taker: A is fenced and takes nothing.
+    result = await a.queue.enqueue_and_take([(cid, msg(4))], {cid: (stale, 10)})
+    assert result.fenced == {cid} and result.taken == {}
+    # discard with the stale epoch is a no-op, not a wipe of B's state.
+    await a.queue.discard(cid, stale)
+
+    # Redis holds what B wrote, and B's own writes still work.
+    info = await b.sessions.get(cid)
+    assert info is not None and info.node == "B" and info.epoch == cb.epoch and info.online
+    inflight = await b.queue.pending(cid, cb.epoch)
+    assert [(i.packet_id, i.released) for i in inflight] == [(1, False), (2, True), (3, False)]
+    assert await b.queue.incoming_ids(cid, cb.epoch) == {88}
+    assert await b.sessions.next_version(cid, cb.epoch) > version_b
+    assert await b.queue.ack_many(cid, cb.epoch, [1, 2, 3]) == 3
+    # message 4 (enqueued by the stale node, which enqueue does not fence: any node may
+    # route to a session) is B's to deliver, exactly once.
+    assert [i.message.payload for i in await b.queue.take(cid, cb.epoch, 10)] == [b"4"]
+
+
+async def test_takeover_back_fences_the_middle_owner(nodes: tuple[Node, Node]) -> None:
+    a, b = nodes
+    cid = "fence-pingpong"
+    epochs = []
+    owners = [a, b, a, b, a]
+    for owner in owners:
+        epochs.append((await owner.sessions.claim(cid, owner.name, False, 3600)).epoch)
+    assert epochs == sorted(set(epochs))
+    for owner, epoch in zip(owners[:-1], epochs[:-1], strict=True):
+        with pytest.raises(Fenced):
+            await owner.queue.take(cid, epoch, 1)
+        with pytest.raises(Fenced):
+            await owner.sessions.next_version(cid, epoch)
+    info = await a.sessions.get(cid)
+    assert info is not None and info.node == "A" and info.epoch == epochs[-1]

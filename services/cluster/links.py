@@ -1,0 +1,465 @@
+"""Node-to-node links: one ordered, batched TCP stream per peer.
+
+Theory of operation. Each node listens on one cluster port and dials one
+outbound link to every peer it sends to; a link carries frames one way
+(dialler -> listener), so a pair of nodes has one link per direction and
+frames from A to B keep A's order.
+
+Handshake. The dialler sends HELLO (magic, protocol version, its node id);
+the listener answers with its own HELLO and then reads frames. A listener
+that does not speak the dialler's version answers and closes; a dialler
+that reaches another node id than it dialled (a port reused after a
+restart) closes too. Both are `HandshakeRejected`, counted, and retried
+with the same backoff as a refused connection: a rolling upgrade ends them.
+
+Frames: u32 length (of what follows) | u8 type | body.
+  FORWARD  u16 n | n x (u16 len | client id) | message (services.queue.serial)
+  NOTIFY   u16 n | n x (u16 len | client id)
+  KICK     u64 epoch | client id
+A frame longer than MAX_FRAME closes the link (the sender is broken).
+
+Batching and back-pressure. Frames wait in the peer's buffer; the first
+frame of a loop turn schedules one flush (`call_soon`), which writes the
+whole buffer in one `transport.write`. While the link is down, connecting,
+or the kernel buffer is full (`pause_writing`), frames stay buffered. Past
+`buffer_limit` bytes, QoS 0 FORWARDs are dropped and counted; other frames
+(QoS 1/2 FORWARD, NOTIFY, KICK) are always kept, and `backlog()` tells the
+broker when to hold its publishers. Frames handed to a transport whose
+connection then breaks are lost: forwarding to clean sessions is at most
+once across a node failure (their sessions die with that node anyway),
+and persistent sessions' messages wait in Redis, not here.
+
+Reconnect: after a failure the dialler waits backoff_min_s, doubling up to
+backoff_max_s, reset by a successful handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from services.cluster.api import HandshakeRejected, LinkError
+from services.mqtt.packets import Message
+from services.queue import serial
+
+log = logging.getLogger("weir.cluster.links")
+
+PROTOCOL_VERSION = 1
+MAGIC = b"WEIRLINK"
+FORWARD, NOTIFY, KICK = 1, 2, 3
+MAX_FRAME = 256 * 1024 * 1024 + 65536  # the largest MQTT packet, plus targets
+DEFAULT_BUFFER_LIMIT = 8 * 1024 * 1024  # bytes per peer before QoS 0 forwards are dropped
+HANDSHAKE_TIMEOUT_S = 2.0
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 2.0
+
+_HELLO = struct.Struct(">8sHH")
+_FRAME = struct.Struct(">IB")
+_U16 = struct.Struct(">H")
+_U64 = struct.Struct(">Q")
+
+
+class LinkHandler(Protocol):
+    """What a node does with frames from its peers (called on the loop)."""
+
+    def on_forward(self, peer: str, message: Message, client_ids: Sequence[str]) -> None: ...
+
+    def on_notify(self, peer: str, client_ids: Sequence[str]) -> None: ...
+
+    def on_kick(self, peer: str, client_id: str, epoch: int) -> None: ...
+
+
+@dataclass(slots=True)
+class PeerStats:
+    frames: int = 0  # handed to a transport
+    writes: int = 0  # transport.write calls (one per flush)
+    dropped: int = 0  # QoS 0 forwards dropped past the buffer limit
+    connects: int = 0
+    rejected: int = 0  # handshakes refused (version or identity)
+
+
+def hello(node_id: str, version: int = PROTOCOL_VERSION) -> bytes:
+    raw = node_id.encode()
+    return _HELLO.pack(MAGIC, version, len(raw)) + raw
+
+
+def parse_hello(data: bytes | bytearray) -> tuple[int, str, int] | None:
+    """(version, node id, bytes used), or None for "need more data"."""
+    if len(data) < _HELLO.size:
+        return None
+    magic, version, n = _HELLO.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise LinkError("not a Weir cluster link")
+    end = _HELLO.size + n
+    if len(data) < end:
+        return None
+    return version, bytes(data[_HELLO.size : end]).decode(), end
+
+
+def _ids(client_ids: Sequence[str]) -> bytes:
+    parts = [_U16.pack(len(client_ids))]
+    for cid in client_ids:
+        raw = cid.encode()
+        parts.append(_U16.pack(len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def _read_ids(body: bytes, pos: int) -> tuple[list[str], int]:
+    (n,) = _U16.unpack_from(body, pos)
+    pos += 2
+    out = []
+    for _ in range(n):
+        (k,) = _U16.unpack_from(body, pos)
+        pos += 2
+        out.append(body[pos : pos + k].decode())
+        pos += k
+    return out, pos
+
+
+def _frame(kind: int, body: bytes) -> bytes:
+    return _FRAME.pack(len(body) + 1, kind) + body
+
+
+def forward_frame(message: Message, client_ids: Sequence[str]) -> bytes:
+    return _frame(FORWARD, _ids(client_ids) + serial.dumps(message))
+
+
+def notify_frame(client_ids: Sequence[str]) -> bytes:
+    return _frame(NOTIFY, _ids(client_ids))
+
+
+def kick_frame(client_id: str, epoch: int) -> bytes:
+    return _frame(KICK, _U64.pack(epoch) + client_id.encode())
+
+
+def dispatch(handler: LinkHandler, peer: str, kind: int, body: bytes) -> None:
+    if kind == FORWARD:
+        ids, pos = _read_ids(body, 0)
+        handler.on_forward(peer, serial.loads(body[pos:]), ids)
+    elif kind == NOTIFY:
+        ids, _ = _read_ids(body, 0)
+        handler.on_notify(peer, ids)
+    elif kind == KICK:
+        (epoch,) = _U64.unpack_from(body, 0)
+        handler.on_kick(peer, body[8:].decode(), epoch)
+    else:
+        raise LinkError(f"unknown frame type {kind}")
+
+
+class _Inbound(asyncio.Protocol):
+    """The listener's side: HELLO, then frames to the handler."""
+
+    def __init__(self, links: Links) -> None:
+        self._links = links
+        self._buf = bytearray()
+        self._peer: str | None = None
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._links._inbound.add(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._transport is not None:
+            self._links._inbound.discard(self._transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        try:
+            if self._peer is None and not self._greet():
+                return
+            self._frames()
+        except (LinkError, struct.error, UnicodeDecodeError, serial.SerialError) as exc:
+            log.warning("link from %s: %s; closing", self._peer, exc)
+            assert self._transport is not None
+            self._transport.close()
+
+    def _greet(self) -> bool:
+        parsed = parse_hello(self._buf)
+        if parsed is None:
+            return False
+        version, peer, used = parsed
+        del self._buf[:used]
+        assert self._transport is not None
+        self._transport.write(hello(self._links.node_id))
+        if version != PROTOCOL_VERSION:
+            self._transport.close()
+            raise HandshakeRejected(f"{peer} speaks link version {version}")
+        self._peer = peer
+        return True
+
+    def _frames(self) -> None:
+        buf, pos, end = self._buf, 0, len(self._buf)
+        handler, peer = self._links.handler, self._peer
+        assert peer is not None
+        try:
+            while end - pos >= 5:
+                length, kind = _FRAME.unpack_from(buf, pos)
+                if length > MAX_FRAME or length < 1:
+                    raise LinkError(f"frame of {length} bytes")
+                if end - pos - 4 < length:
+                    break
+                body = bytes(buf[pos + 5 : pos + 4 + length])
+                pos += 4 + length
+                dispatch(handler, peer, kind, body)
+        finally:
+            del buf[:pos]
+
+
+class _Outbound(asyncio.Protocol):
+    """The dialler's side: reads the HELLO answer, then only writes."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.answered: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.paused = False
+        self.peer: _Peer | None = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.answered.done():
+            return
+        self.buf += data
+        try:
+            parsed = parse_hello(self.buf)
+        except LinkError as exc:
+            self.answered.set_exception(exc)
+            return
+        if parsed is not None:
+            self.answered.set_result(parsed[:2])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.answered.done():
+            self.answered.set_exception(LinkError("closed during handshake"))
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.peer is not None:
+            self.peer.schedule_flush()
+
+
+class _Peer:
+    def __init__(self, links: Links, node_id: str, address: str) -> None:
+        self.links = links
+        self.node_id = node_id
+        self.address = address
+        self.frames: list[bytes] = []
+        self.buffered = 0
+        self.stats = PeerStats()
+        self.transport: asyncio.Transport | None = None
+        self.protocol: _Outbound | None = None
+        self.connected = asyncio.Event()
+        self._flush_scheduled = False
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def put(self, frame: bytes, droppable: bool) -> bool:
+        if droppable and self.buffered + len(frame) > self.links.buffer_limit:
+            self.stats.dropped += 1
+            return False
+        self.frames.append(frame)
+        self.buffered += len(frame)
+        self.schedule_flush()
+        return True
+
+    def schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        transport, proto = self.transport, self.protocol
+        if transport is None or proto is None or proto.paused or not self.frames:
+            return
+        transport.write(b"".join(self.frames))
+        self.stats.frames += len(self.frames)
+        self.stats.writes += 1
+        self.frames.clear()
+        self.buffered = 0
+
+    async def _run(self) -> None:
+        backoff = self.links.backoff_min_s
+        while True:
+            try:
+                await self._session()
+                backoff = self.links.backoff_min_s
+            except HandshakeRejected as exc:
+                self.stats.rejected += 1
+                log.warning("link to %s at %s: %s", self.node_id, self.address, exc)
+            except (OSError, LinkError, TimeoutError) as exc:
+                log.debug("link to %s at %s: %s", self.node_id, self.address, exc)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.links.backoff_max_s)
+
+    async def _session(self) -> None:
+        host, _, port = self.address.rpartition(":")
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(self.links.handshake_timeout_s):
+            transport, proto = await loop.create_connection(_Outbound, host, int(port))
+            try:
+                transport.write(hello(self.links.node_id))
+                version, peer = await proto.answered
+            except BaseException:
+                transport.close()
+                raise
+        if version != PROTOCOL_VERSION or peer != self.node_id:
+            transport.close()
+            raise HandshakeRejected(f"answered as {peer!r} with link version {version}")
+        proto.peer = self
+        self.transport, self.protocol = transport, proto
+        self.stats.connects += 1
+        self.connected.set()
+        self.schedule_flush()
+        try:
+            await proto.lost
+        finally:
+            self.connected.clear()
+            self.transport = self.protocol = None
+            transport.close()
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Links:
+    """This node's cluster links: the listener and one dialled link per peer."""
+
+    def __init__(
+        self,
+        node_id: str,
+        handler: LinkHandler,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        buffer_limit: int = DEFAULT_BUFFER_LIMIT,
+        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        backoff_min_s: float = BACKOFF_MIN_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
+    ) -> None:
+        self.node_id = node_id
+        self.handler = handler
+        self.host = host
+        self.port = port
+        self.buffer_limit = buffer_limit
+        self.handshake_timeout_s = handshake_timeout_s
+        self.backoff_min_s = backoff_min_s
+        self.backoff_max_s = backoff_max_s
+        self.unroutable = 0  # frames for a node we have no address for
+        self._peers: dict[str, _Peer] = {}
+        self._inbound: set[asyncio.Transport] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Inbound(self), self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    # -- peers -------------------------------------------------------------
+
+    async def set_peer(self, node_id: str, address: str) -> None:
+        """Dial node_id at address (again, if its address changed)."""
+        if node_id == self.node_id:
+            return
+        peer = self._peers.get(node_id)
+        if peer is not None and peer.address == address:
+            return
+        fresh = _Peer(self, node_id, address)
+        if peer is not None:
+            fresh.frames, fresh.buffered = peer.frames, peer.buffered
+            fresh.stats = peer.stats
+            fresh.schedule_flush()
+            await peer.close()
+        self._peers[node_id] = fresh
+
+    async def remove_peer(self, node_id: str) -> None:
+        """The peer died: close its link and forget what was buffered for it."""
+        peer = self._peers.pop(node_id, None)
+        if peer is not None:
+            await peer.close()
+
+    def peers(self) -> dict[str, str]:
+        return {k: p.address for k, p in self._peers.items()}
+
+    def is_connected(self, node_id: str) -> bool:
+        peer = self._peers.get(node_id)
+        return peer is not None and peer.connected.is_set()
+
+    async def wait_connected(self, node_id: str, timeout_s: float) -> bool:
+        peer = self._peers.get(node_id)
+        if peer is None:
+            return False
+        try:
+            async with asyncio.timeout(timeout_s):
+                await peer.connected.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def stats(self, node_id: str) -> PeerStats:
+        peer = self._peers.get(node_id)
+        return peer.stats if peer is not None else PeerStats()
+
+    def backlog(self, node_id: str) -> int:
+        """Bytes waiting for node_id; past buffer_limit the broker should
+        hold publishers of QoS 1/2 messages that go there."""
+        peer = self._peers.get(node_id)
+        return peer.buffered if peer is not None else 0
+
+    # -- sending -------------------------------------------------------------
+
+    def _put(self, node_id: str, frame: bytes, droppable: bool) -> bool:
+        peer = self._peers.get(node_id)
+        if peer is None:
+            self.unroutable += 1
+            return False
+        return peer.put(frame, droppable)
+
+    def forward(self, node_id: str, message: Message, client_ids: Sequence[str]) -> bool:
+        """Deliver message to these clean-session clients on node_id. False
+        if it was dropped (QoS 0 past the buffer limit, or no such peer)."""
+        return self._put(node_id, forward_frame(message, client_ids), message.qos == 0)
+
+    def forward_encoded(self, node_id: str, frame: bytes, qos: int) -> bool:
+        """`forward` with a frame from `forward_frame`, for fan-out to many peers."""
+        return self._put(node_id, frame, qos == 0)
+
+    def notify(self, node_id: str, client_ids: Sequence[str]) -> bool:
+        """Tell node_id to deliver these clients' Redis queues."""
+        return self._put(node_id, notify_frame(client_ids), False)
+
+    def kick(self, node_id: str, client_id: str, epoch: int) -> bool:
+        """Tell node_id to close client_id's connection: a newer claim (epoch) took it."""
+        return self._put(node_id, kick_frame(client_id, epoch), False)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for peer in list(self._peers.values()):
+            await peer.close()
+        self._peers.clear()
+        for transport in list(self._inbound):
+            transport.close()
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._server.wait_closed()

@@ -56,6 +56,8 @@ class MembershipChange:
 
 
 class Membership(Protocol):
+    ttl_s: float  # a record not refreshed for this long lapses
+
     async def join(self, member: Member) -> None:
         """Write this node's heartbeat record (TTL ttl_s). Call `beat` at
         least every ttl_s / HEARTBEAT_FRACTION to stay alive."""

@@ -127,7 +127,12 @@ def _frame(kind: int, body: bytes) -> bytes:
 
 
 def forward_frame(message: Message, client_ids: Sequence[str]) -> bytes:
-    return _frame(FORWARD, _ids(client_ids) + serial.dumps(message))
+    return forward_frame_serialized(serial.dumps(message), client_ids)
+
+
+def forward_frame_serialized(blob: bytes, client_ids: Sequence[str]) -> bytes:
+    """A FORWARD of a message already in `serial.dumps` form (one per fan-out)."""
+    return _frame(FORWARD, _ids(client_ids) + blob)
 
 
 def notify_frame(client_ids: Sequence[str]) -> bytes:

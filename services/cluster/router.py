@@ -1,0 +1,203 @@
+"""Cross-node routing: what the broker calls, and what it is called back with.
+
+Theory of operation. The broker matches a publish against the global
+subscription tree (from the log, `services.cluster.view`); for every
+matching client that is not local it asks the router:
+
+- clean session online on node X: `forward(message, {X: [client ids]})`.
+  The message goes as published (the publisher's QoS and retain flag); the
+  receiving node applies each target's own subscription options, as it
+  does for its local publishers. QoS 0 may be dropped under back-pressure
+  (counted by the link); QoS 1/2 is not.
+- persistent session online on node X: the broker enqueues in Redis as for
+  any persistent session, then `notify(X, client id)`; notifies are merged
+  per node per loop turn, so X is told once per turn per client.
+- takeover: the broker that claimed a session whose previous owner was X
+  calls `kick(X, client id, epoch)`; X closes that connection (DISCONNECT
+  0x8E on v5) unless its own epoch is already newer.
+
+On the receiving side the router calls the `LocalNode` hooks. Membership
+drives the links: each poll's joins dial (or re-dial) the peer, deaths close
+the link and drop what was buffered for it. A message for a node that
+membership does not know (yet, or any more) is counted as unroutable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+from services.cluster.api import Member, Membership, MembershipChange, MembershipUnavailable
+from services.cluster.links import (
+    DEFAULT_BUFFER_LIMIT,
+    LinkHandler,
+    Links,
+    PeerStats,
+    forward_frame_serialized,
+)
+from services.cluster.membership import beat_interval
+from services.mqtt.packets import Message
+from services.queue import serial
+
+log = logging.getLogger("weir.cluster.router")
+
+
+class LocalNode(Protocol):
+    """The broker's side of the router (called on the loop)."""
+
+    def deliver_forwarded(self, message: Message, client_ids: Sequence[str]) -> None:
+        """Deliver to these local clean sessions, each with its own options."""
+        ...
+
+    def deliver_queued(self, client_ids: Sequence[str]) -> None:
+        """These local persistent sessions have new messages in their queues."""
+        ...
+
+    def kicked(self, client_id: str, epoch: int) -> None:
+        """Close client_id's connection if its epoch is below `epoch`."""
+        ...
+
+
+class _Ignore:
+    def deliver_forwarded(self, message: Message, client_ids: Sequence[str]) -> None:
+        pass
+
+    def deliver_queued(self, client_ids: Sequence[str]) -> None:
+        pass
+
+    def kicked(self, client_id: str, epoch: int) -> None:
+        pass
+
+
+class ClusterRouter(LinkHandler):
+    def __init__(
+        self,
+        node_id: str,
+        membership: Membership,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        buffer_limit: int = DEFAULT_BUFFER_LIMIT,
+        poll_interval_s: float | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.membership = membership
+        self.local: LocalNode = _Ignore()
+        self.links = Links(node_id, self, host=host, port=port, buffer_limit=buffer_limit)
+        self.poll_interval_s = poll_interval_s or beat_interval(membership.ttl_s)
+        self._notify: dict[str, dict[str, None]] = {}
+        self._notify_scheduled = False
+        self._watch: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()  # set and replaced on every membership change
+
+    @property
+    def address(self) -> str:
+        return self.links.address
+
+    async def start(self, local: LocalNode) -> None:
+        """Listen, join the membership, dial the live peers, then keep watching."""
+        self.local = local
+        await self.links.start()
+        await self.membership.join(Member(self.node_id, self.links.address))
+        await self._apply(await self.membership.poll())
+        self._watch = asyncio.get_running_loop().create_task(self._run_watch())
+
+    async def _run_watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval_s)
+            try:
+                await self.membership.beat()
+                change = await self.membership.poll()
+            except MembershipUnavailable as exc:
+                log.warning("membership: %s", exc)
+                continue
+            if change:
+                await self._apply(change)
+
+    async def _apply(self, change: MembershipChange) -> None:
+        for member in change.joined:
+            log.info("node %s joined at %s", member.node_id, member.address)
+            await self.links.set_peer(member.node_id, member.address)
+        for node_id in change.died:
+            log.info("node %s died", node_id)
+            await self.links.remove_peer(node_id)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def peers(self) -> list[str]:
+        return sorted(self.links.peers())
+
+    async def wait_peers(self, node_ids: Iterable[str], timeout_s: float) -> bool:
+        """Until a link to each of node_ids is up (tests, start-up)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                for node_id in node_ids:
+                    while node_id not in self.links.peers():
+                        await self._changed.wait()
+                    await self.links.wait_connected(node_id, timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    # -- sending -------------------------------------------------------------
+
+    def forward(self, message: Message, targets: Mapping[str, Sequence[str]]) -> int:
+        """Forward to clean sessions on other nodes; the count of nodes that
+        took it (the rest dropped it: QoS 0 back-pressure or unknown node)."""
+        blob = serial.dumps(message)
+        took = 0
+        for node_id, client_ids in targets.items():
+            frame = forward_frame_serialized(blob, client_ids)
+            took += self.links.forward_encoded(node_id, frame, message.qos)
+        return took
+
+    def notify(self, node_id: str, client_id: str) -> None:
+        pending = self._notify.get(node_id)
+        if pending is None:
+            pending = self._notify[node_id] = {}
+        pending[client_id] = None
+        if not self._notify_scheduled:
+            self._notify_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_notify)
+
+    def _flush_notify(self) -> None:
+        self._notify_scheduled = False
+        pending, self._notify = self._notify, {}
+        for node_id, client_ids in pending.items():
+            self.links.notify(node_id, list(client_ids))
+
+    def kick(self, node_id: str, client_id: str, epoch: int) -> bool:
+        return self.links.kick(node_id, client_id, epoch)
+
+    def backlog(self, node_id: str) -> int:
+        return self.links.backlog(node_id)
+
+    def stats(self, node_id: str) -> PeerStats:
+        return self.links.stats(node_id)
+
+    # -- receiving (LinkHandler) -------------------------------------------------
+
+    def on_forward(self, peer: str, message: Message, client_ids: Sequence[str]) -> None:
+        self.local.deliver_forwarded(message, client_ids)
+
+    def on_notify(self, peer: str, client_ids: Sequence[str]) -> None:
+        self.local.deliver_queued(client_ids)
+
+    def on_kick(self, peer: str, client_id: str, epoch: int) -> None:
+        self.local.kicked(client_id, epoch)
+
+    async def stop(self) -> None:
+        """Leave (peers see it on their next poll), then close the links."""
+        task, self._watch = self._watch, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._notify:
+            self._flush_notify()
+        with contextlib.suppress(MembershipUnavailable):
+            await self.membership.leave()
+        await self.links.close()

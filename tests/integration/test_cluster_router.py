@@ -1,0 +1,115 @@
+"""ClusterRouter: membership drives real loopback links; hooks reach the local node."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import pytest
+
+from services.cluster.api import Membership
+from services.cluster.membership import MemoryMembership, MemoryMembershipHub, RedisMembership
+from services.cluster.router import ClusterRouter
+from services.mqtt.packets import Message
+
+POLL_S = 0.02
+
+
+class Local:
+    def __init__(self) -> None:
+        self.forwarded: list[tuple[Message, tuple[str, ...]]] = []
+        self.queued: list[tuple[str, ...]] = []
+        self.kicks: list[tuple[str, int]] = []
+
+    def deliver_forwarded(self, message: Message, client_ids: Sequence[str]) -> None:
+        self.forwarded.append((message, tuple(client_ids)))
+
+    def deliver_queued(self, client_ids: Sequence[str]) -> None:
+        self.queued.append(tuple(client_ids))
+
+    def kicked(self, client_id: str, epoch: int) -> None:
+        self.kicks.append((client_id, epoch))
+
+
+async def wait_until(pred: Callable[[], bool], deadline_s: float = 5.0) -> None:
+    end = time.monotonic() + deadline_s
+    while not pred():
+        assert time.monotonic() < end, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+class Cluster:
+    def __init__(self, make: Callable[[], Membership]) -> None:
+        self.make = make
+        self.routers: list[ClusterRouter] = []
+
+    async def node(self, node_id: str) -> tuple[ClusterRouter, Local]:
+        router = ClusterRouter(node_id, self.make(), poll_interval_s=POLL_S)
+        local = Local()
+        await router.start(local)
+        self.routers.append(router)
+        return router, local
+
+    async def close(self) -> None:
+        for r in self.routers:
+            await r.stop()
+            await r.membership.close()
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def cluster(request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
+    if request.param == "memory":
+        hub = MemoryMembershipHub()
+        c = Cluster(lambda: MemoryMembership(hub, ttl_s=1.0))
+    else:
+        url = request.getfixturevalue("redis_url")
+        c = Cluster(lambda: RedisMembership.from_url(url, ttl_s=1.0))
+    yield c
+    await c.close()
+
+
+async def test_nodes_find_each_other_and_forward(cluster: Cluster) -> None:
+    a, _ = await cluster.node("a")
+    b, b_local = await cluster.node("b")
+    assert await a.wait_peers(["b"], 5.0)
+    assert await b.wait_peers(["a"], 5.0)
+    m0, m1 = Message("t", b"zero", 0), Message("t", b"one", 1)
+    assert a.forward(m0, {"b": ["s1", "s2"]}) == 1
+    assert a.forward(m1, {"b": ["s1"]}) == 1
+    await wait_until(lambda: len(b_local.forwarded) == 2)
+    assert b_local.forwarded == [(m0, ("s1", "s2")), (m1, ("s1",))]
+
+
+async def test_notifies_merge_per_turn_and_kick_arrives(cluster: Cluster) -> None:
+    a, _ = await cluster.node("a")
+    _, b_local = await cluster.node("b")
+    assert await a.wait_peers(["b"], 5.0)
+    for cid in ("p1", "p2", "p1", "p3", "p2"):
+        a.notify("b", cid)
+    a.kick("b", "p9", 42)
+    await wait_until(lambda: bool(b_local.kicks))
+    assert b_local.queued == [("p1", "p2", "p3")]
+    assert b_local.kicks == [("p9", 42)]
+
+
+async def test_a_dead_node_is_unlinked(cluster: Cluster) -> None:
+    a, _ = await cluster.node("a")
+    b, _ = await cluster.node("b")
+    assert await a.wait_peers(["b"], 5.0)
+    await b.stop()
+    await wait_until(lambda: a.peers() == [])
+    assert a.forward(Message("t", b"", 1), {"b": ["x"]}) == 0
+    assert a.links.unroutable == 1
+
+
+async def test_three_nodes_fan_out(cluster: Cluster) -> None:
+    a, _ = await cluster.node("a")
+    _, b_local = await cluster.node("b")
+    _, c_local = await cluster.node("c")
+    assert await a.wait_peers(["b", "c"], 5.0)
+    m = Message("x/y", b"p", 1, sender="pub")
+    assert a.forward(m, {"b": ["b1"], "c": ["c1", "c2"]}) == 2
+    await wait_until(lambda: bool(b_local.forwarded and c_local.forwarded))
+    assert b_local.forwarded == [(m, ("b1",))]
+    assert c_local.forwarded == [(m, ("c1", "c2"))]

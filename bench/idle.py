@@ -28,7 +28,7 @@ from bench import wire
 from bench.client import BenchClient, open_client
 from bench.errors import BenchError, BrokerUnavailable
 from bench.pipe import receive
-from bench.proc import find_listener_pid, is_local, rss_kib
+from bench.proc import find_listener_pids, is_local, rss_kib
 from bench.report import Result
 
 FIRST_SOURCE = 2
@@ -156,8 +156,10 @@ def _collect(conns: list[Connection], wait_s: float) -> list[WorkerReport]:
 
 def run_idle(cfg: IdleConfig) -> Result:
     """Open `cfg.connections` idle connections and report rate and the broker's RSS."""
-    broker_pid = cfg.broker_pid or (find_listener_pid(cfg.port) if is_local(cfg.host) else None)
-    rss_before = rss_kib(broker_pid) if broker_pid else None
+    broker_pids = [cfg.broker_pid] if cfg.broker_pid else []
+    if not broker_pids and is_local(cfg.host):
+        broker_pids = find_listener_pids(cfg.port)  # several with SO_REUSEPORT workers: RSS summed
+    rss_before = _rss_sum(broker_pids)
     context = multiprocessing.get_context("spawn")
     run_id = secrets.token_hex(4)
     workers, conns = [], []
@@ -174,7 +176,7 @@ def run_idle(cfg: IdleConfig) -> Result:
             conns.append(ours)
             first += count
         reports = _collect(conns, cfg.duration + cfg.connect_timeout + 30)
-        rss_after = rss_kib(broker_pid) if broker_pid else None
+        rss_after = _rss_sum(broker_pids)
     finally:
         for conn in conns:
             with contextlib.suppress(OSError):
@@ -186,12 +188,19 @@ def run_idle(cfg: IdleConfig) -> Result:
                 proc.join()
     if not any(r.connected for r in reports):
         raise BrokerUnavailable(next((r.error for r in reports if r.error), "no connection"))
-    return _idle_result(cfg, broker_pid, reports, rss_before, rss_after)
+    return _idle_result(cfg, broker_pids, reports, rss_before, rss_after)
+
+
+def _rss_sum(pids: list[int]) -> int | None:
+    sizes = [rss_kib(pid) for pid in pids]
+    if not sizes or None in sizes:
+        return None
+    return sum(s for s in sizes if s is not None)
 
 
 def _idle_result(
     cfg: IdleConfig,
-    broker_pid: int | None,
+    broker_pids: list[int],
     reports: list[WorkerReport],
     rss_before: int | None,
     rss_after: int | None,
@@ -219,7 +228,8 @@ def _idle_result(
             "failed": sum(r.failed for r in reports),
             "connect_rate_per_s": round(connected / elapsed, 1) if elapsed else 0.0,
             "workers": cfg.workers,
-            "broker_pid": broker_pid,
+            "broker_pid": broker_pids[0] if broker_pids else None,
+            "broker_pids": broker_pids,
             "broker_rss_before_kib": rss_before,
             "broker_rss_after_kib": rss_after,
             "broker_rss_per_connection_bytes": per_connection,

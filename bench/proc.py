@@ -51,6 +51,23 @@ def find_listener_pid(port: int) -> int | None:
     return None
 
 
+def find_listener_pids(port: int) -> list[int]:
+    """Every process listening on TCP `port` (several with SO_REUSEPORT workers), sorted."""
+    wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
+    pids: list[int] = []
+    if not wanted:
+        return pids
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in wanted for fd in (entry / "fd").iterdir()):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return sorted(pids)
+
+
 def rss_kib(pid: int) -> int | None:
     """VmRSS of `pid` in KiB."""
     try:

@@ -761,6 +761,6 @@ def test_inflight_resent_with_dup_on_resume(node: NodeRunner, raws: list[Raw], l
     assert isinstance(resent, Publish) and isinstance(rel, Pubrel)
     assert resent.dup and resent.packet_id == a.packet_id and resent.payload == b"q1"
     assert rel.packet_id == b.packet_id
-    again.send(Puback(resent.packet_id))
+    again.send(Puback(a.packet_id))
     again.send(Pubcomp(rel.packet_id))
     assert again.nothing()

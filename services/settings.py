@@ -67,6 +67,12 @@ SHARED_STRATEGIES = ("random", "round_robin")
 DEFAULT_SHARED_STRATEGY = "round_robin"
 
 DEFAULT_KAFKA_TOPIC_PREFIX = "weir."
+# "embedded": Redis and Kafka, started on free loopback ports unless --redis /
+# --kafka name existing ones; "memory": one process, no Redis, no Kafka.
+BACKENDS = ("embedded", "memory")
+DEFAULT_BACKEND = "embedded"
+DURABILITY_PROFILES = ("default", "durable")  # the embedded redis-server's AOF profile
+DEFAULT_DURABILITY = "default"
 DEFAULT_DATA_DIR = "./weir-data"
 
 MAX_PORT = 65_535
@@ -103,8 +109,10 @@ class Settings:
     listeners: Listeners = field(default_factory=Listeners)
     limits: Limits = field(default_factory=Limits)
     data_dir: str = DEFAULT_DATA_DIR
-    redis_url: str | None = None  # None: memory backends (or the embedded default later)
-    kafka_bootstrap: str | None = None
+    redis_url: str | None = None  # None: the embedded redis-server (backend "embedded")
+    kafka_bootstrap: str | None = None  # None: the embedded Kafka (backend "embedded")
+    backend: str = DEFAULT_BACKEND
+    durability: str = DEFAULT_DURABILITY
     kafka_topic_prefix: str = DEFAULT_KAFKA_TOPIC_PREFIX
     shared_strategy: str = DEFAULT_SHARED_STRATEGY
 
@@ -186,6 +194,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("redis_url", _redis_url, "WEIR_REDIS_URL"),
     Option("kafka_bootstrap", _kafka_bootstrap, "WEIR_KAFKA_BOOTSTRAP"),
     Option("kafka_topic_prefix", _text, "WEIR_KAFKA_TOPIC_PREFIX"),
+    Option("backend", _choice(BACKENDS)),
+    Option("durability", _choice(DURABILITY_PROFILES)),
     Option("shared_strategy", _choice(SHARED_STRATEGIES)),
     Option("listeners.host", _text, "WEIR_MQTT_HOST"),
     Option("listeners.mqtt_port", _int(0, MAX_PORT), "WEIR_MQTT_PORT"),

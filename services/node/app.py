@@ -1,20 +1,33 @@
 """Composition root and `weir up`.
 
-`build_services(settings)` is the one place that picks implementations
-(memory today; Redis and Kafka slot in here when `--redis` / `--kafka` are
-given). `main(argv)` parses the command line, loads settings, runs one node
-until SIGINT/SIGTERM, and maps failures to exit codes: 2 for bad
-configuration, 1 when the node cannot start (e.g. a port in use), 0 after a
-clean shutdown.
+`open_backends(settings)` is the one place that picks implementations:
+
+- `--backend memory`: one process, memory session/queue stores and a
+  memory event log (`build_services`); nothing survives the process.
+- otherwise Redis and Kafka: `--redis URL` / `--kafka HOST:PORT` name
+  existing ones; whichever is not named is started here, embedded, on a
+  free loopback port: a redis-server with its data under `--data-dir`
+  (AOF profile `--durability default|durable`, see
+  `services.session.redis_server`) and the embedded Kafka-protocol broker
+  (Tansu, memory only). Clean sessions use memory stores, persistent ones
+  Redis (`services.node.stores`); every node uses the Kafka event log.
+  Embedded services stop after the node.
+
+`main(argv)` parses the command line, loads settings, runs one node until
+SIGINT/SIGTERM, and maps failures to exit codes: 2 for bad configuration,
+1 when the node cannot start (a port in use, Redis or Kafka unreachable,
+redis-server missing: one line on stderr), 0 after a clean shutdown.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.settings import Settings, SettingsError, load
@@ -44,6 +57,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mqtt-port", dest="listeners.mqtt_port", help="MQTT TCP port (1883)")
     p.add_argument("--ws-port", dest="listeners.ws_port", help="MQTT over WebSocket port (8083)")
     p.add_argument("--data-dir", dest="data_dir", help="directory for node data")
+    p.add_argument(
+        "--backend",
+        dest="backend",
+        help="embedded (default: Redis + Kafka, started here unless --redis/--kafka name "
+        "them) or memory (one process, no Redis, no Kafka, nothing survives)",
+    )
+    p.add_argument("--redis", dest="redis_url", help="use this Redis (redis://host:port/db)")
+    p.add_argument("--kafka", dest="kafka_bootstrap", help="use this Kafka (HOST:PORT[,...])")
+    p.add_argument(
+        "--kafka-topic-prefix", dest="kafka_topic_prefix", help="event topic prefix (weir.)"
+    )
+    p.add_argument(
+        "--durability",
+        dest="durability",
+        help="embedded redis-server AOF profile: default (fsync every second) or durable "
+        "(fsync every write)",
+    )
     return p
 
 
@@ -52,6 +82,8 @@ def parse_args(argv: Sequence[str]) -> dict[str, Any]:
 
 
 def build_services(settings: Settings) -> Services:
+    """The pure-memory backends (`--backend memory`)."""
+    from services.event.memory import MemoryEventLog
     from services.node.node import Services
     from services.queue.memory import MemoryQueueStore
     from services.retain.store import MemoryRetainStore
@@ -59,13 +91,115 @@ def build_services(settings: Settings) -> Services:
 
     sessions = MemorySessionStore()
     queue = MemoryQueueStore(sessions, limit=settings.limits.queue_limit)
-    return Services(sessions=sessions, queue=queue, retain=MemoryRetainStore())
+    return Services(
+        sessions=sessions, queue=queue, retain=MemoryRetainStore(), events=MemoryEventLog()
+    )
+
+
+class BackendError(Exception):
+    """A backend could not be started or reached; the message is one line."""
+
+
+REDIS_START_TIMEOUT_S = 5.0  # a reachable Redis answers PING in milliseconds
+
+
+@contextlib.asynccontextmanager
+async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str]]:
+    """The node's backends and a one-line description; stops what it started."""
+    if settings.backend == "memory":
+        yield build_services(settings), "memory backends"
+        return
+    from services.event.embedded_kafka import EmbeddedKafka, EmbeddedKafkaError
+    from services.event.kafka import KafkaEventLog, KafkaSettings
+    from services.node.node import Services
+    from services.node.stores import TieredQueueStore, TieredSessionStore, Tiers
+    from services.queue.memory import MemoryQueueStore
+    from services.queue.redis import RedisQueueStore
+    from services.retain.store import MemoryRetainStore
+    from services.session.api import SessionError
+    from services.session.memory import MemorySessionStore
+    from services.session.redis import RedisSessionStore, bounded, connect
+    from services.session.redis_server import RedisServer, RedisServerError
+
+    started: list[Any] = []
+    closers: list[Any] = []
+    try:
+        redis_url = settings.redis_url
+        if redis_url is None:
+            data = Path(settings.data_dir).resolve() / "redis"
+            try:
+                server = RedisServer(data, profile=settings.durability).start()
+            except (RedisServerError, OSError) as exc:
+                raise BackendError(f"cannot start redis-server: {exc}") from None
+            started.append(server)
+            redis_url = server.url
+        bootstrap = settings.kafka_bootstrap
+        if bootstrap is None:
+            try:
+                kafka = EmbeddedKafka().start()
+            except (EmbeddedKafkaError, OSError) as exc:
+                raise BackendError(f"cannot start the embedded Kafka: {exc}") from None
+            started.append(kafka)
+            bootstrap = kafka.bootstrap
+        client = connect(redis_url, REDIS_START_TIMEOUT_S)
+        closers.append(client.aclose)
+        try:
+            await bounded(client.ping(), REDIS_START_TIMEOUT_S)
+        except SessionError as exc:
+            raise BackendError(f"cannot reach Redis at {redis_url}: {exc}") from None
+        events = KafkaEventLog(
+            KafkaSettings(bootstrap=bootstrap, topic_prefix=settings.kafka_topic_prefix)
+        )
+        closers.append(events.close)
+        tiers = Tiers()
+        memory_sessions = MemorySessionStore()
+        sessions = TieredSessionStore(memory_sessions, RedisSessionStore(client), tiers)
+        queue = TieredQueueStore(
+            MemoryQueueStore(memory_sessions, limit=settings.limits.queue_limit),
+            RedisQueueStore(client, settings.limits.queue_limit),
+            tiers,
+        )
+        services = Services(
+            sessions=sessions, queue=queue, retain=MemoryRetainStore(), events=events
+        )
+        what = f"redis {redis_url}, kafka {bootstrap}"
+        if started:
+            what += "; embedded " + " and ".join(
+                "redis-server" if isinstance(s, RedisServer) else "Kafka" for s in started
+            )
+        yield services, what
+    finally:
+        for close in reversed(closers):
+            with contextlib.suppress(Exception):
+                await close()
+        for service in reversed(started):
+            with contextlib.suppress(Exception):
+                service.stop()
+
+
+EPHEMERAL_NOTE = (
+    "weir: the embedded default is ephemeral: the embedded Kafka (Tansu) keeps the event log "
+    "in memory, so a restart of `weir up` starts empty; for state that outlives it use real "
+    "ones: weir up --kafka HOST:PORT --redis redis://HOST:PORT/0 (or docker compose up)"
+)
 
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
+    try:
+        async with open_backends(settings) as (services, what):
+            return await _serve(settings, services, what, ready)
+    except BackendError as exc:
+        print(f"weir: {exc}", file=sys.stderr)
+        return EXIT_START_FAILED
+
+
+async def _serve(
+    settings: Settings, services: Services, what: str, ready: asyncio.Event | None
+) -> int:
+    from services.event.api import EventLogError
     from services.node.node import Node
 
-    node = Node(settings, build_services(settings))
+    node = Node(settings, services)
     try:
         await node.start()
     except OSError as exc:
@@ -75,6 +209,11 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
             f"ws {listeners.ws_port}): {exc.strerror or exc}",
             file=sys.stderr,
         )
+        await node.stop()
+        return EXIT_START_FAILED
+    except EventLogError as exc:
+        print(f"weir: cannot read the event log: {exc}", file=sys.stderr)
+        await node.stop()
         return EXIT_START_FAILED
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -83,9 +222,11 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     ws = f", ws on {settings.listeners.host}:{node.ws_port}" if node.ws_port else ""
     print(
         f"weir: node {settings.node_id} ready, mqtt on "
-        f"{settings.listeners.host}:{node.mqtt_port}{ws} (memory backends)",
+        f"{settings.listeners.host}:{node.mqtt_port}{ws} ({what})",
         flush=True,
     )
+    if "embedded" in what:
+        print(EPHEMERAL_NOTE, flush=True)
     if ready is not None:
         ready.set()
     try:

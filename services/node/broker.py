@@ -18,7 +18,23 @@ handled, so a subscriber that cannot keep up can hold it back.
 
 Seams for the event log: every state change a cluster must agree on goes
 through one coroutine each (`open_session`, `subscribe`, `unsubscribe`,
-`end_session`, `set_retained`); the log append slots in at their start.
+`end_session`, `set_retained`). Each takes a version (per client from the
+session store, per retained topic), appends its event and applies it
+through `LogState` (`services.node.logstate`), the one path from events to
+the trie, the session directory and the retained index. CONNACK, SUBACK,
+UNSUBACK and the PUBACK / PUBREC of a retained QoS 1/2 message wait for the
+log's acknowledgement; when the log cannot take the event in its bounded
+time the client gets a failure and nothing is applied:
+
+- CONNECT: CONNACK "server unavailable" (3.x return code 3, 5.0 0x88);
+- SUBSCRIBE: SUBACK 0x80 per filter (3.x), 0x83 "implementation specific
+  error" (5.0);
+- UNSUBSCRIBE: 5.0 UNSUBACK 0x80 per filter; a 3.x UNSUBACK cannot carry a
+  failure, so the 3.x connection is closed instead (it resends);
+- retained QoS 1/2 PUBLISH: 5.0 PUBACK / PUBREC 0x80; 3.x disconnected
+  (it resends). The message itself was still routed to current subscribers.
+
+Disconnects and expiries are applied locally at once and logged best effort.
 """
 
 from __future__ import annotations
@@ -32,6 +48,18 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+from services.event.api import EventLog, EventLogError
+from services.event.memory import MemoryEventLog
+from services.event.schema import (
+    Event,
+    RetainedCleared,
+    RetainedSet,
+    SessionClosed,
+    SessionExpired,
+    SessionOpened,
+    Subscribed,
+    Unsubscribed,
+)
 from services.mqtt import codec
 from services.mqtt.actions import OpenSession, Route, SubscribeRequest, UnsubscribeRequest
 from services.mqtt.errors import TopicFilterInvalid
@@ -39,6 +67,7 @@ from services.mqtt.packets import NO_PROPERTIES, Message, PacketType, ReasonCode
 from services.mqtt.topics import matches, parse_shared, validate_topic_filter
 from services.mqtt.trie import TopicTrie
 from services.node.delivery import Delivery
+from services.node.logstate import LogState
 from services.node.session import Session, SubOptions
 from services.queue.api import QueueStore
 from services.retain.api import RetainStore
@@ -54,6 +83,7 @@ log = logging.getLogger("weir.broker")
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry meaning "never"
 V3_SUBACK_FAILURE = 0x80
+V5_UNSUBACK_FAILURE = 0x80  # unspecified error
 
 
 PlanEntry = tuple["Session", "SubOptions | list[SubOptions]"]
@@ -73,6 +103,7 @@ class Broker:
         loop: asyncio.AbstractEventLoop,
         wheel: TimerWheel,
         shared_strategy: str = "round_robin",
+        events: EventLog | None = None,
     ) -> None:
         self.node_id = node_id
         self.channel_config = channel_config
@@ -97,6 +128,16 @@ class Broker:
         self.work = 0  # deliveries made; connections budget their processing by it
         self.publisher: Connection | None = None  # the connection whose packets are in hand
         self.delivery = Delivery(queue, loop, self.spawn, limits.queue_limit, self._publisher)
+        self.logstate = LogState(self, events if events is not None else MemoryEventLog())
+
+    def invalidate_plans(self) -> None:
+        self._plans.clear()
+
+    def mark_durable(self, client_id: str) -> None:
+        """A persistent session found in the log: its state is in the durable tier."""
+        mark = getattr(self.store, "mark_durable", None)
+        if mark is not None:
+            mark(client_id)
 
     def _publisher(self) -> Connection | None:
         return self.publisher
@@ -174,6 +215,30 @@ class Broker:
             )
             conn.resume_processing()
             return
+        fresh = action.clean_start or not claim.session_present
+        try:
+            version = await self.store.next_version(client_id, claim.epoch)
+            await self.logstate.append_and_apply(
+                SessionOpened(
+                    client_id=client_id,
+                    version=version,
+                    node=self.node_id,
+                    ts_ms=self.now_ms(),
+                    epoch=claim.epoch,
+                    clean_start=fresh,
+                    expiry_s=action.session_expiry_s,
+                    protocol=conn.channel.protocol_level,
+                    username=action.connect.username,
+                )
+            )
+        except (SessionError, EventLogError) as exc:
+            log.warning("session of %s not opened: %s", client_id, exc)
+            self.spawn(self._release_unlogged(client_id, claim.epoch, action.session_expiry_s))
+            conn.carry_out(
+                conn.channel.session_opened(False, set(), ReasonCode.SERVER_UNAVAILABLE)
+            )
+            conn.resume_processing()
+            return
         session = self.sessions.get(client_id)
         if session is not None and session.conn is not None and session.conn is not conn:
             # Another connection claimed it while we waited; it wins only if newer.
@@ -184,6 +249,12 @@ class Broker:
             session = Session(client_id)
             self.sessions[client_id] = session
             self._plans.clear()
+        session.durable = action.session_expiry_s > 0
+        if claim.session_present and not session.subs:
+            session.subs = {
+                f: SubOptions.of(o.qos, o.no_local, o.retain_as_published, o.subscription_id)
+                for f, o in self.logstate.view.subscriptions(client_id).items()
+            }
         if session.expiry_handle is not None:
             session.expiry_handle.cancel()
             session.expiry_handle = None
@@ -222,6 +293,18 @@ class Broker:
         conn.resume_processing()
         self.delivery.kick(session)
 
+    async def _release_unlogged(self, client_id: str, epoch: int, expiry_s: int) -> None:
+        """A claim whose SessionOpened the log refused: let it go again."""
+        with contextlib.suppress(SessionError):
+            await self.store.release(client_id, epoch, expiry_s)
+
+    async def _log_session_end(self, event: Event) -> None:
+        self.logstate.apply(event)
+        try:
+            await self.logstate.events.append(event)
+        except EventLogError as exc:
+            log.warning("end of session %s not logged: %s", event.key, exc)
+
     def _detach(self, session: Session) -> None:
         session.conn = None
         session.ready = False
@@ -253,11 +336,29 @@ class Broker:
         if session.conn is not None or session.epoch != epoch:
             return
         expiry_s = session.expiry_s if conn_gone else 0
+        closed: Event | None = None
+        try:
+            closed = SessionClosed(
+                client_id=client_id,
+                version=await self.store.next_version(client_id, epoch),
+                node=self.node_id,
+                ts_ms=self.now_ms(),
+                reason="normal",
+                expiry_s=expiry_s,
+            )
+        except Fenced:
+            return
+        except SessionError as exc:
+            log.warning("end of session %s not logged: %s", client_id, exc)
+        if session.conn is not None or session.epoch != epoch:
+            return
         if expiry_s == 0:
             await self._redistribute_shared(session)
             if self.sessions.get(client_id) is session:
                 del self.sessions[client_id]
             self._drop_subscriptions(session)
+        if closed is not None:
+            self.spawn(self._log_session_end(closed))
         try:
             await self.store.release(client_id, epoch, expiry_s)
             if expiry_s == 0:
@@ -276,7 +377,19 @@ class Broker:
             if self.sessions.get(session.client_id) is session:
                 del self.sessions[session.client_id]
             self._drop_subscriptions(session)
-            self.spawn(self.queue.discard(session.client_id))
+            self.spawn(self._expired(session.client_id, epoch))
+
+    async def _expired(self, client_id: str, epoch: int) -> None:
+        try:
+            version = await self.store.next_version(client_id, epoch)
+            await self.queue.discard(client_id, epoch)
+        except SessionError as exc:
+            log.warning("expiry of session %s not logged: %s", client_id, exc)
+            return
+        event = SessionExpired(
+            client_id=client_id, version=version, node=self.node_id, ts_ms=self.now_ms()
+        )
+        await self._log_session_end(event)
 
     def _drop_subscriptions(self, session: Session) -> None:
         self._plans.clear()
@@ -340,6 +453,7 @@ class Broker:
         v5 = conn.channel.protocol_level >= 5
         codes: list[int] = []
         retained: list[tuple[str, SubOptions]] = []
+        events: list[Subscribed] = []
         max_qos = getattr(self.channel_config, "max_qos", 2)
         for sub in request.subscriptions:
             try:
@@ -351,14 +465,32 @@ class Broker:
             options = SubOptions.of(
                 granted, sub.no_local, sub.retain_as_published, request.subscription_id
             )
-            is_new = self.trie.add(sub.topic_filter, session.client_id, options)
-            self._plans.clear()
-            session.subs[sub.topic_filter] = options
+            is_new = sub.topic_filter not in session.subs
+            events.append(
+                Subscribed(
+                    client_id=session.client_id,
+                    version=0,
+                    node=self.node_id,
+                    ts_ms=0,
+                    filter=sub.topic_filter,
+                    qos=granted,
+                    no_local=sub.no_local,
+                    retain_as_published=sub.retain_as_published,
+                    retain_handling=sub.retain_handling,
+                    subscription_id=request.subscription_id,
+                )
+            )
             codes.append(granted)
             if parse_shared(sub.topic_filter) is None and (
                 sub.retain_handling == 0 or (sub.retain_handling == 1 and is_new)
             ):
                 retained.append((sub.topic_filter, options))
+        if events and not await self._log_client_events(session, events):
+            failure = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR if v5 else V3_SUBACK_FAILURE
+            codes = [c if c >= 0x80 else failure for c in codes]
+            retained = []
+        if conn.closed:
+            return
         conn.carry_out(conn.channel.subscribed(request.packet_id, codes))
         now_ms = self.now_ms()
         for topic_filter, options in retained:
@@ -373,20 +505,90 @@ class Broker:
         if session is None or conn.closed:
             return
         codes: list[int] = []
+        events: list[Unsubscribed] = []
         for topic_filter in request.topic_filters:
-            existed = session.subs.pop(topic_filter, None) is not None
+            existed = topic_filter in session.subs
             if existed:
-                self.trie.remove(topic_filter, session.client_id)
-                self._plans.clear()
+                events.append(
+                    Unsubscribed(
+                        client_id=session.client_id,
+                        version=0,
+                        node=self.node_id,
+                        ts_ms=0,
+                        filter=topic_filter,
+                    )
+                )
             codes.append(
                 ReasonCode.SUCCESS if existed else ReasonCode.NO_SUBSCRIPTION_EXISTED
             )
+        if events and not await self._log_client_events(session, events):
+            if conn.channel.protocol_level < 5:
+                conn.close()  # a 3.x UNSUBACK cannot say it failed
+                return
+            codes = [V5_UNSUBACK_FAILURE] * len(codes)
+        if conn.closed:
+            return
         conn.carry_out(conn.channel.unsubscribed(request.packet_id, codes))
         conn.resume_processing()
 
-    async def set_retained(self, message: Message) -> None:
-        """Seam: a retained message was set (or cleared by an empty payload)."""
-        self.retained.set(message)
+    async def _log_client_events(
+        self, session: Session, events: list[Subscribed] | list[Unsubscribed]
+    ) -> bool:
+        """Version, append and apply one client's events; False if the log (or
+        the session store) could not take them: then nothing was applied."""
+        client_id = session.client_id
+        epoch = session.epoch
+        try:
+            stamped: list[Event] = []
+            ts_ms = self.now_ms()
+            for unstamped in events:
+                version = await self.store.next_version(client_id, epoch)
+                stamped.append(dataclasses.replace(unstamped, version=version, ts_ms=ts_ms))
+            await asyncio.gather(*(self.logstate.events.append(e) for e in stamped))
+        except (SessionError, EventLogError) as exc:
+            log.warning("%d events of %s not logged: %s", len(events), client_id, exc)
+            return False
+        for event in stamped:
+            self.logstate.apply(event)
+        return True
+
+    async def set_retained(self, message: Message) -> bool:
+        """Seam: a retained message was set (or cleared by an empty payload).
+        True once the log holds it and it is applied; False if it could not."""
+        topic = message.topic
+        event: Event
+        try:
+            version = await self.store.next_topic_version(topic)
+        except SessionError as exc:
+            log.warning("retained %s not logged: %s", topic, exc)
+            return False
+        if message.payload:
+            props = message.properties
+            event = RetainedSet(
+                topic=topic,
+                version=version,
+                node=self.node_id,
+                ts_ms=self.now_ms(),
+                payload=message.payload,
+                qos=message.qos,
+                expires_at_ms=message.expires_at_ms,
+                payload_format_indicator=props.payload_format_indicator,
+                content_type=props.content_type,
+                response_topic=props.response_topic,
+                correlation_data=props.correlation_data,
+                user_property=props.user_property,
+                sender=message.sender,
+            )
+        else:
+            event = RetainedCleared(
+                topic=topic, version=version, node=self.node_id, ts_ms=self.now_ms()
+            )
+        try:
+            await self.logstate.append_and_apply(event)
+        except EventLogError as exc:
+            log.warning("retained %s not logged: %s", topic, exc)
+            return False
+        return True
 
     # -- publish --------------------------------------------------------------
 
@@ -395,9 +597,23 @@ class Broker:
         if route.qos2_packet_id is not None and conn.session is not None:
             self.spawn(self._publish_qos2(conn, conn.session, route))
             return
+        if message.retain and route.token is not None:
+            delivered = self.publish_message(message, store_retained=False)
+            gate = self.loop.create_future()
+            self.spawn(self._retain_gate(message, gate))
+            self.delivery.token(conn, route.token, delivered == 0, gate)
+            return
         delivered = self.publish_message(message)
         if route.token is not None:
             self.delivery.token(conn, route.token, delivered == 0)
+
+    async def _retain_gate(self, message: Message, gate: asyncio.Future[bool]) -> None:
+        ok = False
+        try:
+            ok = await self.set_retained(message)
+        finally:
+            if not gate.done():
+                gate.set_result(ok)
 
     async def _publish_qos2(self, conn: Connection, session: Session, route: Route) -> None:
         try:
@@ -407,13 +623,18 @@ class Broker:
         except Fenced:
             conn.close()
             return
-        delivered = self.publish_message(route.message) if fresh else 1
+        message = route.message
+        gate: asyncio.Future[bool] | None = None
+        if fresh and message.retain and route.token is not None:
+            gate = self.loop.create_future()
+            self.spawn(self._retain_gate(message, gate))
+        delivered = self.publish_message(message, store_retained=gate is None) if fresh else 1
         if route.token is not None:
-            self.delivery.token(conn, route.token, delivered == 0)
+            self.delivery.token(conn, route.token, delivered == 0, gate)
 
-    def publish_message(self, message: Message) -> int:
+    def publish_message(self, message: Message, store_retained: bool = True) -> int:
         """Route one message to every matching subscription; returns how many."""
-        if message.retain:
+        if message.retain and store_retained:
             self.spawn(self.set_retained(message))
         plan = self._plans.get(message.topic)
         if plan is None:

@@ -12,6 +12,14 @@ yet taken. Past half the queue bound its publishers wait (the connection
 stops reading them, bounded by PUBLISHER_STALL_S) rather than letting the
 overflow policy drop messages that were already acknowledged; below a
 quarter they go on.
+
+Tiers: clean sessions' messages go to the memory queue, persistent ones' to
+Redis (`services.node.stores`). When Redis fails, the publishers of that
+batch get `channel.routed(token, ok=False)`: an MQTT 5 publisher gets
+PUBACK / PUBREC 0x80 (unspecified error), a 3.x publisher is disconnected
+and resends after reconnecting. Whatever the memory half took is still
+delivered. A token may carry a gate (the retained event of a retained
+QoS 1/2 message): its answer waits for the gate too.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from services.mqtt.packets import Message
-from services.queue.api import Inflight, QueueStore
+from services.node.stores import DurablePartFailed
+from services.queue.api import Inflight, QueueStore, TakeResult
 from services.session.api import Fenced, SessionError
 
 if TYPE_CHECKING:
@@ -31,6 +40,8 @@ if TYPE_CHECKING:
     from services.node.session import Session
 
 log = logging.getLogger("weir.delivery")
+
+Token = tuple["Connection", int, bool, "asyncio.Future[bool] | None"]
 
 
 class Delivery:
@@ -50,7 +61,7 @@ class Delivery:
         self._backlog_high = max(1, queue_limit // 2)
         self._backlog_low = queue_limit // 4
         self._batch: list[tuple[str, Message]] = []
-        self._batch_tokens: list[tuple[Connection, int, bool]] = []
+        self._batch_tokens: list[Token] = []
         self._batch_takers: set[Session] = set()
         self._batch_scheduled = False
 
@@ -70,10 +81,31 @@ class Delivery:
                 if publisher is not None and publisher is not conn:
                     publisher.block_on(conn)
 
-    def token(self, conn: Connection, token: int, no_subscribers: bool) -> None:
-        """Answer `channel.routed(token)` once this turn's batch is stored."""
-        self._batch_tokens.append((conn, token, no_subscribers))
+    def token(
+        self,
+        conn: Connection,
+        token: int,
+        no_subscribers: bool,
+        gate: asyncio.Future[bool] | None = None,
+    ) -> None:
+        """Answer `channel.routed(token)` once this turn's batch is stored
+        (and `gate`, if given, resolved True; False fails the token)."""
+        self._batch_tokens.append((conn, token, no_subscribers, gate))
         self.schedule()
+
+    def _answer(self, tokens: list[Token], ok: bool) -> None:
+        for conn, token, no_subs, gate in tokens:
+            if gate is None:
+                conn.routed(token, ok, no_subs)
+            else:
+                self.spawn(self._answer_gated(conn, token, no_subs, ok, gate))
+
+    @staticmethod
+    async def _answer_gated(
+        conn: Connection, token: int, no_subs: bool, ok: bool, gate: asyncio.Future[bool]
+    ) -> None:
+        gated = await gate
+        conn.routed(token, ok and gated, no_subs)
 
     def schedule(self) -> None:
         if not self._batch_scheduled and (self._batch or self._batch_tokens):
@@ -86,33 +118,36 @@ class Delivery:
         tokens, self._batch_tokens = self._batch_tokens, []
         takers, self._batch_takers = self._batch_takers, set()
         if not items:
-            for conn, token, no_subs in tokens:
-                conn.routed(token, True, no_subs)
+            self._answer(tokens, True)
             return
         self.spawn(self._store_batch(items, tokens, takers))
 
     async def _store_batch(
         self,
         items: list[tuple[str, Message]],
-        tokens: list[tuple[Connection, int, bool]],
+        tokens: list[Token],
         takers: set[Session],
     ) -> None:
         ready = [s for s in takers if s.conn is not None and s.ready and not s.pumping]
         windows = {s.client_id: (s.epoch, self._window(s)) for s in ready}
         ok = True
+        result: TakeResult | None = None
         try:
             result = await self.queue.enqueue_and_take(items, windows)
-        except SessionError:
-            log.exception("enqueue of %d messages failed", len(items))
+        except DurablePartFailed as exc:
+            log.warning("durable enqueue of a batch failed: %s", exc)
             ok = False
-        else:
+            result = exc.result
+        except SessionError as exc:
+            log.warning("enqueue of %d messages failed: %s", len(items), exc)
+            ok = False
+        if result is not None:
             self.dropped += result.dropped
             for session in ready:
                 taken = result.taken.get(session.client_id)
                 if taken:
                     self._send_taken(session, taken)
-        for conn, token, no_subs in tokens:
-            conn.routed(token, ok, no_subs)
+        self._answer(tokens, ok)
         for session in takers:
             if session not in ready or session.dirty:
                 self.kick(session)

@@ -1,5 +1,11 @@
 """A running node: the broker plus its TCP and WebSocket listeners.
 
+Start (DESIGN 6): replay the event log to the end of every partition into
+the broker's state (`LogState`), freeze what the replay allocated out of the
+garbage collector's way (`gc.freeze`), then open the listeners, then tail
+the log. So the node is ready only once it knows every subscription,
+session and retained message the log holds.
+
 Shutdown order (STYLE 11): stop accepting, tell every client (5.0 gets
 DISCONNECT 0x8B), flush and close, wait a bounded grace for sockets and
 broker tasks, then abort whatever is left.
@@ -8,8 +14,10 @@ broker tasks, then abort whatever is left.
 from __future__ import annotations
 
 import asyncio
+import gc
 from dataclasses import dataclass
 
+from services.event.api import EventLog
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import ReasonCode
 from services.node.broker import Broker
@@ -31,6 +39,7 @@ class Services:
     sessions: SessionStore
     queue: QueueStore
     retain: RetainStore
+    events: EventLog | None = None  # None: a memory log of the node's own
 
 
 def channel_config(settings: Settings) -> ChannelConfig:
@@ -51,6 +60,7 @@ class Node:
         self._servers: list[asyncio.Server] = []
         self.mqtt_port: int | None = None
         self.ws_port: int | None = None
+        self.replayed = 0  # events read from the log at start
 
     async def start(self) -> None:
         """Bind the listeners; raises OSError (e.g. port in use) with nothing left open."""
@@ -67,8 +77,12 @@ class Node:
             loop=loop,
             wheel=self.wheel,
             shared_strategy=settings.shared_strategy,
+            events=self.services.events,
         )
         self.broker = broker
+        self.replayed = await broker.logstate.replay()
+        broker.logstate.after_replay()
+        gc.freeze()
         host = settings.listeners.host
         try:
             mqtt = await loop.create_server(
@@ -93,6 +107,7 @@ class Node:
         except OSError:
             await self._close_servers()
             raise
+        broker.logstate.start_tail()
 
     async def _close_servers(self) -> None:
         for server in self._servers:
@@ -116,6 +131,7 @@ class Node:
                     conn.transport.abort()  # type: ignore[attr-defined]
             await broker.drain_tasks(max(0.0, deadline - loop.time()))
             broker.close()
+            await broker.logstate.stop_tail()
         if self.wheel is not None:
             self.wheel.close()
         await self._close_servers()

@@ -35,6 +35,7 @@ class Session:
         "client_id",
         "conn",
         "dirty",
+        "durable",
         "epoch",
         "expiry_handle",
         "expiry_s",
@@ -48,6 +49,7 @@ class Session:
         self.client_id = client_id
         self.conn: Connection | None = None
         self.epoch = 0
+        self.durable = False  # claimed in the durable (Redis) tier
         self.expiry_s = 0
         self.subs: dict[str, SubOptions] = {}
         self.expiry_handle: asyncio.TimerHandle | None = None

@@ -1,0 +1,207 @@
+"""The node's state as the event log says it: one path from events to the broker.
+
+Theory of operation. Every event (this node's own, once the log has
+acknowledged it; every node's, as replay and the tail deliver them) goes
+through `LogState.apply`, which folds it into a `ClusterView` (latest
+version per key wins, so an event seen twice is harmless). The view's hooks
+mirror subscriptions into the broker's `TopicTrie` and the local sessions'
+`subs`; retained events update the broker's retained index. Persistent
+sessions the log shows offline get a local `Session` object (no connection)
+so that publishes reach their durable queues.
+
+At node start (`after_replay`), sessions of THIS node that the log shows
+online are sessions of a previous run of this node: persistent ones become
+offline local sessions (their clients will reconnect; their queues keep
+filling meanwhile) and clean ones are gone. Both get a SessionClosed event
+logged in the background (best effort) so the log says so too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from services.cluster.view import ClusterView, SubscriptionOptions
+from services.event.api import EventLog, EventLogError
+from services.event.schema import (
+    Event,
+    RetainedCleared,
+    RetainedSet,
+    SessionClosed,
+    SessionEvent,
+    Subscribed,
+    Unsubscribed,
+)
+from services.mqtt.packets import Message, Properties
+from services.node.session import Session, SubOptions
+from services.session.api import SessionError
+
+if TYPE_CHECKING:
+    from services.node.broker import Broker
+
+log = logging.getLogger("weir.logstate")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def sub_options(o: SubscriptionOptions) -> SubOptions:
+    return SubOptions.of(o.qos, o.no_local, o.retain_as_published, o.subscription_id)
+
+
+def retained_message(e: RetainedSet) -> Message:
+    props = Properties(
+        payload_format_indicator=e.payload_format_indicator,
+        content_type=e.content_type,
+        response_topic=e.response_topic,
+        correlation_data=e.correlation_data,
+        user_property=e.user_property,
+    )
+    return Message(
+        topic=e.topic,
+        payload=e.payload,
+        qos=e.qos,
+        retain=True,
+        properties=props,
+        sender=e.sender,
+        expires_at_ms=e.expires_at_ms,
+    )
+
+
+class LogState:
+    def __init__(self, broker: Broker, events: EventLog) -> None:
+        self.broker = broker
+        self.events = events
+        self.view = ClusterView(self._on_subscribe, self._on_unsubscribe)
+        self._tail: asyncio.Task[None] | None = None
+
+    # -- the one path -------------------------------------------------------
+
+    def apply(self, event: Event) -> bool:
+        """Fold `event` into the view and the broker; never raises."""
+        try:
+            changed = self.view.apply(event)
+            if changed:
+                if isinstance(event, RetainedSet):
+                    self.broker.retained.set(retained_message(event))
+                elif isinstance(event, RetainedCleared):
+                    self.broker.retained.clear(event.topic)
+                elif not isinstance(event, Subscribed | Unsubscribed):
+                    self._session_changed(event)
+            return changed
+        except Exception:
+            log.exception("applying %s failed", type(event).__name__)
+            return False
+
+    async def append_and_apply(self, event: Event) -> None:
+        """Append (raises EventLogError when the log cannot take it), then apply."""
+        await self.events.append(event)
+        self.apply(event)
+
+    def _on_subscribe(self, client_id: str, filter_: str, options: SubscriptionOptions) -> None:
+        opts = sub_options(options)
+        broker = self.broker
+        broker.trie.add(filter_, client_id, opts)
+        broker.invalidate_plans()
+        session = broker.sessions.get(client_id)
+        if session is not None:
+            session.subs[filter_] = opts
+
+    def _on_unsubscribe(self, client_id: str, filter_: str) -> None:
+        broker = self.broker
+        broker.trie.remove(filter_, client_id)
+        broker.invalidate_plans()
+        session = broker.sessions.get(client_id)
+        if session is not None:
+            session.subs.pop(filter_, None)
+
+    def _session_changed(self, event: SessionEvent) -> None:
+        """Keep a local Session for every persistent session the log shows offline."""
+        client_id = event.client_id
+        entry = self.view.session(client_id)
+        broker = self.broker
+        local = broker.sessions.get(client_id)
+        if entry is not None and not entry.online and entry.persistent:
+            if local is None:
+                self._offline_session(client_id, entry.expiry_s)
+            return
+        moved = entry is not None and entry.online and entry.node != broker.node_id
+        ended = entry is None and local is not None and local.durable
+        if local is not None and local.conn is None and (moved or ended):
+            del broker.sessions[client_id]
+            broker.invalidate_plans()
+
+    def _offline_session(self, client_id: str, expiry_s: int) -> Session:
+        broker = self.broker
+        session = Session(client_id)
+        session.expiry_s = expiry_s
+        session.durable = True
+        session.subs = {f: sub_options(o) for f, o in self.view.subscriptions(client_id).items()}
+        broker.sessions[client_id] = session
+        broker.mark_durable(client_id)
+        broker.invalidate_plans()
+        return session
+
+    # -- start: replay, then tail ------------------------------------------------
+
+    async def replay(self) -> int:
+        await self.events.start()
+        return await self.events.replay(self.apply)
+
+    def after_replay(self) -> None:
+        node_id = self.broker.node_id
+        for client_id, entry in self.view.sessions().items():
+            if entry.node != node_id or not entry.online:
+                continue
+            if entry.persistent:
+                session = self.broker.sessions.get(client_id)
+                if session is None:
+                    session = self._offline_session(client_id, entry.expiry_s)
+                session.epoch = entry.epoch
+            self.broker.spawn(
+                self._closed_by_restart(client_id, entry.epoch, entry.expiry_s, entry.version)
+            )
+
+    async def _closed_by_restart(
+        self, client_id: str, epoch: int, expiry_s: int, version: int
+    ) -> None:
+        broker = self.broker
+        try:
+            if expiry_s > 0:
+                version = await broker.store.next_version(client_id, epoch)
+                await broker.store.release(client_id, epoch, expiry_s)
+            else:
+                version = max(version + 1, time.time_ns() // 1000)
+            event = SessionClosed(
+                client_id=client_id,
+                version=version,
+                node=broker.node_id,
+                ts_ms=now_ms(),
+                reason="error",
+                expiry_s=expiry_s,
+            )
+            await self.append_and_apply(event)
+        except (SessionError, EventLogError) as exc:
+            log.warning("could not log the end of %s's previous connection: %s", client_id, exc)
+
+    def start_tail(self) -> None:
+        self._tail = asyncio.get_running_loop().create_task(self._run_tail())
+
+    async def _run_tail(self) -> None:
+        try:
+            await self.events.tail(self.apply)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("event log tail stopped")
+
+    async def stop_tail(self) -> None:
+        task, self._tail = self._tail, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

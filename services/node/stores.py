@@ -1,0 +1,192 @@
+"""Two tiers of session and queue state: memory for clean sessions, Redis for persistent ones.
+
+Theory of operation. A clean session (3.1.1 clean_session=1, MQTT 5 session
+expiry 0) lives and dies with its connection, so its claim, inflight window
+and queue stay in this process's memory stores and keep working while Redis
+is down. A persistent session (expiry > 0) is claimed in the durable store
+(Redis), and every later call for that client goes there. `claim` decides
+the tier from (clean_start, expiry_s) and remembers it per client id
+(`durable`); `mark_durable` does the same for sessions found in the event
+log at node start. Epochs are per tier; a client that switches tier is
+claimed afresh in the new one (its durable state, if any, is discarded in
+the background: best effort, since Redis may be down).
+
+`enqueue_and_take` splits a batch by tier. The memory part is stored first
+and always delivered; if the durable part fails, `DurablePartFailed`
+carries the memory part's result so the node can still send it while
+failing the publishers' acknowledgements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+
+from services.mqtt.packets import Message
+from services.queue.api import EnqueueResult, Inflight, QueueStore, TakeResult
+from services.session.api import Claim, SessionError, SessionInfo, SessionStore, StoreUnavailable
+
+log = logging.getLogger("weir.stores")
+
+
+class DurablePartFailed(StoreUnavailable):
+    """The durable half of a batch failed; `result` is what the memory half did."""
+
+    def __init__(self, message: str, result: TakeResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class Tiers:
+    """Which clients live in the durable tier (shared by the two routers)."""
+
+    def __init__(self) -> None:
+        self.durable: set[str] = set()
+
+
+class TieredSessionStore:
+    def __init__(self, memory: SessionStore, durable: SessionStore, tiers: Tiers) -> None:
+        self.memory = memory
+        self.durable = durable
+        self.tiers = tiers
+        self._cleanup: set[asyncio.Task[None]] = set()
+
+    def _of(self, client_id: str) -> SessionStore:
+        return self.durable if client_id in self.tiers.durable else self.memory
+
+    def mark_durable(self, client_id: str) -> None:
+        self.tiers.durable.add(client_id)
+
+    async def claim(self, client_id: str, node: str, clean_start: bool, expiry_s: int) -> Claim:
+        if expiry_s > 0:
+            claim = await self.durable.claim(client_id, node, clean_start, expiry_s)
+            self.tiers.durable.add(client_id)
+            return claim
+        if client_id in self.tiers.durable:
+            self.tiers.durable.discard(client_id)
+            task = asyncio.get_running_loop().create_task(self._discard_durable(client_id, node))
+            self._cleanup.add(task)
+            task.add_done_callback(self._cleanup.discard)
+        return await self.memory.claim(client_id, node, clean_start, expiry_s)
+
+    async def _discard_durable(self, client_id: str, node: str) -> None:
+        try:
+            claim = await self.durable.claim(client_id, node, True, 0)
+            await self.durable.release(client_id, claim.epoch, 0)
+        except SessionError as exc:
+            log.warning("could not discard the durable session of %s: %s", client_id, exc)
+
+    async def release(self, client_id: str, epoch: int, expiry_s: int) -> None:
+        await self._of(client_id).release(client_id, epoch, expiry_s)
+
+    async def next_version(self, client_id: str, epoch: int) -> int:
+        return await self._of(client_id).next_version(client_id, epoch)
+
+    async def next_topic_version(self, topic: str) -> int:
+        try:
+            return await self.durable.next_topic_version(topic)
+        except StoreUnavailable:
+            return await self.memory.next_topic_version(topic)  # a hybrid clock too
+
+    async def get(self, client_id: str) -> SessionInfo | None:
+        return await self._of(client_id).get(client_id)
+
+    async def close(self) -> None:
+        for task in list(self._cleanup):
+            task.cancel()
+        await self.memory.close()
+        await self.durable.close()
+
+
+def _merge(a: TakeResult, b: TakeResult) -> TakeResult:
+    return TakeResult(
+        accepted=a.accepted + b.accepted,
+        dropped=a.dropped + b.dropped,
+        taken={**a.taken, **b.taken},
+        fenced=a.fenced | b.fenced,
+    )
+
+
+class TieredQueueStore:
+    def __init__(self, memory: QueueStore, durable: QueueStore, tiers: Tiers) -> None:
+        self.memory = memory
+        self.durable = durable
+        self.tiers = tiers
+
+    def _of(self, client_id: str) -> QueueStore:
+        return self.durable if client_id in self.tiers.durable else self.memory
+
+    def _split(
+        self, items: Sequence[tuple[str, Message]]
+    ) -> tuple[list[tuple[str, Message]], list[tuple[str, Message]]]:
+        durable = self.tiers.durable
+        mem: list[tuple[str, Message]] = []
+        dur: list[tuple[str, Message]] = []
+        for item in items:
+            (dur if item[0] in durable else mem).append(item)
+        return mem, dur
+
+    async def enqueue(self, items: Sequence[tuple[str, Message]]) -> EnqueueResult:
+        mem, dur = self._split(items)
+        a = await self.memory.enqueue(mem) if mem else EnqueueResult(0, 0)
+        b = await self.durable.enqueue(dur) if dur else EnqueueResult(0, 0)
+        return EnqueueResult(a.accepted + b.accepted, a.dropped + b.dropped)
+
+    async def enqueue_and_take(
+        self, items: Sequence[tuple[str, Message]], takers: Mapping[str, tuple[int, int]]
+    ) -> TakeResult:
+        durable = self.tiers.durable
+        if not durable:
+            return await self.memory.enqueue_and_take(items, takers)
+        mem, dur = self._split(items)
+        mem_takers = {c: t for c, t in takers.items() if c not in durable}
+        dur_takers = {c: t for c, t in takers.items() if c in durable}
+        empty = TakeResult(0, 0, {}, frozenset())
+        a = await self.memory.enqueue_and_take(mem, mem_takers) if mem or mem_takers else empty
+        if not (dur or dur_takers):
+            return a
+        try:
+            b = await self.durable.enqueue_and_take(dur, dur_takers)
+        except SessionError as exc:
+            raise DurablePartFailed(str(exc), a) from exc
+        return _merge(a, b)
+
+    async def take(self, client_id: str, epoch: int, window: int) -> list[Inflight]:
+        return await self._of(client_id).take(client_id, epoch, window)
+
+    async def pending(self, client_id: str, epoch: int) -> list[Inflight]:
+        return await self._of(client_id).pending(client_id, epoch)
+
+    async def ack(self, client_id: str, epoch: int, packet_id: int) -> bool:
+        return await self._of(client_id).ack(client_id, epoch, packet_id)
+
+    async def ack_many(self, client_id: str, epoch: int, packet_ids: Sequence[int]) -> int:
+        return await self._of(client_id).ack_many(client_id, epoch, packet_ids)
+
+    async def ack_and_take(
+        self, client_id: str, epoch: int, packet_ids: Sequence[int], window: int
+    ) -> list[Inflight]:
+        return await self._of(client_id).ack_and_take(client_id, epoch, packet_ids, window)
+
+    async def received(self, client_id: str, epoch: int, packet_id: int) -> bool:
+        return await self._of(client_id).received(client_id, epoch, packet_id)
+
+    async def incoming_add(self, client_id: str, epoch: int, packet_id: int) -> bool:
+        return await self._of(client_id).incoming_add(client_id, epoch, packet_id)
+
+    async def incoming_release(self, client_id: str, epoch: int, packet_id: int) -> None:
+        await self._of(client_id).incoming_release(client_id, epoch, packet_id)
+
+    async def incoming_ids(self, client_id: str, epoch: int) -> set[int]:
+        return await self._of(client_id).incoming_ids(client_id, epoch)
+
+    async def drops(self, client_id: str) -> int:
+        return await self._of(client_id).drops(client_id)
+
+    async def discard(self, client_id: str, epoch: int | None = None) -> None:
+        await self._of(client_id).discard(client_id, epoch)
+
+    async def close(self) -> None:
+        await self.memory.close()
+        await self.durable.close()

@@ -34,6 +34,7 @@ from services.settings import Settings, SettingsError, load
 
 if TYPE_CHECKING:
     from services.node.node import Services
+    from services.session.redis_server import RedisServer
 
 EXIT_OK = 0
 EXIT_START_FAILED = 1
@@ -100,6 +101,17 @@ class BackendError(Exception):
     """A backend could not be started or reached; the message is one line."""
 
 
+def _start_redis(settings: Settings) -> RedisServer:
+    """The embedded redis-server, its data under <data-dir>/redis."""
+    from services.session.redis_server import RedisServer, RedisServerError
+
+    data = Path(settings.data_dir).resolve() / "redis"  # it runs in that directory
+    try:
+        return RedisServer(data, profile=settings.durability).start()
+    except (RedisServerError, OSError) as exc:
+        raise BackendError(f"cannot start redis-server: {exc}") from None
+
+
 REDIS_START_TIMEOUT_S = 5.0  # a reachable Redis answers PING in milliseconds
 
 
@@ -119,18 +131,14 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
     from services.session.api import SessionError
     from services.session.memory import MemorySessionStore
     from services.session.redis import RedisSessionStore, bounded, connect
-    from services.session.redis_server import RedisServer, RedisServerError
+    from services.session.redis_server import RedisServer
 
     started: list[Any] = []
     closers: list[Any] = []
     try:
         redis_url = settings.redis_url
         if redis_url is None:
-            data = Path(settings.data_dir).resolve() / "redis"
-            try:
-                server = RedisServer(data, profile=settings.durability).start()
-            except (RedisServerError, OSError) as exc:
-                raise BackendError(f"cannot start redis-server: {exc}") from None
+            server = _start_redis(settings)
             started.append(server)
             redis_url = server.url
         bootstrap = settings.kafka_bootstrap

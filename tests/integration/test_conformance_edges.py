@@ -151,6 +151,7 @@ def test_ordered_delivery_per_topic(
     while len(got) < n:
         p = sub.recv()
         if isinstance(p, Publish):
+            assert p.packet_id is not None
             got.append(p.payload)
             if p.qos == 1:
                 sub.send(Puback(p.packet_id))

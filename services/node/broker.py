@@ -120,7 +120,7 @@ class Broker:
         self.qos0_dropped = 0
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
-        self._wills: dict[str, asyncio.TimerHandle] = {}
+        self._wills: dict[str, tuple[asyncio.TimerHandle, Message]] = {}
         self._round_robin: dict[tuple[str, str], int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._no_connections: asyncio.Event | None = None
@@ -202,8 +202,8 @@ class Broker:
         if old is not None and old.conn is not None and old.conn is not conn:
             old_conn = old.conn
             self._detach(old)
-            old_conn.session = None
             old_conn.carry_out(old_conn.channel.taken_over())
+            old_conn.session = None
         try:
             claim = await self.store.claim(
                 client_id, self.node_id, action.clean_start, action.session_expiry_s
@@ -258,9 +258,11 @@ class Broker:
         if session.expiry_handle is not None:
             session.expiry_handle.cancel()
             session.expiry_handle = None
-        will = self._wills.pop(client_id, None)
-        if will is not None:
-            will.cancel()
+        pending_will = self._wills.pop(client_id, None)
+        if pending_will is not None:
+            pending_will[0].cancel()
+            if fresh:  # the old session ended here: its delayed will goes now
+                self.publish_message(pending_will[1])
         session.epoch = claim.epoch
         session.expiry_s = action.session_expiry_s
         session.ready = False
@@ -327,6 +329,10 @@ class Broker:
             self._detach(session)
             expiry_s = session.expiry_s
             self.spawn(self.end_session(session, session.epoch, conn_gone=True))
+        elif session is not None:
+            # Taken over on this node: the session lives on, so a delayed will
+            # waits; open_session cancels it or, on a clean start, sends it now.
+            expiry_s = session.expiry_s
         if will is not None and client_id is not None:
             self._schedule_will(client_id, will, min(will_delay_s, expiry_s))
 
@@ -436,8 +442,9 @@ class Broker:
             return
         old = self._wills.pop(client_id, None)
         if old is not None:
-            old.cancel()
-        self._wills[client_id] = self.loop.call_later(delay_s, self._will_due, client_id, message)
+            old[0].cancel()
+        handle = self.loop.call_later(delay_s, self._will_due, client_id, message)
+        self._wills[client_id] = (handle, message)
 
     def _will_due(self, client_id: str, message: Message) -> None:
         self._wills.pop(client_id, None)
@@ -805,7 +812,7 @@ class Broker:
                 )
 
     def close(self) -> None:
-        for handle in self._wills.values():
+        for handle, _ in self._wills.values():
             handle.cancel()
         self._wills.clear()
         for session in self.sessions.values():

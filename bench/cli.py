@@ -22,6 +22,7 @@ from bench import wire
 from bench.errors import BenchError, UsageError
 from bench.idle import PER_WORKER_MAX, IdleConfig, raise_nofile_limit, run_idle
 from bench.mosquitto import MOSQUITTO, spawn_mosquitto
+from bench.redisstats import figures, snapshot
 from bench.report import Result, comparison
 from bench.scenarios import FAN_OUT_SUBSCRIBERS, SCENARIOS, RunConfig, plan_for, run_plan
 
@@ -54,7 +55,14 @@ EPILOG = """scenarios:
            process found listening on --port)
 
 Publishers send as fast as the broker takes (QoS 1: at most --window unacked
-each); msg/s = received / (last receive - first send)."""
+each); msg/s = received / (last receive - first send).
+
+--persistent: every client connects with clean session 0 (5.0: clean start 0,
+session expiry 1 h) under a fixed id (wb-<scenario>-p<n> / -s<n>), so QoS 1/2
+deliveries go through the broker's durable queues; afterwards each id
+reconnects clean and disconnects (unless --no-cleanup). --redis-url URL reads
+that Redis's INFO commandstats/stats before and after: Redis commands and Lua
+calls per delivered message."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,6 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="publishers in a second process (default: only for fan-out, where it helps)",
     )
     parser.add_argument("--drain", type=_positive_float, default=1.0, help="quiet seconds to end")
+    parser.add_argument(
+        "--persistent", action="store_true", help="clean session 0, fixed client ids"
+    )
+    parser.add_argument(
+        "--cleanup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --persistent: discard the sessions after the run (default: yes)",
+    )
+    parser.add_argument("--redis-url", help="the broker's Redis: count its commands per message")
     parser.add_argument("--connections", type=_positive_int, default=1000, help="idle: how many")
     parser.add_argument("--workers", type=_positive_int, help="idle: generator processes")
     parser.add_argument("--broker-pid", type=_positive_int, help="for RSS and CPU (default: found)")
@@ -162,8 +180,15 @@ def _run_once(args: argparse.Namespace, host: str, port: int, pid: int | None) -
         split=args.scenario in SPLIT_BY_DEFAULT if args.split is None else args.split,
         drain=args.drain,
         broker_pid=pid,
+        persistent=args.persistent,
+        cleanup=args.cleanup,
     )
-    return uvloop.run(run_plan(cfg, plan_for(args.scenario, messages)))
+    redis_url = args.redis_url if (host, port) == (args.host, args.port) else None
+    before = snapshot(redis_url) if redis_url else None
+    result = uvloop.run(run_plan(cfg, plan_for(args.scenario, messages)))
+    if redis_url and before is not None:
+        result.extra.update(figures(before, snapshot(redis_url), result.received))
+    return result
 
 
 @contextlib.contextmanager
@@ -185,6 +210,8 @@ def _validate(args: argparse.Namespace) -> None:
             f"--connections {args.connections} needs --workers >= "
             f"{math.ceil(args.connections / PER_WORKER_MAX)} ({PER_WORKER_MAX} per process)"
         )
+    if args.scenario == "idle" and (args.persistent or args.redis_url):
+        raise UsageError("--persistent and --redis-url apply to the message scenarios, not idle")
     if not 0 <= args.size <= MAX_PAYLOAD:
         raise UsageError(f"--size must be 0..{MAX_PAYLOAD}, not {args.size}")
     if args.messages:

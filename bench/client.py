@@ -198,6 +198,8 @@ async def open_client(
     tally: Tally | None = None,
     local_addr: tuple[str, int] | None = None,
     wait_s: float = 10.0,
+    clean: bool = True,
+    session_expiry_s: int = 0,
 ) -> BenchClient:
     """Connect and wait for a successful CONNACK, or raise `BrokerUnavailable`."""
     loop = asyncio.get_running_loop()
@@ -207,7 +209,11 @@ async def open_client(
                 lambda: BenchClient(version=version, tally=tally), host, port, local_addr=local_addr
             )
             try:
-                client.write(wire.connect(client_id, version=version))
+                client.write(
+                    wire.connect(
+                        client_id, version=version, clean=clean, session_expiry_s=session_expiry_s
+                    )
+                )
             except BrokerUnavailable:
                 client.connack.cancel()
                 raise

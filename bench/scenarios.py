@@ -46,6 +46,8 @@ PUBLISHER_PROCESS = "the publisher process"
 DRAIN_MAX_S = 5.0
 """The longest a run waits for messages after publishing stopped: a slow broker
 still delivers its backlog, a broker that lost messages cannot stall the run."""
+PERSISTENT_EXPIRY_S = 3600
+"""MQTT 5 session expiry of `--persistent` sessions (3.1.1 has none: clean 0 is enough)."""
 PROGRESS_POLL_S = 0.02
 """How often the drain phase looks at the counters; the timing itself comes
 from the receive timestamps, so this only bounds how late the run notices."""
@@ -66,6 +68,21 @@ class RunConfig:
     drain: float = 1.0
     connect_timeout: float = 10.0
     broker_pid: int | None = None
+    persistent: bool = False
+    cleanup: bool = True
+
+    def client_id(self, plan: Plan, role: str) -> str:
+        """Random per run; with `persistent`, fixed per scenario and role (e.g. "p3", "s0")."""
+        if self.persistent:
+            return f"wb-{plan.scenario}-{role}"
+        return f"wb-{plan.run_id}-{role}"
+
+    @property
+    def session(self) -> dict[str, Any]:
+        """`open_client` arguments for this run's sessions (persistent: clean 0, 1 h expiry)."""
+        if self.persistent:
+            return {"clean": False, "session_expiry_s": PERSISTENT_EXPIRY_S}
+        return {}
 
     @property
     def broker(self) -> str:
@@ -144,9 +161,10 @@ async def connect_publishers(cfg: RunConfig, plan: Plan) -> list[AnyPublisher]:
         client = await open_client(
             cfg.host,
             cfg.port,
-            f"wb-{plan.run_id}-p{spec.number}",
+            cfg.client_id(plan, f"p{spec.number}"),
             version=cfg.version,
             wait_s=cfg.connect_timeout,
+            **cfg.session,
         )
         if plan.paced:
             return PacedPublisher(
@@ -198,10 +216,11 @@ async def connect_subscribers(
         client = await open_client(
             cfg.host,
             cfg.port,
-            f"wb-{plan.run_id}-s{i}",
+            cfg.client_id(plan, f"s{i}"),
             version=cfg.version,
             tally=tally,
             wait_s=cfg.connect_timeout,
+            **cfg.session,
         )
         await subscribe(client, spec.topic_filter, cfg.qos, wait_s=cfg.connect_timeout)
         return client, tally, spec
@@ -228,6 +247,30 @@ async def _drain(tallies: list[Tally], expected: int, quiet: float) -> None:
 def _close(clients: Sequence[BenchClient]) -> None:
     for client in clients:
         client.close()
+
+
+async def discard_sessions(cfg: RunConfig, plan: Plan) -> int:
+    """Connect every persistent client id of `plan` with a clean session, then
+    disconnect, so the broker forgets the sessions; returns how many it took."""
+    roles = [f"p{spec.number}" for spec in plan.publishers]
+    roles += [f"s{i}" for i in range(len(plan.subscribers))]
+
+    async def one(role: str) -> bool:
+        try:
+            client = await open_client(
+                cfg.host,
+                cfg.port,
+                cfg.client_id(plan, role),
+                version=cfg.version,
+                wait_s=cfg.connect_timeout,
+            )
+        except BrokerUnavailable:
+            return False
+        client.write(wire.DISCONNECT_PACKET)
+        client.close()
+        return True
+
+    return sum(await asyncio.gather(*(one(role) for role in roles)))
 
 
 async def run_plan(cfg: RunConfig, plan: Plan) -> Result:
@@ -261,6 +304,10 @@ async def run_plan(cfg: RunConfig, plan: Plan) -> Result:
     result = _result(cfg, plan, outcome, tallies, expected, duration)
     result.extra.update(usage)
     result.extra["load_avg_1m"] = load_before
+    if cfg.persistent:
+        result.extra["persistent"] = True
+        if cfg.cleanup:
+            result.extra["sessions_discarded"] = await discard_sessions(cfg, plan)
     if dropped:
         result.extra["connections_dropped"] = dropped
     return result

@@ -59,11 +59,22 @@ def _packet(first: int, body: bytes) -> bytes:
     return bytes([first]) + varint(len(body)) + body
 
 
-def connect(client_id: str, *, version: int = MQTT_311, keepalive: int = 0) -> bytes:
-    clean_session = 0x02
-    variable = _string("MQTT") + bytes([version, clean_session]) + keepalive.to_bytes(2, "big")
+def connect(
+    client_id: str,
+    *,
+    version: int = MQTT_311,
+    keepalive: int = 0,
+    clean: bool = True,
+    session_expiry_s: int = 0,
+) -> bytes:
+    """CONNECT; `clean=False` resumes a session (5.0: also give `session_expiry_s` > 0)."""
+    flags = 0x02 if clean else 0x00
+    variable = _string("MQTT") + bytes([version, flags]) + keepalive.to_bytes(2, "big")
     if version == MQTT_5:
-        variable += b"\x00"
+        if session_expiry_s:
+            variable += b"\x05\x11" + session_expiry_s.to_bytes(4, "big")
+        else:
+            variable += b"\x00"
     return _packet(CONNECT, variable + _string(client_id))
 
 

@@ -106,11 +106,12 @@ from services.mqtt.packets import (
     Will,
 )
 
-__all__ = ["KEEPALIVE_TIMER", "TRANSITIONS", "Channel", "ChannelConfig", "State"]
+__all__ = ["CONNECT_TIMER", "KEEPALIVE_TIMER", "TRANSITIONS", "Channel", "ChannelConfig", "State"]
 
 RC = ReasonCode
 T = PacketType
 KEEPALIVE_TIMER = "keepalive"
+CONNECT_TIMER = "connect"
 KEEPALIVE_FACTOR = 1.5  # MQTT 3.1.2.10: one and a half times the keep alive
 
 
@@ -218,6 +219,12 @@ class Channel:
         return self._inbound.inflight
 
     # -- inputs -------------------------------------------------------------
+
+    def opened(self) -> list[Action]:
+        """The network connection is up: CONNECT must arrive within the connect timeout."""
+        if self.state is not State.AWAIT_CONNECT or not self.config.connect_timeout_s:
+            return []
+        return [StartTimer(CONNECT_TIMER, self.config.connect_timeout_s)]
 
     def receive(self, packet: Packet, now: float) -> list[Action]:
         try:
@@ -438,6 +445,10 @@ class Channel:
 
     def timer(self, name: str, now: float) -> list[Action]:
         """A StartTimer the channel asked for has fired."""
+        if name == CONNECT_TIMER:
+            if self.state is State.AWAIT_CONNECT:
+                return self._close_early("connect_timeout", "no CONNECT within the connect timeout")
+            return []
         if name != KEEPALIVE_TIMER or not self._keepalive_armed:
             return []
         deadline = self._last_rx + self.keep_alive * KEEPALIVE_FACTOR

@@ -44,3 +44,6 @@ class ChannelConfig:
     """Use topic aliases on PUBLISHes to 5.0 clients that allow them."""
     max_packets_before_connack: int = 1000
     """Packets a client may pipeline after CONNECT while its session is being opened."""
+    connect_timeout_s: float = 10.0
+    """Seconds a new network connection may take to send CONNECT (MQTT 5 3.1.4:
+    the server SHOULD close it otherwise); 0 disables the limit."""

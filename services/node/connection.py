@@ -115,6 +115,7 @@ class Connection(asyncio.Protocol):
         transport.set_write_buffer_limits(  # type: ignore[attr-defined]
             limits.outbound_high_water, limits.outbound_low_water
         )
+        self._carry_out(self.channel.opened())
 
     def data_received(self, data: bytes) -> None:
         if self.closed:

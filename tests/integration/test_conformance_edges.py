@@ -429,3 +429,71 @@ def test_disconnect_then_no_more_packets(node: NodeRunner, raws: list[Raw], leve
     r.send_bytes(encode(Disconnect(), level) + encode(Publish("dis", b"after", qos=0), level))
     r.closed()
     assert sub.nothing()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_announced_oversize_refused_before_the_body(
+    node: NodeRunner, raws: list[Raw], level: int
+) -> None:
+    """The maximum packet size is checked from the fixed header: a PUBLISH announcing
+    ~256 MB is refused at once (5.0: DISCONNECT 0x95) without the body being sent."""
+    r = opened(raws, node, "huge", level)
+    r.send_bytes(bytes([0x30, 0xFF, 0xFF, 0xFF, 0x7F, 0x00, 0x01]))
+    before = r.closed(timeout=2.0)
+    if level == V5:
+        assert v5_disconnect_code(before) == 0x95
+    else:
+        assert before == []
+    assert_alive(raws, node, level)
+
+
+def test_v5_empty_client_id_without_clean_start(node: NodeRunner, raws: list[Raw]) -> None:
+    """5.0 3.1.3.1: a zero-length id gets an assigned one whatever Clean Start says."""
+    r = Raw(node.mqtt_port, V5)
+    raws.append(r)
+    ack = r.connect("", clean_start=False)
+    assert ack.reason_code == 0 and ack.properties.assigned_client_identifier
+    assert not ack.session_present
+
+
+def test_mqtt_31_client_id_over_23_refused(node: NodeRunner, raws: list[Raw]) -> None:
+    """MQTT 3.1: client ids are 1 to 23 characters; longer ones get CONNACK 0x02."""
+    r = Raw(node.mqtt_port, 3)
+    raws.append(r)
+    r.send(Connect("x" * 24, protocol_level=3, protocol_name="MQIsdp"))
+    assert r.closed() == [Connack(False, 0x02)]
+
+
+@pytest.fixture
+def quick_connect_node() -> Iterator[NodeRunner]:
+    from dataclasses import replace
+
+    runner = NodeRunner(node_settings()).start()
+    broker = runner.node.broker
+
+    def shorten() -> None:
+        broker.channel_config = replace(broker.channel_config, connect_timeout_s=0.5)
+
+    runner.call(shorten)
+    try:
+        yield runner
+    finally:
+        runner.stop()
+
+
+@pytest.mark.parametrize("sent", [b"", b"\x10\x20\x00\x04MQ"], ids=["silent", "half-connect"])
+def test_no_connect_in_time_closes(
+    quick_connect_node: NodeRunner, raws: list[Raw], sent: bytes
+) -> None:
+    """3.1.4 (5.0): no CONNECT within a reasonable time: the server closes the connection."""
+    r = Raw(quick_connect_node.mqtt_port)
+    raws.append(r)
+    if sent:
+        r.send_bytes(sent)
+    started = time.monotonic()
+    assert r.closed(timeout=4.0) == []
+    assert 0.4 <= time.monotonic() - started < 3.0
+    ok = opened(raws, quick_connect_node, "in-time", V311)
+    assert ok.nothing(within=1.0)  # a connected client is not cut by the connect timer
+    ok.send(Pingreq())
+    assert isinstance(ok.recv(), Pingresp)

@@ -73,6 +73,7 @@ BACKENDS = ("embedded", "memory")
 DEFAULT_BACKEND = "embedded"
 DURABILITY_PROFILES = ("default", "durable")  # the embedded redis-server's AOF profile
 DEFAULT_DURABILITY = "default"
+EVENT_APPEND_TIMEOUT_S = 5.0  # seconds a CONNACK/SUBACK waits for the log's ack before failing
 DEFAULT_DATA_DIR = "./weir-data"
 
 MAX_PORT = 65_535
@@ -113,6 +114,7 @@ class Settings:
     kafka_bootstrap: str | None = None  # None: the embedded Kafka (backend "embedded")
     backend: str = DEFAULT_BACKEND
     durability: str = DEFAULT_DURABILITY
+    event_append_timeout_s: float = EVENT_APPEND_TIMEOUT_S
     kafka_topic_prefix: str = DEFAULT_KAFKA_TOPIC_PREFIX
     shared_strategy: str = DEFAULT_SHARED_STRATEGY
 
@@ -196,6 +198,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("kafka_topic_prefix", _text, "WEIR_KAFKA_TOPIC_PREFIX"),
     Option("backend", _choice(BACKENDS)),
     Option("durability", _choice(DURABILITY_PROFILES)),
+    Option("event_append_timeout_s", _float(0.1)),
     Option("shared_strategy", _choice(SHARED_STRATEGIES)),
     Option("listeners.host", _text, "WEIR_MQTT_HOST"),
     Option("listeners.mqtt_port", _int(0, MAX_PORT), "WEIR_MQTT_PORT"),

@@ -156,7 +156,11 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
         except SessionError as exc:
             raise BackendError(f"cannot reach Redis at {redis_url}: {exc}") from None
         events = KafkaEventLog(
-            KafkaSettings(bootstrap=bootstrap, topic_prefix=settings.kafka_topic_prefix)
+            KafkaSettings(
+                bootstrap=bootstrap,
+                topic_prefix=settings.kafka_topic_prefix,
+                append_timeout_s=settings.event_append_timeout_s,
+            )
         )
         closers.append(events.close)
         tiers = Tiers()

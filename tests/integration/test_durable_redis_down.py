@@ -1,0 +1,66 @@
+"""Redis down: persistent CONNECTs are refused, clean sessions go on, and it recovers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from services.session.redis_server import RedisServer
+from tests.integration.conftest import Paho
+from tests.integration.test_durable_support import backend_settings, start_node
+
+# paho reports a 3.x CONNACK return code 3 ("server unavailable") as ReasonCode 0x88
+V3_SERVER_UNAVAILABLE = 0x88
+V5_SERVER_UNAVAILABLE = 0x88
+
+
+def connect_code(port: int, client_id: str, v5: bool) -> int:
+    client = (
+        Paho(port, client_id, v5=True, clean=False, session_expiry=60)
+        if v5
+        else Paho(port, client_id, clean=False)
+    )
+    client.client._reconnect_on_failure = False
+    try:
+        return int(getattr(rc := client.connack(timeout=10.0)[1], "value", rc))
+    finally:
+        client.close()
+
+
+def test_redis_down_refuses_persistent_keeps_clean(
+    tmp_path: Path, kafka_bootstrap: str, kafka_topic_prefix: str
+) -> None:
+    redis = RedisServer(tmp_path / "redis").start()
+    node = None
+    clients: list[Paho] = []
+    try:
+        node = start_node(backend_settings(redis.url, kafka_bootstrap, kafka_topic_prefix))
+        assert connect_code(node.mqtt_port, "p-before", v5=False) == 0
+        sub = Paho(node.mqtt_port, "c-sub")
+        pub = Paho(node.mqtt_port, "c-pub", v5=True)
+        clients += [sub, pub]
+        assert sub.connack()[1] == 0 and pub.connack()[1] == 0
+        assert sub.subscribe("r/#", qos=1)[0] == 1
+
+        redis.stop()
+        assert connect_code(node.mqtt_port, "p3", v5=False) == V3_SERVER_UNAVAILABLE
+        assert connect_code(node.mqtt_port, "p5", v5=True) == V5_SERVER_UNAVAILABLE
+        pub.publish("r/1", b"one", qos=1)
+        pub.publish("r/0", b"zero", qos=0)
+        assert {sub.message().payload, sub.message().payload} == {b"one", b"zero"}
+        late = Paho(node.mqtt_port, "c-late")  # a clean CONNECT + SUBSCRIBE needs no Redis
+        clients.append(late)
+        assert late.connack()[1] == 0
+        assert late.subscribe("r/#", qos=0)[0] == 0
+
+        redis = RedisServer(tmp_path / "redis", port=redis.port).start()
+        deadline = time.monotonic() + 15.0
+        while connect_code(node.mqtt_port, "p3", v5=False) != 0:
+            assert time.monotonic() < deadline, "persistent sessions did not recover"
+        assert connect_code(node.mqtt_port, "p5", v5=True) == 0
+    finally:
+        for c in clients:
+            c.close()
+        if node is not None:
+            node.stop()
+        redis.stop()

@@ -208,8 +208,8 @@ class Broker:
             claim = await self.store.claim(
                 client_id, self.node_id, action.clean_start, action.session_expiry_s
             )
-        except SessionError:
-            log.exception("session claim failed for %s", client_id)
+        except SessionError as exc:
+            log.warning("session claim failed for %s: %s", client_id, exc)
             conn.carry_out(
                 conn.channel.session_opened(False, set(), ReasonCode.SERVER_UNAVAILABLE)
             )
@@ -278,9 +278,20 @@ class Broker:
                 if claim.session_present
                 else set()
             )
-            conn.carry_out(conn.channel.session_opened(claim.session_present, incoming))
+        except SessionError as exc:  # Fenced, or the store went away: refuse
+            log.warning("session of %s not resumed: %s", client_id, exc)
+            self._detach(session)
+            conn.session = None
+            conn.carry_out(
+                conn.channel.session_opened(False, set(), ReasonCode.SERVER_UNAVAILABLE)
+            )
+            conn.resume_processing()
+            return
+        conn.carry_out(conn.channel.session_opened(claim.session_present, incoming))
+        try:
             pending = await self.queue.pending(client_id, claim.epoch)
-        except Fenced:
+        except SessionError as exc:  # after CONNACK: close; the client resumes later
+            log.warning("inflight of %s not resent: %s", client_id, exc)
             conn.close()
             return
         if session.conn is not conn:
@@ -368,7 +379,7 @@ class Broker:
         try:
             await self.store.release(client_id, epoch, expiry_s)
             if expiry_s == 0:
-                await self.queue.discard(client_id)
+                await self.queue.discard(client_id, epoch)
         except Fenced:
             return
         except SessionError:
@@ -629,6 +640,11 @@ class Broker:
             )
         except Fenced:
             conn.close()
+            return
+        except SessionError as exc:  # the store is down: no PUBREC (5.0: 0x80)
+            log.warning("QoS 2 publish of %s not stored: %s", session.client_id, exc)
+            if route.token is not None:
+                conn.routed(route.token, False, False)
             return
         message = route.message
         gate: asyncio.Future[bool] | None = None

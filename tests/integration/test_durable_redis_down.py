@@ -64,3 +64,45 @@ def test_redis_down_refuses_persistent_keeps_clean(
         if node is not None:
             node.stop()
         redis.stop()
+
+
+def test_redis_down_fails_publishes_to_persistent_subscribers(
+    tmp_path: Path, kafka_bootstrap: str, kafka_topic_prefix: str
+) -> None:
+    import queue
+
+    redis = RedisServer(tmp_path / "redis").start()
+    node = None
+    clients: list[Paho] = []
+    try:
+        node = start_node(backend_settings(redis.url, kafka_bootstrap, kafka_topic_prefix))
+        sub = Paho(node.mqtt_port, "d-sub", clean=False)
+        v5 = Paho(node.mqtt_port, "d-pub5", v5=True)
+        v3 = Paho(node.mqtt_port, "d-pub3")
+        clients += [sub, v5, v3]
+        assert all(int(getattr(rc := c.connack()[1], "value", rc)) == 0 for c in clients)
+        assert sub.subscribe("d/#", qos=1)[0] == 1
+        acks: queue.Queue[int] = queue.Queue()
+        v5.client.on_publish = lambda c, u, mid, rc, p: acks.put(int(rc.value))
+        v3.client._reconnect_on_failure = False
+
+        redis.stop()
+        v5.client.publish("d/1", b"lost", qos=1)
+        assert acks.get(timeout=10.0) == 0x80  # PUBACK "unspecified error"
+        v3.client.publish("d/1", b"lost", qos=1)
+        assert v3.disconnects.get(timeout=10.0) is not None  # 3.x: disconnected, resends
+
+        redis = RedisServer(tmp_path / "redis", port=redis.port).start()
+        deadline = time.monotonic() + 15.0
+        while True:
+            v5.client.publish("d/2", b"kept", qos=1)
+            if acks.get(timeout=10.0) == 0:
+                break
+            assert time.monotonic() < deadline, "publishes did not recover"
+        assert sub.message(timeout=10.0).payload == b"kept"
+    finally:
+        for c in clients:
+            c.close()
+        if node is not None:
+            node.stop()
+        redis.stop()

@@ -48,6 +48,10 @@ DRAIN_MAX_S = 5.0
 still delivers its backlog, a broker that lost messages cannot stall the run."""
 PERSISTENT_EXPIRY_S = 3600
 """MQTT 5 session expiry of `--persistent` sessions (3.1.1 has none: clean 0 is enough)."""
+CONNECTS_IN_FLIGHT = 50
+"""Clients connecting (and subscribing) at once. A broker may serve each persistent
+CONNECT/SUBSCRIBE with a store call; 200 at once can exhaust its store's connection
+pool (redis-py's default is 100) and measure that instead of the message path."""
 PROGRESS_POLL_S = 0.02
 """How often the drain phase looks at the counters; the timing itself comes
 from the receive timestamps, so this only bounds how late the run notices."""
@@ -157,7 +161,13 @@ AnyPublisher = Publisher | PacedPublisher
 
 
 async def connect_publishers(cfg: RunConfig, plan: Plan) -> list[AnyPublisher]:
+    gate = asyncio.Semaphore(CONNECTS_IN_FLIGHT)
+
     async def one(spec: PublisherSpec) -> AnyPublisher:
+        async with gate:
+            return await _publisher(spec)
+
+    async def _publisher(spec: PublisherSpec) -> AnyPublisher:
         client = await open_client(
             cfg.host,
             cfg.port,
@@ -210,8 +220,15 @@ async def connect_subscribers(
     cfg: RunConfig, plan: Plan
 ) -> list[tuple[BenchClient, Tally, SubscriberSpec]]:
     per_publisher = plan.per_publisher
+    gate = asyncio.Semaphore(CONNECTS_IN_FLIGHT)
 
     async def one(i: int, spec: SubscriberSpec) -> tuple[BenchClient, Tally, SubscriberSpec]:
+        async with gate:
+            return await _subscriber(i, spec)
+
+    async def _subscriber(
+        i: int, spec: SubscriberSpec
+    ) -> tuple[BenchClient, Tally, SubscriberSpec]:
         tally = Tally(spec.publishers, per_publisher, latency=plan.paced)
         client = await open_client(
             cfg.host,
@@ -255,7 +272,13 @@ async def discard_sessions(cfg: RunConfig, plan: Plan) -> int:
     roles = [f"p{spec.number}" for spec in plan.publishers]
     roles += [f"s{i}" for i in range(len(plan.subscribers))]
 
+    gate = asyncio.Semaphore(CONNECTS_IN_FLIGHT)
+
     async def one(role: str) -> bool:
+        async with gate:
+            return await _discard(role)
+
+    async def _discard(role: str) -> bool:
         try:
             client = await open_client(
                 cfg.host,

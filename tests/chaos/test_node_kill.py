@@ -144,6 +144,11 @@ async def _run(node: NodeProcess, rng: random.Random, seed: int) -> None:
             f"{sub2.dup_publishes_suppressed}, connects {sub2.connects}, "
             f"sessions lost {sub2.sessions_lost}"
         )
+        print(
+            f"qos2 duplicates resent under the same packet id with DUP=1 after this client's "
+            f"PUBCOMP (the node sent PUBREL before Redis stored the PUBREC): "
+            f"{_resent_after_pubcomp(sub2)}"
+        )
         errors = [r for r in results if isinstance(r, Exception) and not _cancelled(r)]
         if errors:
             print(f"client errors: {errors!r}\nnode log tail:\n{node.log_tail()}")
@@ -157,6 +162,16 @@ async def _run(node: NodeProcess, rng: random.Random, seed: int) -> None:
     assert sub2.duplicates() == [], "QoS 2 delivered a message twice"
     assert len(sub2.delivered) == TOTAL
     assert pub.sessions_lost == sub1.sessions_lost == sub2.sessions_lost == 0
+
+
+def _resent_after_pubcomp(sub: Subscriber) -> int:
+    first: dict[int, int] = {}
+    count = 0
+    for seq, pid, dup, _ in sub.trace:
+        if seq in first and first[seq] == pid and dup:
+            count += 1
+        first.setdefault(seq, pid)
+    return count
 
 
 def _cancelled(exc: BaseException) -> bool:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-DEFAULT_TTL_S = 3.0  # a node missing three 1 s heartbeats is dead
+DEFAULT_TTL_S = 10.0  # dead after 10 s without a heartbeat: a node busy with a connect
+# storm may lag its loop by seconds, and calling it dead would cut its links for nothing
 HEARTBEAT_FRACTION = 3  # beat every ttl / 3, so one late beat is not a death
 
 

@@ -39,9 +39,9 @@ import asyncio
 import contextlib
 import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from services.cluster.api import HandshakeRejected, LinkError
 from services.mqtt.packets import Message
@@ -167,9 +167,8 @@ class _Inbound(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        self._links._inbound.add(transport)
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        self._links._inbound.add(self._transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._transport is not None:
@@ -256,10 +255,10 @@ class _Outbound(asyncio.Protocol):
 
 
 class _Peer:
-    def __init__(self, links: Links, node_id: str, address: str) -> None:
+    def __init__(self, links: Links, node_id: str, address: str | None) -> None:
         self.links = links
         self.node_id = node_id
-        self.address = address
+        self.address = address  # None: held until membership names the address
         self.frames: list[bytes] = []
         self.buffered = 0
         self.stats = PeerStats()
@@ -267,7 +266,9 @@ class _Peer:
         self.protocol: _Outbound | None = None
         self.connected = asyncio.Event()
         self._flush_scheduled = False
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task = (
+            asyncio.get_running_loop().create_task(self._run()) if address is not None else None
+        )
 
     def put(self, frame: bytes, droppable: bool) -> bool:
         if droppable and self.buffered + len(frame) > self.links.buffer_limit:
@@ -309,6 +310,7 @@ class _Peer:
             backoff = min(backoff * 2, self.links.backoff_max_s)
 
     async def _session(self) -> None:
+        assert self.address is not None
         host, _, port = self.address.rpartition(":")
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.links.handshake_timeout_s):
@@ -335,9 +337,10 @@ class _Peer:
             transport.close()
 
     async def close(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         if self.transport is not None:
             self.transport.close()
 
@@ -352,6 +355,7 @@ class Links:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
+        advertise_host: str | None = None,
         buffer_limit: int = DEFAULT_BUFFER_LIMIT,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
         backoff_min_s: float = BACKOFF_MIN_S,
@@ -361,11 +365,15 @@ class Links:
         self.handler = handler
         self.host = host
         self.port = port
+        self.advertise_host = advertise_host or host  # what peers dial (host may be 0.0.0.0)
         self.buffer_limit = buffer_limit
         self.handshake_timeout_s = handshake_timeout_s
         self.backoff_min_s = backoff_min_s
         self.backoff_max_s = backoff_max_s
-        self.unroutable = 0  # frames for a node we have no address for
+        self.unroutable = 0  # frames for a node we have no address for (and do not hold)
+        # Called with a node id we have no address for; when set, frames for it are
+        # held (same limits) until `set_peer` names it or `remove_peer` gives up.
+        self.on_unknown: Callable[[str], None] | None = None
         self._peers: dict[str, _Peer] = {}
         self._inbound: set[asyncio.Transport] = set()
         self._server: asyncio.Server | None = None
@@ -377,7 +385,7 @@ class Links:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"{self.advertise_host}:{self.port}"
 
     # -- peers -------------------------------------------------------------
 
@@ -403,7 +411,11 @@ class Links:
             await peer.close()
 
     def peers(self) -> dict[str, str]:
-        return {k: p.address for k, p in self._peers.items()}
+        """The peers with an address (not those only held for)."""
+        return {k: p.address for k, p in self._peers.items() if p.address is not None}
+
+    def held(self) -> list[str]:
+        return sorted(k for k, p in self._peers.items() if p.address is None)
 
     def is_connected(self, node_id: str) -> bool:
         peer = self._peers.get(node_id)
@@ -435,8 +447,11 @@ class Links:
     def _put(self, node_id: str, frame: bytes, droppable: bool) -> bool:
         peer = self._peers.get(node_id)
         if peer is None:
-            self.unroutable += 1
-            return False
+            if self.on_unknown is None or node_id == self.node_id:
+                self.unroutable += 1
+                return False
+            peer = self._peers[node_id] = _Peer(self, node_id, None)
+            self.on_unknown(node_id)
         return peer.put(frame, droppable)
 
     def forward(self, node_id: str, message: Message, client_ids: Sequence[str]) -> bool:

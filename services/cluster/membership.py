@@ -33,7 +33,7 @@ from services.cluster.api import (
 log = logging.getLogger("weir.cluster")
 
 KEY_PREFIX = "weir:node:"
-CALL_TIMEOUT_S = 2.0  # per Redis call; a healthy local Redis answers in well under 1 ms
+CALL_TIMEOUT_S = 3.0  # per Redis call; well under a TTL, so a slow answer is no death
 SCAN_COUNT = 500  # keys per SCAN step; clusters here are a handful of nodes
 
 
@@ -139,7 +139,7 @@ class RedisMembership(_Base):
             async with asyncio.timeout(CALL_TIMEOUT_S):
                 await self._client.set(self._key(), self.member.address.encode(), px=ttl_ms)
         except (RedisError, OSError, TimeoutError) as exc:
-            raise MembershipUnavailable(f"heartbeat failed: {exc}") from exc
+            raise MembershipUnavailable(f"heartbeat failed: {exc!r}") from exc
 
     async def leave(self) -> None:
         if self.member is None:
@@ -148,7 +148,7 @@ class RedisMembership(_Base):
             async with asyncio.timeout(CALL_TIMEOUT_S):
                 await self._client.delete(self._key())
         except (RedisError, OSError, TimeoutError) as exc:
-            raise MembershipUnavailable(f"leave failed: {exc}") from exc
+            raise MembershipUnavailable(f"leave failed: {exc!r}") from exc
 
     async def live_nodes(self) -> dict[str, Member]:
         try:
@@ -156,7 +156,7 @@ class RedisMembership(_Base):
                 keys = [k async for k in self._client.scan_iter(self._prefix + "*", SCAN_COUNT)]
                 values = await self._client.mget(keys) if keys else []
         except (RedisError, OSError, TimeoutError) as exc:
-            raise MembershipUnavailable(f"listing nodes failed: {exc}") from exc
+            raise MembershipUnavailable(f"listing nodes failed: {exc!r}") from exc
         cut = len(self._prefix)
         out: dict[str, Member] = {}
         for key, value in zip(keys, values, strict=True):

@@ -44,6 +44,8 @@ from services.queue import serial
 
 log = logging.getLogger("weir.cluster.router")
 
+POLL_INTERVAL_S = 0.5  # membership polls: one SCAN of a few keys, cheap; joins seen this fast
+
 
 class LocalNode(Protocol):
     """The broker's side of the router (called on the loop)."""
@@ -56,8 +58,9 @@ class LocalNode(Protocol):
         """These local persistent sessions have new messages in their queues."""
         ...
 
-    def kicked(self, client_id: str, epoch: int) -> None:
-        """Close client_id's connection if its epoch is below `epoch`."""
+    def kicked(self, client_id: str, epoch: int, node: str) -> None:
+        """Node `node` claimed client_id under `epoch`: close its connection here
+        if ours is older, and tell `node` about what is queued for it later."""
         ...
 
 
@@ -68,7 +71,7 @@ class _Ignore:
     def deliver_queued(self, client_ids: Sequence[str]) -> None:
         pass
 
-    def kicked(self, client_id: str, epoch: int) -> None:
+    def kicked(self, client_id: str, epoch: int, node: str) -> None:
         pass
 
 
@@ -80,14 +83,27 @@ class ClusterRouter(LinkHandler):
         *,
         host: str = "127.0.0.1",
         port: int = 0,
+        advertise_host: str | None = None,
         buffer_limit: int = DEFAULT_BUFFER_LIMIT,
         poll_interval_s: float | None = None,
     ) -> None:
         self.node_id = node_id
         self.membership = membership
         self.local: LocalNode = _Ignore()
-        self.links = Links(node_id, self, host=host, port=port, buffer_limit=buffer_limit)
-        self.poll_interval_s = poll_interval_s or beat_interval(membership.ttl_s)
+        self.links = Links(
+            node_id,
+            self,
+            host=host,
+            port=port,
+            advertise_host=advertise_host,
+            buffer_limit=buffer_limit,
+        )
+        self.poll_interval_s = poll_interval_s or min(
+            POLL_INTERVAL_S, beat_interval(membership.ttl_s)
+        )
+        self.links.on_unknown = self._unknown
+        self._held_since: dict[str, float] = {}  # node id -> when we first held frames for it
+        self._wake = asyncio.Event()
         self._notify: dict[str, dict[str, None]] = {}
         self._notify_scheduled = False
         self._watch: asyncio.Task[None] | None = None
@@ -106,16 +122,41 @@ class ClusterRouter(LinkHandler):
         self._watch = asyncio.get_running_loop().create_task(self._run_watch())
 
     async def _run_watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        beat_every = beat_interval(self.membership.ttl_s)
+        next_beat = loop.time() + beat_every
         while True:
-            await asyncio.sleep(self.poll_interval_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll_interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
             try:
-                await self.membership.beat()
+                if loop.time() >= next_beat:
+                    next_beat = loop.time() + beat_every
+                    await self.membership.beat()
                 change = await self.membership.poll()
             except MembershipUnavailable as exc:
                 log.warning("membership: %s", exc)
                 continue
             if change:
                 await self._apply(change)
+            await self._expire_held(loop.time())
+
+    def _unknown(self, node_id: str) -> None:
+        """Frames for a node membership has not shown us yet (the log can be
+        ahead of our last poll): they are held, and we poll at once."""
+        self._held_since.setdefault(node_id, asyncio.get_running_loop().time())
+        self._wake.set()
+
+    async def _expire_held(self, now: float) -> None:
+        known = self.links.peers()
+        for node_id, since in list(self._held_since.items()):
+            if node_id in known:
+                del self._held_since[node_id]
+            elif now - since > self.membership.ttl_s:
+                log.warning("dropping frames held for %s: no such live node", node_id)
+                del self._held_since[node_id]
+                await self.links.remove_peer(node_id)
 
     async def _apply(self, change: MembershipChange) -> None:
         for member in change.joined:
@@ -187,7 +228,7 @@ class ClusterRouter(LinkHandler):
         self.local.deliver_queued(client_ids)
 
     def on_kick(self, peer: str, client_id: str, epoch: int) -> None:
-        self.local.kicked(client_id, epoch)
+        self.local.kicked(client_id, epoch, peer)
 
     async def stop(self) -> None:
         """Leave (peers see it on their next poll), then close the links."""

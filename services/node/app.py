@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from services.settings import Settings, SettingsError, load
 
 if TYPE_CHECKING:
+    from services.cluster.router import ClusterRouter
     from services.node.node import Services
     from services.session.redis_server import RedisServer
 
@@ -58,6 +59,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mqtt-port", dest="listeners.mqtt_port", help="MQTT TCP port (1883)")
     p.add_argument("--ws-port", dest="listeners.ws_port", help="MQTT over WebSocket port (8083)")
     p.add_argument("--data-dir", dest="data_dir", help="directory for node data")
+    p.add_argument(
+        "--workers",
+        dest="workers",
+        type=int,
+        help="run N node processes sharing the MQTT port (SO_REUSEPORT), each a cluster "
+        "node <node-id>-<i> on the shared Redis and Kafka (see services.node.workers)",
+    )
+    p.add_argument(
+        "--reuse-port",
+        dest="reuse_port",
+        action="store_const",
+        const=True,
+        help=argparse.SUPPRESS,  # a worker of --workers
+    )
     p.add_argument(
         "--backend",
         dest="backend",
@@ -94,6 +109,25 @@ def build_services(settings: Settings) -> Services:
     queue = MemoryQueueStore(sessions, limit=settings.limits.queue_limit)
     return Services(
         sessions=sessions, queue=queue, retain=MemoryRetainStore(), events=MemoryEventLog()
+    )
+
+
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+
+
+def cluster_router(settings: Settings, client: Any) -> ClusterRouter:
+    """This node's cluster membership (in `client`'s Redis) and links; the link
+    listens beside MQTT on a free port and is advertised under the MQTT host,
+    or this machine's name when MQTT listens on every interface."""
+    import socket
+
+    from services.cluster.membership import RedisMembership
+    from services.cluster.router import ClusterRouter
+
+    host = settings.listeners.host
+    advertise = socket.gethostname() if host in WILDCARD_HOSTS else host
+    return ClusterRouter(
+        settings.node_id, RedisMembership(client), host=host, advertise_host=advertise
     )
 
 
@@ -172,7 +206,11 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
             tiers,
         )
         services = Services(
-            sessions=sessions, queue=queue, retain=MemoryRetainStore(), events=events
+            sessions=sessions,
+            queue=queue,
+            retain=MemoryRetainStore(),
+            events=events,
+            cluster=cluster_router(settings, client),
         )
         what = f"redis {redis_url}, kafka {bootstrap}"
         if started:
@@ -196,22 +234,28 @@ EPHEMERAL_NOTE = (
 )
 
 
-async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
+async def serve(
+    settings: Settings, ready: asyncio.Event | None = None, reuse_port: bool = False
+) -> int:
     try:
         async with open_backends(settings) as (services, what):
-            return await _serve(settings, services, what, ready)
+            return await _serve(settings, services, what, ready, reuse_port)
     except BackendError as exc:
         print(f"weir: {exc}", file=sys.stderr)
         return EXIT_START_FAILED
 
 
 async def _serve(
-    settings: Settings, services: Services, what: str, ready: asyncio.Event | None
+    settings: Settings,
+    services: Services,
+    what: str,
+    ready: asyncio.Event | None,
+    reuse_port: bool = False,
 ) -> int:
     from services.event.api import EventLogError
     from services.node.node import Node
 
-    node = Node(settings, services)
+    node = Node(settings, services, reuse_port=reuse_port)
     try:
         await node.start()
     except OSError as exc:
@@ -261,9 +305,27 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 def main(argv: Sequence[str]) -> int:
     try:
-        settings = load(parse_args(argv))
+        args = parse_args(argv)
+        workers, reuse_port = args.pop("workers", None), bool(args.pop("reuse_port", None))
+        settings = load(args)
     except SettingsError as exc:
         print(f"weir up: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    if workers is not None:
+        from services.node.workers import supervise
+
+        return supervise(settings, _without_workers(argv), workers)
     with asyncio.Runner(loop_factory=_new_loop) as runner:
-        return runner.run(serve(settings))
+        return runner.run(serve(settings, reuse_port=reuse_port))
+
+
+def _without_workers(argv: Sequence[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--workers":
+            skip = True
+        elif not arg.startswith("--workers="):
+            out.append(arg)
+    return out

@@ -45,7 +45,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from services.event.api import EventLog, EventLogError
@@ -75,6 +75,7 @@ from services.session.api import Fenced, SessionError, SessionStore
 from services.settings import Limits
 
 if TYPE_CHECKING:
+    from services.cluster.router import ClusterRouter
     from services.mqtt.channel_config import ChannelConfig
     from services.node.connection import Connection
     from services.node.timers import TimerWheel
@@ -87,7 +88,12 @@ V5_UNSUBACK_FAILURE = 0x80  # unspecified error
 
 
 PlanEntry = tuple["Session", "SubOptions | list[SubOptions]"]
-Plan = tuple[list[PlanEntry], list[tuple[tuple[str, str], list[tuple[str, SubOptions]]]]]
+RemoteEntry = tuple[str, "SubOptions | list[SubOptions]"]  # a client with no local session
+Plan = tuple[
+    list[PlanEntry],
+    list[tuple[tuple[str, str], list[tuple[str, SubOptions]]]],
+    list[RemoteEntry],
+]
 PLAN_CACHE_SIZE = 4096  # topics whose routing plan is kept; cleared whole when full
 
 
@@ -129,6 +135,10 @@ class Broker:
         self.publisher: Connection | None = None  # the connection whose packets are in hand
         self.delivery = Delivery(queue, loop, self.spawn, limits.queue_limit, self._publisher)
         self.logstate = LogState(self, events if events is not None else MemoryEventLog())
+        self.cluster: ClusterRouter | None = None  # set by the node when it joins a cluster
+        self._remote_pending: dict[str, tuple[str, int]] = {}  # client -> (node, batches)
+        self._moved: dict[str, str] = {}  # client -> the node that took it over from us
+        self.delivery.on_stored = self._notify_remote
 
     def invalidate_plans(self) -> None:
         self._plans.clear()
@@ -215,6 +225,8 @@ class Broker:
             )
             conn.resume_processing()
             return
+        self._moved.pop(client_id, None)
+        self._kick_previous(client_id, claim.previous_node, claim.epoch)
         fresh = action.clean_start or not claim.session_present
         try:
             version = await self.store.next_version(client_id, claim.epoch)
@@ -662,11 +674,13 @@ class Broker:
         plan = self._plans.get(message.topic)
         if plan is None:
             plan = self._plan(message.topic)
-        plain, shared = plan
+        plain, shared, remote = plan
         count = self._deliver_plain(message, plain) if plain else 0
         for group_filter, members in shared:
             if self._deliver_shared(message, members, group_filter):
                 count += 1
+        if remote and self.cluster is not None:
+            count += self._deliver_remote(message, remote, self.cluster)
         self.work += count
         self.delivery.schedule()
         return count
@@ -684,11 +698,14 @@ class Broker:
                 per_client[client_id] = [prev, options]
         sessions = self.sessions
         plain: list[PlanEntry] = []
+        remote: list[RemoteEntry] = []
         for client_id, opts in per_client.items():
             session = sessions.get(client_id)
             if session is not None:
                 plain.append((session, opts))
-        plan: Plan = (plain, list(self.trie.match_shared(topic).items()))
+            else:
+                remote.append((client_id, opts))
+        plan: Plan = (plain, list(self.trie.match_shared(topic).items()), remote)
         if len(self._plans) >= PLAN_CACHE_SIZE:
             self._plans.clear()
         self._plans[topic] = plan
@@ -797,6 +814,119 @@ class Broker:
         if message.qos == 0 and session.expiry_s == 0:
             return  # a clean session that is not connected yet: nothing to keep it for
         self.delivery.add(session, message)
+
+    # -- other nodes (services.cluster.router) ----------------------------------------
+
+    def _deliver_remote(
+        self, message: Message, remote: list[RemoteEntry], cluster: ClusterRouter
+    ) -> int:
+        """Subscribers online on other nodes: clean ones get the message forwarded
+        as published (their node applies their options); persistent ones get it
+        in their Redis queue, then their node is told (`_notify_remote`)."""
+        view = self.logstate.view
+        targets: dict[str, list[str]] = {}
+        count = 0
+        for client_id, opts in remote:
+            entry = view.session(client_id)
+            if entry is None or not entry.online or entry.node == self.node_id:
+                continue
+            self._moved.pop(client_id, None)  # the log caught up
+            if not entry.persistent:
+                targets.setdefault(entry.node, []).append(client_id)
+                count += 1
+                continue
+            delivered = self._delivered_form(message, client_id, opts)
+            if delivered is None:
+                continue
+            count += 1
+            self.mark_durable(client_id)
+            stub = Session(client_id)  # no connection: enqueue only, its owner takes
+            stub.expiry_s = entry.expiry_s
+            self.delivery.add(stub, delivered)
+            batches = self._remote_pending.get(client_id, (entry.node, 0))[1]
+            self._remote_pending[client_id] = (entry.node, batches + 1)
+        if targets:
+            cluster.forward(message, targets)
+        return count
+
+    def _delivered_form(
+        self, message: Message, client_id: str, opts: SubOptions | list[SubOptions]
+    ) -> Message | None:
+        live = opts if isinstance(opts, list) else [opts]
+        live = [o for o in live if not (o.no_local and client_id == message.sender)]
+        if not live:
+            return None
+        qos = min(message.qos, max(o.qos for o in live))
+        retain = message.retain and any(o.retain_as_published for o in live)
+        sub_ids = tuple(o.subscription_id for o in live if o.subscription_id)
+        return self._adjusted(message, qos, retain, sub_ids)
+
+    def _notify_remote(self, items: Sequence[tuple[str, Message]]) -> None:
+        """A batch is stored: tell the owners of the remote persistent sessions in it."""
+        pending, moved = self._remote_pending, self._moved
+        if not (pending or moved) or self.cluster is None:
+            return
+        for client_id in {c for c, _ in items if c in pending or c in moved}:
+            if client_id in moved:  # queued through our stale session: its new node takes
+                self.cluster.notify(moved[client_id], client_id)
+            if client_id not in pending:
+                continue
+            node, batches = pending[client_id]
+            self.cluster.notify(node, client_id)
+            if batches <= 1:
+                del pending[client_id]
+            else:
+                pending[client_id] = (node, batches - 1)
+
+    def deliver_forwarded(self, message: Message, client_ids: Sequence[str]) -> None:
+        """A peer's publish for local clean sessions: each gets it per its own subscriptions."""
+        topic = message.topic
+        plan: list[PlanEntry] = []
+        for client_id in client_ids:
+            session = self.sessions.get(client_id)
+            if session is None:
+                continue
+            opts = [
+                o
+                for f, o in session.subs.items()
+                if parse_shared(f) is None and matches(f, topic)
+            ]
+            if opts:
+                plan.append((session, opts[0] if len(opts) == 1 else opts))
+        if plan:
+            self.work += self._deliver_plain(message, plan)
+            self.delivery.schedule()
+
+    def deliver_queued(self, client_ids: Sequence[str]) -> None:
+        """A peer stored messages in these local sessions' queues."""
+        for client_id in client_ids:
+            session = self.sessions.get(client_id)
+            if session is not None and session.conn is not None and session.ready:
+                self.delivery.kick(session)
+
+    def kicked(self, client_id: str, epoch: int, node: str) -> None:
+        """`node` claimed client_id under `epoch`: close ours if it is older. Until
+        the log tells us it moved, what we queue for it is announced to `node`."""
+        session = self.sessions.get(client_id)
+        if session is None or session.epoch >= epoch:
+            return
+        self._moved[client_id] = node
+        if session.conn is None:
+            return
+        conn = session.conn
+        self._detach(session)
+        conn.session = None
+        conn.carry_out(conn.channel.taken_over())
+
+    def _kick_previous(self, client_id: str, previous: str | None, epoch: int) -> None:
+        """Takeover across nodes: the node that had the client closes its connection."""
+        if self.cluster is None:
+            return
+        if previous is None or previous == self.node_id:
+            entry = self.logstate.view.session(client_id)
+            previous = entry.node if entry is not None and entry.online else None
+        if previous is not None and previous != self.node_id:
+            self.cluster.kick(previous, client_id, epoch)
 
     # -- acknowledgements from subscribers -------------------------------------------
 

@@ -64,6 +64,7 @@ class Delivery:
         self._batch_tokens: list[Token] = []
         self._batch_takers: set[Session] = set()
         self._batch_scheduled = False
+        self.on_stored: Callable[[list[tuple[str, Message]]], None] | None = None  # per batch
 
     @property
     def idle(self) -> bool:
@@ -142,6 +143,8 @@ class Delivery:
             log.warning("enqueue of %d messages failed: %s", len(items), exc)
             ok = False
         if result is not None:
+            if self.on_stored is not None:
+                self.on_stored(items)
             self.dropped += result.dropped
             for session in ready:
                 taken = result.taken.get(session.client_id)

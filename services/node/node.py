@@ -17,6 +17,7 @@ import asyncio
 import gc
 from dataclasses import dataclass
 
+from services.cluster.router import ClusterRouter
 from services.event.api import EventLog
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import ReasonCode
@@ -40,6 +41,7 @@ class Services:
     queue: QueueStore
     retain: RetainStore
     events: EventLog | None = None  # None: a memory log of the node's own
+    cluster: ClusterRouter | None = None  # None: a node on its own (memory backends)
 
 
 def channel_config(settings: Settings) -> ChannelConfig:
@@ -52,9 +54,10 @@ def channel_config(settings: Settings) -> ChannelConfig:
 
 
 class Node:
-    def __init__(self, settings: Settings, services: Services) -> None:
+    def __init__(self, settings: Settings, services: Services, reuse_port: bool = False) -> None:
         self.settings = settings
         self.services = services
+        self.reuse_port = reuse_port  # workers of `weir up --workers N` share the MQTT port
         self.broker: Broker | None = None
         self.wheel: TimerWheel | None = None
         self._servers: list[asyncio.Server] = []
@@ -82,6 +85,9 @@ class Node:
         self.broker = broker
         self.replayed = await broker.logstate.replay()
         broker.logstate.after_replay()
+        if self.services.cluster is not None:
+            await self.services.cluster.start(broker)  # join: peers link to us from now on
+            broker.cluster = self.services.cluster
         gc.freeze()
         host = settings.listeners.host
         try:
@@ -91,6 +97,7 @@ class Node:
                 settings.listeners.mqtt_port,
                 backlog=LISTEN_BACKLOG,
                 reuse_address=True,
+                reuse_port=self.reuse_port or None,
             )
             self._servers.append(mqtt)
             self.mqtt_port = mqtt.sockets[0].getsockname()[1]
@@ -101,11 +108,14 @@ class Node:
                     settings.listeners.ws_port,
                     backlog=LISTEN_BACKLOG,
                     reuse_address=True,
+                    reuse_port=self.reuse_port or None,
                 )
                 self._servers.append(ws)
                 self.ws_port = ws.sockets[0].getsockname()[1]
         except OSError:
             await self._close_servers()
+            if self.services.cluster is not None:
+                await self.services.cluster.stop()
             raise
         broker.logstate.start_tail()
 
@@ -132,6 +142,8 @@ class Node:
             await broker.drain_tasks(max(0.0, deadline - loop.time()))
             broker.close()
             await broker.logstate.stop_tail()
+        if self.services.cluster is not None:
+            await self.services.cluster.stop()
         if self.wheel is not None:
             self.wheel.close()
         await self._close_servers()

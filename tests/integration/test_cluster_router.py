@@ -20,7 +20,7 @@ class Local:
     def __init__(self) -> None:
         self.forwarded: list[tuple[Message, tuple[str, ...]]] = []
         self.queued: list[tuple[str, ...]] = []
-        self.kicks: list[tuple[str, int]] = []
+        self.kicks: list[tuple[str, int, str]] = []
 
     def deliver_forwarded(self, message: Message, client_ids: Sequence[str]) -> None:
         self.forwarded.append((message, tuple(client_ids)))
@@ -28,8 +28,8 @@ class Local:
     def deliver_queued(self, client_ids: Sequence[str]) -> None:
         self.queued.append(tuple(client_ids))
 
-    def kicked(self, client_id: str, epoch: int) -> None:
-        self.kicks.append((client_id, epoch))
+    def kicked(self, client_id: str, epoch: int, node: str) -> None:
+        self.kicks.append((client_id, epoch, node))
 
 
 async def wait_until(pred: Callable[[], bool], deadline_s: float = 5.0) -> None:
@@ -90,7 +90,7 @@ async def test_notifies_merge_per_turn_and_kick_arrives(cluster: Cluster) -> Non
     a.kick("b", "p9", 42)
     await wait_until(lambda: bool(b_local.kicks))
     assert b_local.queued == [("p1", "p2", "p3")]
-    assert b_local.kicks == [("p9", 42)]
+    assert b_local.kicks == [("p9", 42, "a")]
 
 
 async def test_a_dead_node_is_unlinked(cluster: Cluster) -> None:
@@ -99,8 +99,20 @@ async def test_a_dead_node_is_unlinked(cluster: Cluster) -> None:
     assert await a.wait_peers(["b"], 5.0)
     await b.stop()
     await wait_until(lambda: a.peers() == [])
-    assert a.forward(Message("t", b"", 1), {"b": ["x"]}) == 0
-    assert a.links.unroutable == 1
+    assert a.forward(Message("t", b"", 1), {"b": ["x"]}) == 1  # held: b might be joining
+    assert a.links.held() == ["b"]
+    await wait_until(lambda: a.links.held() == [], deadline_s=10.0)  # given up after a TTL
+
+
+async def test_frames_for_a_node_not_yet_seen_are_held_until_it_joins(cluster: Cluster) -> None:
+    a, _ = await cluster.node("a")
+    m = Message("early", b"p", 1)
+    assert a.forward(m, {"late": ["c"]}) == 1
+    a.notify("late", "p")
+    _, late_local = await cluster.node("late")
+    await wait_until(lambda: bool(late_local.queued))
+    assert late_local.forwarded == [(m, ("c",))]
+    assert late_local.queued == [("p",)]
 
 
 async def test_three_nodes_fan_out(cluster: Cluster) -> None:

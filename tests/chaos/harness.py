@@ -199,6 +199,7 @@ class QoS2Publisher:
     resent_pubrel: int = 0
     sessions_lost: int = 0  # reconnects whose CONNACK said session_present=0
     completed: int = 0
+    resent_seqs: set[int] = field(default_factory=set)  # sent again with DUP=1 after a reconnect
 
     @property
     def done(self) -> bool:
@@ -226,6 +227,7 @@ class QoS2Publisher:
                         link.send(Pubrel(pid))
                         self.resent_pubrel += 1
                     else:
+                        self.resent_seqs.add(int(seq))
                         payload = str(seq).encode()
                         link.send(Publish(self.topic, payload, 2, dup=True, packet_id=pid))
                         self.resent_publish += 1
@@ -301,7 +303,7 @@ class Subscriber:
     topic: str
     qos: int
     delivered: list[tuple[int, bool]] = field(default_factory=list)  # (seq, dup) per app delivery
-    trace: list[tuple[int, int, bool, int]] = field(default_factory=list)  # seq, pid, dup, connect
+    trace: list[tuple[int, int, bool, int]] = field(default_factory=list)  # seq, pid, dup, conn
     awaiting_rel: set[int] = field(default_factory=set)
     seen: set[int] = field(default_factory=set)
     connects: int = 0
@@ -348,19 +350,18 @@ class Subscriber:
         if isinstance(packet, Publish):
             seq = int(packet.payload)
             pid = packet.packet_id
-            self.trace.append((seq, pid or 0, packet.dup, self.connects))
             if packet.qos == 1 and pid is not None:
-                self._deliver(seq, packet.dup)
+                self._deliver(seq, pid, packet.dup)
                 link.send(Puback(pid))
             elif packet.qos == 2 and pid is not None:
                 if pid in self.awaiting_rel:
                     self.dup_publishes_suppressed += 1
                 else:
                     self.awaiting_rel.add(pid)
-                    self._deliver(seq, packet.dup)
+                    self._deliver(seq, pid, packet.dup)
                 link.send(Pubrec(pid))
             else:
-                self._deliver(seq, packet.dup)
+                self._deliver(seq, 0, packet.dup)
         elif isinstance(packet, Pubrel):
             self.awaiting_rel.discard(packet.packet_id)
             link.send(Pubcomp(packet.packet_id))
@@ -369,7 +370,8 @@ class Subscriber:
                 raise ChaosError(f"{self.client_id}: SUBACK {packet.reason_codes}")
             self.subscribed = True
 
-    def _deliver(self, seq: int, dup: bool) -> None:
+    def _deliver(self, seq: int, pid: int, dup: bool) -> None:
+        self.trace.append((seq, pid, dup, self.connects))
         self.delivered.append((seq, dup))
         self.seen.add(seq)
 

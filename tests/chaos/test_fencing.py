@@ -11,15 +11,27 @@ fenced node cannot write an event either.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from services.mqtt.packets import Message
+from services.mqtt.packets import (
+    Connect,
+    Message,
+    Puback,
+    Publish,
+    Suback,
+    Subscribe,
+    Subscription,
+)
 from services.queue.redis import RedisQueueStore
 from services.session.api import Fenced
 from services.session.redis import RedisSessionStore
+from services.session.redis_server import free_port
+from tests.chaos.harness import Link, NodeProcess
 
 pytestmark = pytest.mark.redis
 
@@ -132,3 +144,72 @@ async def test_takeover_back_fences_the_middle_owner(nodes: tuple[Node, Node]) -
             await owner.sessions.next_version(cid, epoch)
     info = await a.sessions.get(cid)
     assert info is not None and info.node == "A" and info.epoch == epochs[-1]
+
+
+@pytest.fixture
+def two_nodes(
+    tmp_path: Path, redis_url: str, kafka_bootstrap: str, kafka_topic_prefix: str
+) -> Iterator[tuple[NodeProcess, NodeProcess]]:
+    started = []
+    try:
+        for name in ("A", "B"):
+            port = free_port()
+            args = ["--redis", redis_url, "--kafka", kafka_bootstrap]
+            args += ["--kafka-topic-prefix", kafka_topic_prefix, "--host", "127.0.0.1"]
+            args += ["--mqtt-port", str(port), "--ws-port", "off", "--node-id", name]
+            args += ["--data-dir", str(tmp_path / name)]
+            node = NodeProcess(args, port, tmp_path / f"{name}.log")
+            node.start()
+            started.append(node)
+        yield started[0], started[1]
+    finally:
+        for node in started:
+            node.stop()
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(90)
+async def test_node_level_takeover_fences_the_old_node(
+    two_nodes: tuple[NodeProcess, NodeProcess], redis_url: str
+) -> None:
+    """Two node processes on one Redis + Kafka (no cluster links between them, so
+    node A is never told about the takeover and only the epoch can stop it)."""
+    a, b = two_nodes
+    await a.wait_ready(30)
+    await b.wait_ready(30)
+    cid = "fence-node"
+    old, _ = await Link.open(a.port, Connect(cid, clean_start=False, keep_alive=0))
+    old.send(Subscribe(1, (Subscription("fence/x", 1),)))
+    assert isinstance(await asyncio.wait_for(old.recv(), 10), Suback)
+    sessions = RedisSessionStore.from_url(redis_url)
+    queue = RedisQueueStore.from_url(redis_url)
+    try:
+        before = await sessions.get(cid)
+        assert before is not None and before.node == "A"
+        new, connack = await Link.open(b.port, Connect(cid, clean_start=False, keep_alive=0))
+        assert connack.session_present
+        after = await sessions.get(cid)
+        assert after is not None and after.node == "B" and after.epoch > before.epoch
+        # A still holds the old connection and routes a QoS 1 message to it.
+        pub, _ = await Link.open(a.port, Connect("fence-pub", keep_alive=0))
+        pub.send(Publish("fence/x", b"m1", 1, packet_id=1))
+        assert isinstance(await asyncio.wait_for(pub.recv(), 10), Puback)
+        # A's take with its stale epoch is fenced: it closes the old connection,
+        # which never sees the message.
+        got_on_old = []
+        with pytest.raises(ConnectionError):
+            async with asyncio.timeout(10):
+                while True:
+                    got_on_old.append(await old.recv())
+        assert not any(isinstance(p, Publish) for p in got_on_old)
+        # Redis still says B owns the session under its epoch, and the message is B's.
+        final = await sessions.get(cid)
+        assert final is not None and (final.node, final.epoch) == ("B", after.epoch)
+        queued = [i.message.payload for i in await queue.pending(cid, after.epoch)]
+        queued += [i.message.payload for i in await queue.take(cid, after.epoch, 10)]
+        assert queued == [b"m1"]
+        for link in (new, pub):
+            link.close()
+    finally:
+        await queue.close()
+        await sessions.close()

@@ -147,7 +147,10 @@ async def _run(node: NodeProcess, rng: random.Random, seed: int) -> None:
         print(
             f"qos2 duplicates resent under the same packet id with DUP=1 after this client's "
             f"PUBCOMP (the node sent PUBREL before Redis stored the PUBREC): "
-            f"{_resent_after_pubcomp(sub2)}"
+            f"{_resent_after_pubcomp(sub2)}; missing messages the publisher had resent "
+            f"with DUP=1 (the node stored the QoS 2 id, not the message, then took the resend "
+            f"for a duplicate): {len(set(sub1.missing(TOTAL)) & pub.resent_seqs)} of "
+            f"{len(sub1.missing(TOTAL))}"
         )
         errors = [r for r in results if isinstance(r, Exception) and not _cancelled(r)]
         if errors:

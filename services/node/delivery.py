@@ -63,6 +63,7 @@ class Delivery:
         self._batch: list[tuple[str, Message]] = []
         self._batch_tokens: list[Token] = []
         self._batch_takers: set[Session] = set()
+        self._batch_late: set[Session] = set()  # not ready at add: kicked once stored
         self._batch_scheduled = False
         self.on_stored: Callable[[list[tuple[str, Message]]], None] | None = None  # per batch
 
@@ -81,6 +82,10 @@ class Delivery:
                 publisher = self.publisher()
                 if publisher is not None and publisher is not conn:
                     publisher.block_on(conn)
+        else:
+            # It may become ready (CONNACK, resend, first take) before this batch
+            # is stored; a take then misses it, so take again once stored.
+            self._batch_late.add(session)
 
     def token(
         self,
@@ -118,6 +123,8 @@ class Delivery:
         items, self._batch = self._batch, []
         tokens, self._batch_tokens = self._batch_tokens, []
         takers, self._batch_takers = self._batch_takers, set()
+        late, self._batch_late = self._batch_late, set()
+        takers |= late
         if not items:
             self._answer(tokens, True)
             return

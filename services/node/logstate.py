@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("weir.logstate")
 
+NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry meaning "never"
+
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -127,7 +129,8 @@ class LogState:
         local = broker.sessions.get(client_id)
         if entry is not None and not entry.online and entry.persistent:
             if local is None:
-                self._offline_session(client_id, entry.expiry_s)
+                session = self._offline_session(client_id, entry.expiry_s)
+                self._expire_later(session, entry.expires_at_ms)
             return
         moved = entry is not None and entry.online and entry.node != broker.node_id
         ended = entry is None and local is not None and local.durable
@@ -146,6 +149,18 @@ class LogState:
         broker.invalidate_plans()
         return session
 
+    def _expire_later(self, session: Session, expires_at_ms: int | None) -> None:
+        """Expire a recovered offline session when the log says it ends."""
+        if expires_at_ms is None or session.expiry_s >= NEVER_EXPIRES:
+            return
+        if session.expiry_handle is not None:
+            session.expiry_handle.cancel()
+        broker = self.broker
+        delay_s = max(0.0, (expires_at_ms - now_ms()) / 1000)
+        session.expiry_handle = broker.loop.call_later(
+            delay_s, broker._expire, session, session.epoch
+        )
+
     # -- start: replay, then tail ------------------------------------------------
 
     async def replay(self) -> int:
@@ -162,6 +177,7 @@ class LogState:
                 if session is None:
                     session = self._offline_session(client_id, entry.expiry_s)
                 session.epoch = entry.epoch
+                self._expire_later(session, now_ms() + entry.expiry_s * 1000)
             self.broker.spawn(
                 self._closed_by_restart(client_id, entry.epoch, entry.expiry_s, entry.version)
             )

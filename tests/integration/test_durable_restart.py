@@ -63,3 +63,28 @@ def test_persistent_session_survives_node_restart(
         sub.close()
     finally:
         second.stop()
+
+
+def test_recovered_offline_session_still_expires(
+    redis_url: str, kafka_bootstrap: str, kafka_topic_prefix: str
+) -> None:
+    settings = backend_settings(redis_url, kafka_bootstrap, kafka_topic_prefix)
+    first = start_node(settings)
+    try:
+        client = Paho(first.mqtt_port, "short", v5=True, clean=False, session_expiry=4)
+        assert client.connack()[1] == 0
+        assert client.subscribe("s/#", qos=1)[0] == 1
+        client.close()
+    finally:
+        first.stop()
+    second = start_node(settings)
+    try:
+        assert second.call(lambda: "short" in second.node.broker.sessions)
+        wait_until(
+            lambda: second.call(lambda: "short" not in second.node.broker.sessions),
+            "the recovered session to expire",
+            timeout=10.0,
+        )
+        assert second.call(lambda: second.node.broker.trie.filters("short")) == []
+    finally:
+        second.stop()

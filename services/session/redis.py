@@ -33,6 +33,7 @@ from redis.exceptions import RedisError
 
 from services.session.api import Claim, Fenced, SessionInfo, StoreUnavailable
 
+POOL_CONNECTIONS = 64  # concurrent calls per process; more only queue on one Redis thread
 DEFAULT_TIMEOUT_S = 2.0  # per call; a healthy local Redis answers in well under 1 ms
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry interval meaning "never"
 TOPIC_VERSION_TTL_MS = 86_400_000  # versions are clocks, so the key may be forgotten
@@ -60,15 +61,20 @@ def client_keys(client_id: str) -> tuple[bytes, ...]:
 
 
 def connect(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> aioredis.Redis:
-    return aioredis.Redis.from_url(
+    """A client whose pool makes a call wait for a free connection (bounded by
+    `timeout`) instead of failing: redis-py's default pool raises at once past
+    its limit, which a burst of persistent sessions reaches."""
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
+        max_connections=POOL_CONNECTIONS,
+        timeout=timeout,
         socket_timeout=None,  # calls are bounded by `bounded`; socket timeouts cost 2 tasks a call
         socket_connect_timeout=timeout,
         health_check_interval=0,
-        decode_responses=False,
         retry=Retry(NoBackoff(), 0),  # never resend a script whose answer was lost
         **_POOL_OPTIONS,
     )
+    return aioredis.Redis(connection_pool=pool, decode_responses=False, **_POOL_OPTIONS)
 
 
 def load_script(client: aioredis.Redis, package: str, name: str) -> AsyncScript:

@@ -211,3 +211,13 @@ def test_missing_redis_server_is_one_clear_error(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(RedisServerError, match="redis-server not found"):
         RedisServer(tmp_path / "redis").start()
+
+
+async def test_a_burst_of_concurrent_claims_waits_for_connections(store: SessionStore) -> None:
+    # More calls at once than the Redis pool has connections: each waits its turn
+    # (bounded by the store's timeout) instead of failing with "too many connections".
+    claims = await asyncio.gather(
+        *(store.claim(f"burst-{i}", "n1", clean_start=False, expiry_s=60) for i in range(300))
+    )
+    assert len({c.client_id for c in claims}) == 300
+    assert all(c.epoch > 0 and not c.session_present for c in claims)

@@ -69,7 +69,7 @@ from services.mqtt.trie import TopicTrie
 from services.node.delivery import Delivery
 from services.node.logstate import LogState
 from services.node.session import Session, SubOptions
-from services.queue.api import QueueStore
+from services.queue.api import Inflight, QueueStore
 from services.retain.api import RetainStore
 from services.session.api import Fenced, SessionError, SessionStore
 from services.settings import Limits
@@ -128,6 +128,8 @@ class Broker:
         self._flush_scheduled = False
         self._wills: dict[str, tuple[asyncio.TimerHandle, Message]] = {}
         self._round_robin: dict[tuple[str, str], int] = {}
+        self._resend: dict[Connection, list[Inflight]] = {}  # newest last: pop() is next
+        self._resending: set[Connection] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._no_connections: asyncio.Event | None = None
         self._plans: dict[str, Plan] = {}
@@ -308,12 +310,9 @@ class Broker:
             return
         if session.conn is not conn:
             return
-        now_ms = self.now_ms()
-        for item in pending:
-            if item.released:
-                conn.carry_out(conn.channel.resend_pubrel(item.packet_id))
-            else:
-                conn.carry_out(conn.channel.deliver(item.message, item.packet_id, True, now_ms))
+        if pending:
+            self._resend[conn] = list(reversed(pending))
+            self._resend_some(conn)
         session.ready = True
         conn.resume_processing()
         self.delivery.kick(session)
@@ -342,6 +341,7 @@ class Broker:
         session_expiry_s: int | None = None,
     ) -> None:
         """The connection closed (normally, by error, or taken over)."""
+        self._resend.pop(conn, None)
         session = conn.session
         if session is not None and session_expiry_s is not None:
             session.expiry_s = session_expiry_s
@@ -933,6 +933,30 @@ class Broker:
     def acked(self, conn: Connection, packet_id: int) -> None:
         if conn.session is not None:
             self.delivery.acked(conn.session, packet_id)
+        if conn in self._resend:
+            self._resend_some(conn)
+
+    def _resend_some(self, conn: Connection) -> None:
+        """Resend a resumed session's unacknowledged messages (DUP) or PUBRELs
+        within the client's Receive Maximum; the rest wait for acks, and the
+        queue behind them waits too [MQTT-3.3.4-7]."""
+        backlog = self._resend.get(conn)
+        if backlog is None or conn in self._resending:
+            return
+        self._resending.add(conn)
+        try:
+            now_ms = self.now_ms()
+            channel = conn.channel
+            while backlog and channel.send_quota > 0 and not conn.closed:
+                item = backlog.pop()
+                if item.released:
+                    conn.carry_out(channel.resend_pubrel(item.packet_id))
+                else:
+                    conn.carry_out(channel.deliver(item.message, item.packet_id, True, now_ms))
+        finally:
+            self._resending.discard(conn)
+        if not backlog or conn.closed:
+            self._resend.pop(conn, None)
 
     def received(self, conn: Connection, packet_id: int) -> None:
         if conn.session is not None:

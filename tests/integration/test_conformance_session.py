@@ -297,3 +297,61 @@ def test_v5_clean_start_reconnect_sends_pending_delayed_will(
     assert watcher.nothing(within=0.3)
     opened(raws, node, "pdwc", V5, clean_start=True)
     assert watcher.expect(Publish, timeout=2.0).payload == b"bye"
+
+
+def test_v5_resend_on_resume_respects_new_receive_maximum(
+    node: NodeRunner, raws: list[Raw]
+) -> None:
+    """[MQTT-3.3.4-7]: on resume the unacked resend plus the queue stay within the
+    Receive Maximum of the new connection."""
+    props = Properties(session_expiry_interval=60, receive_maximum=10)
+    sub = opened(raws, node, "rmr", V5, clean_start=False, properties=props)
+    sub.subscribe(Subscription("rmr", 1))
+    pub = opened(raws, node, "rmrp", V5)
+    for i in range(1, 6):
+        publish1(pub, "rmr", b"%d" % i, i)
+    first = [sub.expect(Publish) for _ in range(5)]
+    assert len({p.packet_id for p in first}) == 5
+    sub.close()  # none acknowledged
+    for i in range(6, 9):
+        publish1(pub, "rmr", b"%d" % i, i)
+    again = Raw(node.mqtt_port, V5)
+    raws.append(again)
+    small = Properties(session_expiry_interval=60, receive_maximum=2)
+    assert again.connect("rmr", clean_start=False, properties=small).session_present
+    got: list[bytes] = []
+    window = [again.expect(Publish), again.expect(Publish)]
+    assert again.nothing(within=0.4), "more than Receive Maximum unacked"
+    while window:
+        p = window.pop(0)
+        got.append(p.payload)
+        again.send(Puback(p.packet_id))
+        if len(got) + len(window) < 8:
+            window.append(again.expect(Publish))
+        assert len(got) <= 8
+    assert got == [b"%d" % i for i in range(1, 9)]
+
+
+def test_v5_retained_on_subscribe_respect_receive_maximum_and_size(
+    node: NodeRunner, raws: list[Raw]
+) -> None:
+    pub = opened(raws, node, "rrp", V5)
+    for i in range(1, 5):
+        publish1(pub, f"rr/{i}", b"%d" % i, i, retain=True)
+    publish1(pub, "rr/big", b"x" * 500, 9, retain=True)
+    sub = opened(
+        raws,
+        node,
+        "rrs",
+        V5,
+        properties=Properties(receive_maximum=1, maximum_packet_size=200),
+    )
+    sub.subscribe(Subscription("rr/#", 1))
+    got: list[bytes] = []
+    for _ in range(4):
+        p = sub.expect(Publish)
+        assert sub.nothing(within=0.2), "a second unacked PUBLISH with Receive Maximum 1"
+        got.append(p.payload)
+        sub.send(Puback(p.packet_id))
+    assert sorted(got) == [b"1", b"2", b"3", b"4"]
+    assert sub.nothing()

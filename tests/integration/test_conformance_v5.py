@@ -15,6 +15,8 @@ import pytest
 
 from services.mqtt.packets import (
     Disconnect,
+    Pingreq,
+    Pingresp,
     Properties,
     Puback,
     Pubcomp,
@@ -24,6 +26,7 @@ from services.mqtt.packets import (
     Subscription,
     Unsuback,
     Unsubscribe,
+    Will,
 )
 from tests.integration.conftest import NodeRunner
 from tests.integration.test_conformance_raw import (
@@ -389,3 +392,43 @@ def test_311_qos2_to_subscriber_resends_pubrel_state(
     assert rel.packet_id == p.packet_id
     again.send(Pubcomp(rel.packet_id))
     assert again.nothing()
+
+
+def test_retained_on_subscribe_carry_subscription_identifier(
+    node: NodeRunner, raws: list[Raw]
+) -> None:
+    """3.8.2.1.2: retained messages sent for a SUBSCRIBE carry its identifier."""
+    pub = opened(raws, node, "rsip", V5)
+    publish1(pub, "rsi/x", b"kept", 1, retain=True)
+    sub = opened(raws, node, "rsis", V5)
+    sub.subscribe(Subscription("rsi/#", 1), properties=Properties(subscription_identifier=(77,)))
+    p = sub.expect(Publish)
+    assert (p.payload, p.retain) == (b"kept", True)
+    assert p.properties.subscription_identifier == (77,)
+
+
+def test_will_retain_as_published_and_expiry(node: NodeRunner, raws: list[Raw]) -> None:
+    rap = opened(raws, node, "wrap", V5)
+    rap.subscribe(Subscription("wrap/#", 1, retain_as_published=True))
+    will = Will(
+        "wrap/state", b"gone", 1, retain=True, properties=Properties(message_expiry_interval=60)
+    )
+    w = opened(raws, node, "wrapc", V5, will=will)
+    w.close()
+    p = rap.expect(Publish)
+    assert (p.payload, p.retain) == (b"gone", True)
+    left = p.properties.message_expiry_interval
+    assert left is not None and 58 <= left <= 60
+    rap.send(Puback(p.packet_id))
+    publish1(opened(raws, node, "wrapclr", V5), "wrap/state", b"", 1, retain=True)
+
+
+def test_qos0_retained_empty_payload_clears(node: NodeRunner, raws: list[Raw]) -> None:
+    pub = opened(raws, node, "r0p", V5)
+    publish1(pub, "r0/x", b"kept", 1, retain=True)
+    pub.send(Publish("r0/x", b"", qos=0, retain=True))
+    pub.send(Pingreq())
+    pub.expect(Pingresp)
+    sub = opened(raws, node, "r0s", V5)
+    sub.subscribe(Subscription("r0/#", 1))
+    assert sub.nothing()

@@ -128,6 +128,7 @@ class Broker:
         self._flush_scheduled = False
         self._wills: dict[str, tuple[asyncio.TimerHandle, Message]] = {}
         self._round_robin: dict[tuple[str, str], int] = {}
+        self._held_routes: dict[Connection, list[Route]] = {}  # behind a QoS 2 being stored
         self._resend: dict[Connection, list[Inflight]] = {}  # newest last: pop() is next
         self._resending: set[Connection] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -623,8 +624,14 @@ class Broker:
     # -- publish --------------------------------------------------------------
 
     def publish(self, conn: Connection, route: Route) -> None:
+        if self._held_routes:
+            held = self._held_routes.get(conn)
+            if held is not None:  # a QoS 2 ahead is still being stored: keep the order
+                held.append(route)
+                return
         message = route.message
         if route.qos2_packet_id is not None and conn.session is not None:
+            self._held_routes[conn] = []
             self.spawn(self._publish_qos2(conn, conn.session, route))
             return
         if message.retain and route.token is not None:
@@ -646,6 +653,18 @@ class Broker:
                 gate.set_result(ok)
 
     async def _publish_qos2(self, conn: Connection, session: Session, route: Route) -> None:
+        """Route a QoS 2 PUBLISH once its packet id is stored; the publisher's later
+        PUBLISHes wait behind it so one client's messages keep their order
+        [MQTT-4.6.0-6] (concurrent store calls may complete in any order)."""
+        try:
+            await self._route_qos2(conn, session, route)
+        finally:
+            held = self._held_routes.pop(conn, None)
+            if held and not conn.closed:
+                for later in held:
+                    self.publish(conn, later)
+
+    async def _route_qos2(self, conn: Connection, session: Session, route: Route) -> None:
         try:
             fresh = await self.queue.incoming_add(
                 session.client_id, session.epoch, route.qos2_packet_id or 0

@@ -272,9 +272,7 @@ def test_v5_server_shutdown_sends_0x8b(doomed_node: NodeRunner, raws: list[Raw])
     assert v3.closed() == []
 
 
-def test_v5_takeover_with_clean_start_sends_delayed_will(
-    node: NodeRunner, raws: list[Raw]
-) -> None:
+def test_v5_takeover_with_clean_start_sends_delayed_will(node: NodeRunner, raws: list[Raw]) -> None:
     """3.1.4 (note): with Clean Start 1 the old session ends, so its will goes now."""
     watcher = opened(raws, node, "twc", V5)
     watcher.subscribe(Subscription("twc/#", 1))

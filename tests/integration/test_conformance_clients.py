@@ -475,3 +475,49 @@ async def test_gmqtt_session_expiry_resume(node: NodeRunner) -> None:
             await again.client.disconnect()
     finally:
         await pub.client.disconnect()
+
+
+def test_websocket_packets_split_and_coalesced_across_frames(node: NodeRunner) -> None:
+    """MQTT over WebSocket (6.0): MQTT packets may span WebSocket frames and one
+    frame may hold several packets; the server reassembles the byte stream."""
+    import socket
+
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, BytesMessage, Request
+
+    from services.mqtt.codec import decode, encode
+    from services.mqtt.packets import Connack, Connect, Publish, Suback, Subscribe, Subscription
+
+    ws = WSConnection(ConnectionType.CLIENT)
+    with socket.create_connection(("127.0.0.1", node.ws_port), timeout=WAIT_S) as s:
+        s.sendall(ws.send(Request(host="127.0.0.1", target="/mqtt", subprotocols=["mqtt"])))
+        data = bytearray()
+        deadline = time.monotonic() + WAIT_S
+
+        def events() -> list[Any]:
+            chunk = s.recv(65536)
+            assert chunk, "server closed"
+            ws.receive_data(chunk)
+            return list(ws.events())
+
+        accepted = False
+        while not accepted and time.monotonic() < deadline:
+            accepted = any(isinstance(e, AcceptConnection) for e in events())
+        assert accepted
+        connect = encode(Connect("ws-split", protocol_level=4), 4)
+        s.sendall(ws.send(BytesMessage(data=connect[:3])))
+        s.sendall(ws.send(BytesMessage(data=connect[3:])))
+        both = encode(Subscribe(1, (Subscription("wss", 0),)), 4) + encode(
+            Publish("wss", b"echo"), 4
+        )
+        s.sendall(ws.send(BytesMessage(data=both)))
+        got: list[Any] = []
+        while len(got) < 3 and time.monotonic() < deadline:
+            for e in events():
+                if isinstance(e, BytesMessage):
+                    data += e.data
+            while (one := decode(data, 4)) is not None:
+                got.append(one[0])
+                del data[: one[1]]
+        assert [type(p) for p in got] == [Connack, Suback, Publish]
+        assert got[2].payload == b"echo"

@@ -165,7 +165,10 @@ class LogState:
 
     async def replay(self) -> int:
         await self.events.start()
-        return await self.events.replay(self.apply)
+        started = time.monotonic()
+        count = await self.events.replay(self.apply)
+        log.info("replayed %d events in %.2f s", count, time.monotonic() - started)
+        return count
 
     def after_replay(self) -> None:
         node_id = self.broker.node_id

@@ -9,6 +9,8 @@ actions that need an answer through the channel's explicit methods:
 - `Route` with a token -> `channel.routed(token, ok)` (PUBACK / PUBREC follow)
 - `SubscribeRequest` -> `channel.subscribed(packet_id, codes)` (SUBACK)
 - `UnsubscribeRequest` -> `channel.unsubscribed(packet_id, codes)` (UNSUBACK)
+- `Received` -> `channel.resend_pubrel(packet_id)` once the store holds the
+  message as released (PUBREL follows)
 
 Everything else is fire-and-forget for the node.
 """
@@ -100,7 +102,9 @@ class Acked:
 
 @dataclass(frozen=True, slots=True)
 class Received:
-    """The client sent PUBREC for an outgoing QoS 2 message (now awaiting PUBCOMP)."""
+    """The client sent PUBREC for an outgoing QoS 2 message: store it as released,
+    then call `channel.resend_pubrel(packet_id)` (the PUBREL must not go out
+    before the store has it, or a crash would resend a completed message)."""
 
     packet_id: int
 

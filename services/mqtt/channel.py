@@ -29,9 +29,12 @@ and the client resends after reconnecting (a "not authorized" failure is
 acknowledged and dropped instead, as Mosquitto and EMQX do).
 
 Outbound QoS: the node owns the inflight window and calls `deliver`; the
-channel remembers each outgoing packet id's stage to answer PUBREC with
-PUBREL and to turn PUBACK / PUBCOMP into `Acked`. `client_receive_maximum`
-is the window size the node must respect (3.x: config.inflight_window_3x).
+channel remembers each outgoing packet id's stage and turns PUBACK / PUBCOMP
+into `Acked`. A PUBREC becomes `Received` only: the node sends the PUBREL
+(`resend_pubrel`) once its store holds the message as released, so a crash
+in between resends the PUBLISH, never a message the client already
+completed. `client_receive_maximum` is the window size the node must
+respect (3.x: config.inflight_window_3x).
 
 Keep alive: one timer, "keepalive". The channel records when the last
 packet arrived; when the timer fires early relative to that, it restarts
@@ -148,7 +151,8 @@ _SERVER_DISCONNECT_CODES = frozenset(
 )
 """Reason codes a server may put in DISCONNECT (MQTT 5 3.14.2.1)."""
 
-_OUT_PUBACK, _OUT_PUBREC, _OUT_PUBCOMP = 1, 2, 3
+_OUT_PUBACK, _OUT_PUBREC, _OUT_STORING, _OUT_PUBCOMP = 1, 2, 3, 4
+"""Outgoing stages; _OUT_STORING: PUBREC in, PUBREL waits for the node's store."""
 
 
 def _wall_ms() -> int:
@@ -388,7 +392,8 @@ class Channel:
         return [Send(publish)]
 
     def resend_pubrel(self, packet_id: int) -> list[Action]:
-        """Resend PUBREL for an outgoing QoS 2 message already PUBRECed."""
+        """PUBREL for an outgoing QoS 2 message whose PUBREC the node has stored
+        (after `Received`, or when a resumed session's message was released)."""
         if self.state is not State.CONNECTED:
             return []
         self._out[packet_id] = _OUT_PUBCOMP
@@ -407,8 +412,10 @@ class Channel:
             if p.reason_code >= RC.UNSPECIFIED_ERROR:
                 del self._out[pid]
                 return [Acked(pid)]
-            self._out[pid] = _OUT_PUBCOMP
-            return [Received(pid), Send(Pubrel(pid))]
+            self._out[pid] = _OUT_STORING
+            return [Received(pid)]
+        if stage == _OUT_STORING:
+            return []  # the PUBREL follows once the node has stored the first PUBREC
         if stage == _OUT_PUBCOMP or not self.v5:
             return [Send(Pubrel(pid))]
         return [Send(Pubrel(pid, RC.PACKET_IDENTIFIER_NOT_FOUND))]

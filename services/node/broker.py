@@ -69,7 +69,7 @@ from services.mqtt.trie import TopicTrie
 from services.node.delivery import Delivery
 from services.node.logstate import LogState
 from services.node.session import Session, SubOptions
-from services.queue.api import Inflight, QueueStore
+from services.queue.api import IncomingMark, Inflight, QueueStore
 from services.retain.api import RetainStore
 from services.session.api import Fenced, SessionError, SessionStore
 from services.settings import Limits
@@ -665,10 +665,13 @@ class Broker:
                     self.publish(conn, later)
 
     async def _route_qos2(self, conn: Connection, session: Session, route: Route) -> None:
+        """A read-only check first (a known resend reaches nobody, not even the
+        memory-tier subscribers); the id is then stored in the same atomic step
+        as the message's durable copies (`Delivery.mark`), so a crash between
+        cannot make a resend look like a duplicate of a message never stored."""
+        mark = IncomingMark(session.client_id, session.epoch, route.qos2_packet_id or 0)
         try:
-            fresh = await self.queue.incoming_add(
-                session.client_id, session.epoch, route.qos2_packet_id or 0
-            )
+            known = await self.queue.incoming_has(mark.client_id, mark.epoch, mark.packet_id)
         except Fenced:
             conn.close()
             return
@@ -677,14 +680,20 @@ class Broker:
             if route.token is not None:
                 conn.routed(route.token, False, False)
             return
+        if known:
+            if route.token is not None:
+                self.delivery.token(conn, route.token, False)
+            return
         message = route.message
         gate: asyncio.Future[bool] | None = None
-        if fresh and message.retain and route.token is not None:
+        if message.retain and route.token is not None:
             gate = self.loop.create_future()
             self.spawn(self._retain_gate(message, gate))
-        delivered = self.publish_message(message, store_retained=gate is None) if fresh else 1
+        since = self.delivery.batched
+        delivered = self.publish_message(message, store_retained=gate is None)
+        self.delivery.mark(mark, since)
         if route.token is not None:
-            self.delivery.token(conn, route.token, delivered == 0, gate)
+            self.delivery.token(conn, route.token, delivered == 0, gate, mark)
 
     def publish_message(self, message: Message, store_retained: bool = True) -> int:
         """Route one message to every matching subscription; returns how many."""

@@ -20,6 +20,16 @@ PUBACK / PUBREC 0x80 (unspecified error), a 3.x publisher is disconnected
 and resends after reconnecting. Whatever the memory half took is still
 delivered. A token may carry a gate (the retained event of a retained
 QoS 1/2 message): its answer waits for the gate too.
+
+Incoming QoS 2 (`mark`): the copies a QoS 2 PUBLISH added to this batch are
+listed under its publisher's packet id, and the store adds the id in the
+same atomic step that enqueues them; a refused id (already there: a
+resend) leaves them out and the publisher just gets its PUBREC; a stale
+publisher epoch closes the publisher's connection.
+
+Outgoing QoS 2: the subscriber's PUBREC (`received`) is stored by the pump,
+and only then does the PUBREL go out (`channel.resend_pubrel`), so a crash
+between them resends the PUBLISH rather than a message already completed.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.mqtt.packets import Message
 from services.node.stores import DurablePartFailed
-from services.queue.api import Inflight, QueueStore, TakeResult
+from services.queue.api import IncomingMark, Inflight, QueueStore, TakeResult
 from services.session.api import Fenced, SessionError
 
 if TYPE_CHECKING:
@@ -41,7 +51,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("weir.delivery")
 
-Token = tuple["Connection", int, bool, "asyncio.Future[bool] | None"]
+Token = tuple["Connection", int, bool, "asyncio.Future[bool] | None", IncomingMark | None]
 
 
 class Delivery:
@@ -64,12 +74,26 @@ class Delivery:
         self._batch_tokens: list[Token] = []
         self._batch_takers: set[Session] = set()
         self._batch_late: set[Session] = set()  # not ready at add: kicked once stored
+        self._batch_marks: dict[IncomingMark, list[int]] = {}  # -> indices in _batch
         self._batch_scheduled = False
         self.on_stored: Callable[[list[tuple[str, Message]]], None] | None = None  # per batch
 
     @property
     def idle(self) -> bool:
-        return not (self._batch or self._batch_tokens or self._batch_scheduled)
+        return not (
+            self._batch or self._batch_tokens or self._batch_marks or self._batch_scheduled
+        )
+
+    @property
+    def batched(self) -> int:
+        """How many copies this turn's batch holds (a `mark` starts here)."""
+        return len(self._batch)
+
+    def mark(self, mark: IncomingMark, since: int) -> None:
+        """The copies added since `batched` was `since` are one incoming QoS 2
+        message: store its id with them, atomically (maybe with none)."""
+        self._batch_marks.setdefault(mark, []).extend(range(since, len(self._batch)))
+        self.schedule()
 
     def add(self, session: Session, message: Message) -> None:
         """Queue `message` (in its delivered form) for `session`."""
@@ -93,14 +117,23 @@ class Delivery:
         token: int,
         no_subscribers: bool,
         gate: asyncio.Future[bool] | None = None,
+        mark: IncomingMark | None = None,
     ) -> None:
         """Answer `channel.routed(token)` once this turn's batch is stored
-        (and `gate`, if given, resolved True; False fails the token)."""
-        self._batch_tokens.append((conn, token, no_subscribers, gate))
+        (and `gate`, if given, resolved True; False fails the token).
+        With `mark` (see `mark`), the answer follows what the store did with it."""
+        self._batch_tokens.append((conn, token, no_subscribers, gate, mark))
         self.schedule()
 
-    def _answer(self, tokens: list[Token], ok: bool) -> None:
-        for conn, token, no_subs, gate in tokens:
+    def _answer(self, tokens: list[Token], ok: bool, result: TakeResult | None = None) -> None:
+        for conn, token, none_matched, gate, mark in tokens:
+            no_subs = none_matched
+            if mark is not None and result is not None:
+                if mark in result.fenced_marks:  # taken over: the new owner routes the resend
+                    conn.close()
+                    continue
+                if mark in result.duplicate_marks:  # routed before: PUBREC only
+                    no_subs = False
             if gate is None:
                 conn.routed(token, ok, no_subs)
             else:
@@ -114,7 +147,7 @@ class Delivery:
         conn.routed(token, ok and gated, no_subs)
 
     def schedule(self) -> None:
-        if not self._batch_scheduled and (self._batch or self._batch_tokens):
+        if not self._batch_scheduled and (self._batch or self._batch_tokens or self._batch_marks):
             self._batch_scheduled = True
             self.loop.call_soon(self._start_batch)
 
@@ -124,24 +157,26 @@ class Delivery:
         tokens, self._batch_tokens = self._batch_tokens, []
         takers, self._batch_takers = self._batch_takers, set()
         late, self._batch_late = self._batch_late, set()
+        marks, self._batch_marks = self._batch_marks, {}
         takers |= late
-        if not items:
+        if not items and not marks:
             self._answer(tokens, True)
             return
-        self.spawn(self._store_batch(items, tokens, takers))
+        self.spawn(self._store_batch(items, tokens, takers, marks))
 
     async def _store_batch(
         self,
         items: list[tuple[str, Message]],
         tokens: list[Token],
         takers: set[Session],
+        marks: dict[IncomingMark, list[int]],
     ) -> None:
         ready = [s for s in takers if s.conn is not None and s.ready and not s.pumping]
         windows = {s.client_id: (s.epoch, self._window(s)) for s in ready}
         ok = True
         result: TakeResult | None = None
         try:
-            result = await self.queue.enqueue_and_take(items, windows)
+            result = await self.queue.enqueue_and_take(items, windows, marks)
         except DurablePartFailed as exc:
             log.warning("durable enqueue of a batch failed: %s", exc)
             ok = False
@@ -157,7 +192,7 @@ class Delivery:
                 taken = result.taken.get(session.client_id)
                 if taken:
                     self._send_taken(session, taken)
-        self._answer(tokens, ok)
+        self._answer(tokens, ok, result)
         for session in takers:
             if session not in ready or session.dirty:
                 self.kick(session)
@@ -208,22 +243,37 @@ class Delivery:
             while session.dirty and session.conn is not None and session.ready:
                 session.dirty = False
                 epoch = session.epoch
+                conn = session.conn
                 ops, session.ops = session.ops, []
                 for op, pid in ops:
-                    if op == "received":
-                        await self.queue.received(client_id, epoch, pid)
-                    else:
+                    if op == "released":
                         await self.queue.incoming_release(client_id, epoch, pid)
+                    elif not await self._store_received(session, conn, pid):
+                        return
                 acks, session.acks = session.acks, []
                 window = self._window(session)
                 taken = await self.queue.ack_and_take(client_id, epoch, acks, window)
                 if taken:
                     self._send_taken(session, taken)
         except Fenced:
-            conn = session.conn
-            if conn is not None:
-                conn.close()
+            if session.conn is not None:
+                session.conn.close()
         except SessionError:
             log.exception("delivery to %s failed", client_id)
         finally:
             session.pumping = False
+
+    async def _store_received(self, session: Session, conn: Connection, pid: int) -> bool:
+        """Store a PUBREC, then send the PUBREL. If the store fails, close the
+        connection (False): the client resumes and the PUBLISH goes again."""
+        try:
+            await self.queue.received(session.client_id, session.epoch, pid)
+        except Fenced:
+            raise
+        except SessionError as exc:
+            log.warning("PUBREC %d of %s not stored: %s", pid, session.client_id, exc)
+            conn.close()
+            return False
+        if session.conn is conn:
+            conn.carry_out(conn.channel.resend_pubrel(pid))
+        return True

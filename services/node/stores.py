@@ -15,16 +15,28 @@ the background: best effort, since Redis may be down).
 and always delivered; if the durable part fails, `DurablePartFailed`
 carries the memory part's result so the node can still send it while
 failing the publishers' acknowledgements.
+
+Incoming QoS 2 marks go to their publisher's tier, each with the indices of
+its copies in that tier's part, so a persistent publisher's id is stored in
+the same Redis script as its persistent subscribers' copies. A memory-tier
+mark is checked first (with the memory part): when it is refused, its
+copies for durable subscribers are left out too; when the durable part then
+fails, its id is forgotten again (the publisher is told the message failed).
+A durable mark refused by Redis cannot recall copies the memory part already
+took; the node's read-only check before routing keeps that case to a race
+the channel already excludes (one route per packet id at a time).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 
 from services.mqtt.packets import Message
-from services.queue.api import EnqueueResult, Inflight, QueueStore, TakeResult
+from services.queue.api import EnqueueResult, IncomingMark, Inflight, QueueStore, TakeResult
 from services.session.api import Claim, SessionError, SessionInfo, SessionStore, StoreUnavailable
 
 log = logging.getLogger("weir.stores")
@@ -105,7 +117,18 @@ def _merge(a: TakeResult, b: TakeResult) -> TakeResult:
         dropped=a.dropped + b.dropped,
         taken={**a.taken, **b.taken},
         fenced=a.fenced | b.fenced,
+        duplicate_marks=a.duplicate_marks | b.duplicate_marks,
+        fenced_marks=a.fenced_marks | b.fenced_marks,
     )
+
+
+Part = list[tuple[str, Message]]
+
+
+def _shifted(indices: Sequence[int], gone: set[int]) -> list[int]:
+    """Indices into a part after the items at `gone` were taken out of it."""
+    ordered = sorted(gone)
+    return [i - bisect.bisect_left(ordered, i) for i in indices if i not in gone]
 
 
 class TieredQueueStore:
@@ -134,21 +157,48 @@ class TieredQueueStore:
         return EnqueueResult(a.accepted + b.accepted, a.dropped + b.dropped)
 
     async def enqueue_and_take(
-        self, items: Sequence[tuple[str, Message]], takers: Mapping[str, tuple[int, int]]
+        self,
+        items: Sequence[tuple[str, Message]],
+        takers: Mapping[str, tuple[int, int]],
+        marks: Mapping[IncomingMark, Sequence[int]] | None = None,
     ) -> TakeResult:
         durable = self.tiers.durable
         if not durable:
-            return await self.memory.enqueue_and_take(items, takers)
-        mem, dur = self._split(items)
+            return await self.memory.enqueue_and_take(items, takers, marks)
+        mem: Part = []
+        dur: Part = []
+        where: list[tuple[bool, int]] = []  # per item: (durable, index in its part)
+        for item in items:
+            part = dur if item[0] in durable else mem
+            where.append((part is dur, len(part)))
+            part.append(item)
+        mem_marks: dict[IncomingMark, list[int]] = {}
+        dur_marks: dict[IncomingMark, list[int]] = {}
+        for mark, indices in (marks or {}).items():
+            in_dur = mark.client_id in durable
+            mine = [where[i][1] for i in indices if where[i][0] == in_dur]
+            (dur_marks if in_dur else mem_marks)[mark] = mine
         mem_takers = {c: t for c, t in takers.items() if c not in durable}
         dur_takers = {c: t for c, t in takers.items() if c in durable}
         empty = TakeResult(0, 0, {}, frozenset())
-        a = await self.memory.enqueue_and_take(mem, mem_takers) if mem or mem_takers else empty
-        if not (dur or dur_takers):
+        a = (
+            await self.memory.enqueue_and_take(mem, mem_takers, mem_marks)
+            if mem or mem_takers or mem_marks
+            else empty
+        )
+        refused = a.duplicate_marks | a.fenced_marks
+        if refused and marks is not None:
+            gone = {where[i][1] for m in refused for i in marks[m] if where[i][0]}
+            dur = [item for i, item in enumerate(dur) if i not in gone]
+            dur_marks = {m: _shifted(ix, gone) for m, ix in dur_marks.items()}
+        if not (dur or dur_takers or dur_marks):
             return a
         try:
-            b = await self.durable.enqueue_and_take(dur, dur_takers)
+            b = await self.durable.enqueue_and_take(dur, dur_takers, dur_marks)
         except SessionError as exc:
+            for mark in mem_marks.keys() - refused:
+                with contextlib.suppress(SessionError):
+                    await self.memory.incoming_release(mark.client_id, mark.epoch, mark.packet_id)
             raise DurablePartFailed(str(exc), a) from exc
         return _merge(a, b)
 
@@ -174,6 +224,9 @@ class TieredQueueStore:
 
     async def incoming_add(self, client_id: str, epoch: int, packet_id: int) -> bool:
         return await self._of(client_id).incoming_add(client_id, epoch, packet_id)
+
+    async def incoming_has(self, client_id: str, epoch: int, packet_id: int) -> bool:
+        return await self._of(client_id).incoming_has(client_id, epoch, packet_id)
 
     async def incoming_release(self, client_id: str, epoch: int, packet_id: int) -> None:
         await self._of(client_id).incoming_release(client_id, epoch, packet_id)

@@ -33,6 +33,16 @@ class EnqueueResult:
 
 
 @dataclass(frozen=True, slots=True)
+class IncomingMark:
+    """An incoming QoS 2 packet id of `client_id` (publisher) to remember until
+    PUBREL in the same atomic step that enqueues its message."""
+
+    client_id: str
+    epoch: int  # the publisher's session epoch
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class TakeResult:
     """What `enqueue_and_take` did: the enqueue counts, plus per taking client
     the messages moved into its inflight window (as `take` returns them)."""
@@ -41,6 +51,8 @@ class TakeResult:
     dropped: int
     taken: dict[str, list[Inflight]]
     fenced: frozenset[str]  # takers whose epoch was stale: enqueued, nothing taken
+    duplicate_marks: frozenset[IncomingMark] = frozenset()  # id known: its items left out
+    fenced_marks: frozenset[IncomingMark] = frozenset()  # publisher epoch stale: left out
 
 
 class QueueStore(Protocol):
@@ -57,12 +69,25 @@ class QueueStore(Protocol):
         ...
 
     async def enqueue_and_take(
-        self, items: Sequence[tuple[str, Message]], takers: Mapping[str, tuple[int, int]]
+        self,
+        items: Sequence[tuple[str, Message]],
+        takers: Mapping[str, tuple[int, int]],
+        marks: Mapping[IncomingMark, Sequence[int]] | None = None,
     ) -> TakeResult:
         """`enqueue(items)`, then `take(client, epoch, window)` for every
         `takers[client] = (epoch, window)` (the online local subscribers),
         in one round trip. A stale taker epoch does not fail the batch: the
-        client is listed in `fenced` and gets nothing taken."""
+        client is listed in `fenced` and gets nothing taken.
+
+        `marks[mark]` lists the indices in `items` of the copies of one
+        incoming QoS 2 message (maybe none). Each mark's packet id is added
+        to its publisher's incoming ids in the same atomic step that
+        enqueues those items, so a crash keeps both or neither. A mark whose
+        id is already there (`duplicate_marks`) or whose publisher epoch is
+        stale (`fenced_marks`) is not added and its items are left out
+        (neither accepted nor dropped). A store made of tiers is atomic per
+        tier: a mark with the items in its publisher's tier
+        (`services.node.stores`)."""
         ...
 
     async def pending(self, client_id: str, epoch: int) -> list[Inflight]:
@@ -90,6 +115,10 @@ class QueueStore(Protocol):
     async def incoming_add(self, client_id: str, epoch: int, packet_id: int) -> bool:
         """Incoming QoS 2 PUBLISH: remember the id until PUBREL. False if
         it was already there (a duplicate that must not be routed again)."""
+        ...
+
+    async def incoming_has(self, client_id: str, epoch: int, packet_id: int) -> bool:
+        """Read only: is this incoming QoS 2 id awaiting PUBREL (a resend)?"""
         ...
 
     async def incoming_release(self, client_id: str, epoch: int, packet_id: int) -> None:

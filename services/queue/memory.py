@@ -19,6 +19,7 @@ from services.queue.api import (
     DEFAULT_QUEUE_LIMIT,
     MAX_PACKET_ID,
     EnqueueResult,
+    IncomingMark,
     Inflight,
     TakeResult,
 )
@@ -84,10 +85,20 @@ class MemoryQueueStore:
         return EnqueueResult(accepted, dropped)
 
     async def enqueue_and_take(
-        self, items: Sequence[tuple[str, Message]], takers: Mapping[str, tuple[int, int]]
+        self,
+        items: Sequence[tuple[str, Message]],
+        takers: Mapping[str, tuple[int, int]],
+        marks: Mapping[IncomingMark, Sequence[int]] | None = None,
     ) -> TakeResult:
         """A taker drains its queue, then each new message is appended and
-        taken at once, so the bound applies only to what its window cannot take."""
+        taken at once, so the bound applies only to what its window cannot take.
+        Nothing here awaits anything that suspends: the whole call is atomic."""
+        duplicate: set[IncomingMark] = set()
+        fenced_marks: set[IncomingMark] = set()
+        if marks:
+            left_out = self._add_marks(marks, duplicate, fenced_marks)
+            if left_out:
+                items = [item for i, item in enumerate(items) if i not in left_out]
         taken: dict[str, list[Inflight]] = {}
         fenced: set[str] = set()
         for client_id, (epoch, window) in takers.items():
@@ -103,7 +114,36 @@ class MemoryQueueStore:
             if client_id in taken:
                 epoch, window = takers[client_id]
                 taken[client_id].extend(await self.take(client_id, epoch, window))
-        return TakeResult(accepted, dropped, taken, frozenset(fenced))
+        return TakeResult(
+            accepted,
+            dropped,
+            taken,
+            frozenset(fenced),
+            duplicate_marks=frozenset(duplicate),
+            fenced_marks=frozenset(fenced_marks),
+        )
+
+    def _add_marks(
+        self,
+        marks: Mapping[IncomingMark, Sequence[int]],
+        duplicate: set[IncomingMark],
+        fenced: set[IncomingMark],
+    ) -> set[int]:
+        """Add each fresh mark's id; returns the item indices of the others."""
+        left_out: set[int] = set()
+        for mark, indices in marks.items():
+            try:
+                incoming = self._checked(mark.client_id, mark.epoch).incoming
+            except Fenced:
+                fenced.add(mark)
+                left_out.update(indices)
+                continue
+            if mark.packet_id in incoming:
+                duplicate.add(mark)
+                left_out.update(indices)
+                continue
+            incoming.add(mark.packet_id)
+        return left_out
 
     async def take(self, client_id: str, epoch: int, window: int) -> list[Inflight]:
         st = self._checked(client_id, epoch)
@@ -162,6 +202,9 @@ class MemoryQueueStore:
             return False
         st.incoming.add(packet_id)
         return True
+
+    async def incoming_has(self, client_id: str, epoch: int, packet_id: int) -> bool:
+        return packet_id in self._checked(client_id, epoch).incoming
 
     async def incoming_release(self, client_id: str, epoch: int, packet_id: int) -> None:
         self._checked(client_id, epoch).incoming.discard(packet_id)

@@ -6,11 +6,14 @@ act on them in the same scripts as the session. Messages travel in the
 compact form of `services.queue.serial`.
 
 Batching: `enqueue` and `enqueue_and_take` send every client of a batch in
-ONE script call (8 keys per client). That is valid on a single Redis (and
+ONE script call (8 keys per client, 2 per incoming QoS 2 mark). That is valid on a single Redis (and
 its replicas); on Redis Cluster a caller must split a batch by hash slot
 (`redis.crc.key_slot` of any key of the client) and issue one call per slot,
 since a script may touch one slot only. This class talks to one Redis.
-`ack_and_take` pipelines two scripts in one round trip.
+`ack_and_take` pipelines two scripts in one round trip. Marks are all or
+nothing in the script: when one is refused (a duplicate id, a stale
+publisher epoch) nothing is written and the call is repeated without the
+refused marks and their messages, at most once per mark.
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
 from services.mqtt.packets import Message
-from services.queue.api import DEFAULT_QUEUE_LIMIT, EnqueueResult, Inflight, TakeResult
+from services.queue.api import (
+    DEFAULT_QUEUE_LIMIT,
+    EnqueueResult,
+    IncomingMark,
+    Inflight,
+    TakeResult,
+)
 from services.queue.serial import dumps, loads
 from services.session.api import Fenced
 from services.session.redis import (
@@ -66,6 +75,7 @@ class RedisQueueStore:
         self._received = script("received.lua")
         self._pending = script("pending.lua")
         self._incoming_add = script("incoming_add.lua")
+        self._incoming_has = script("incoming_has.lua")
         self._incoming_release = script("incoming_release.lua")
         self._incoming_ids = script("incoming_ids.lua")
         self._discard = script("discard.lua")
@@ -89,10 +99,14 @@ class RedisQueueStore:
         return result
 
     def _batch(
-        self, items: Sequence[tuple[str, Message]], takers: Mapping[str, tuple[int, int]]
+        self,
+        items: Sequence[tuple[str, Message]],
+        takers: Mapping[str, tuple[int, int]],
+        marks: Sequence[IncomingMark] = (),
     ) -> tuple[list[bytes], list[Any], list[str]]:
-        """KEYS and ARGV of enqueue_take.lua: 8 keys per taker, 4 (s, q, o, z) per
-        other client; a message fanned out to many clients is serialized once."""
+        """KEYS and ARGV of enqueue_take.lua: 2 keys (s, r) per mark, 8 per taker,
+        4 (s, q, o, z) per other client; a message fanned out to many clients
+        is serialized once."""
         groups: dict[str, list[bytes]] = {}
         blobs_by_id: dict[int, bytes] = {}
         for client_id, message in items:
@@ -103,7 +117,11 @@ class RedisQueueStore:
         for client_id in takers:
             groups.setdefault(client_id, [])
         keys: list[bytes] = []
-        args: list[Any] = [self._limit]
+        args: list[Any] = [self._limit, len(marks)]
+        for mark in marks:
+            publisher = client_keys(mark.client_id)
+            keys.extend((publisher[_S], publisher[_R]))
+            args.extend((mark.epoch, mark.packet_id))
         order: list[str] = []
         for client_id, blobs in groups.items():
             taker = takers.get(client_id)
@@ -125,13 +143,36 @@ class RedisQueueStore:
         return EnqueueResult(int(flat[0]), int(flat[1]))
 
     async def enqueue_and_take(
-        self, items: Sequence[tuple[str, Message]], takers: Mapping[str, tuple[int, int]]
+        self,
+        items: Sequence[tuple[str, Message]],
+        takers: Mapping[str, tuple[int, int]],
+        marks: Mapping[IncomingMark, Sequence[int]] | None = None,
     ) -> TakeResult:
-        if not items and not takers:
-            return TakeResult(0, 0, {}, frozenset())
-        keys, args, order = self._batch(items, takers)
-        flat = await self._run(self._enqueue_take, keys, args)
-        return self._parse_take(flat, order)
+        left = dict(marks or {})
+        duplicate: set[IncomingMark] = set()
+        fenced: set[IncomingMark] = set()
+        while True:  # each repeat has at least one mark fewer
+            if not items and not takers and not left:
+                return TakeResult(0, 0, {}, frozenset(), frozenset(duplicate), frozenset(fenced))
+            keys, args, order = self._batch(items, takers, list(left))
+            flat = await self._run(self._enqueue_take, keys, args)
+            if int(flat[0]) >= 0:
+                result = self._parse_take(flat, order)
+                return TakeResult(
+                    result.accepted,
+                    result.dropped,
+                    result.taken,
+                    result.fenced,
+                    frozenset(duplicate),
+                    frozenset(fenced),
+                )
+            left_out: set[int] = set()
+            for mark, status in zip(list(left), flat[1:], strict=True):
+                if int(status) == 1:
+                    continue
+                (duplicate if int(status) == 0 else fenced).add(mark)
+                left_out.update(left.pop(mark))
+            items = [item for i, item in enumerate(items) if i not in left_out]
 
     @staticmethod
     def _parse_take(flat: list[Any], order: list[str]) -> TakeResult:
@@ -174,7 +215,8 @@ class RedisQueueStore:
         await self._ack(
             keys=[keys[i] for i in (_S, _F, _FO, _X)], args=[epoch, *packet_ids], client=pipe
         )
-        await self._enqueue_take(keys=list(keys), args=[self._limit, epoch, window, 0], client=pipe)
+        args = [self._limit, 0, epoch, window, 0]
+        await self._enqueue_take(keys=list(keys), args=args, client=pipe)
         acked, flat = await bounded(pipe.execute(), self._timeout)
         if acked == FENCED:
             raise Fenced(client_id)
@@ -190,6 +232,10 @@ class RedisQueueStore:
     async def incoming_add(self, client_id: str, epoch: int, packet_id: int) -> bool:
         args = [epoch, packet_id]
         return bool(await self._fenced_run(self._incoming_add, client_id, (_S, _R), args))
+
+    async def incoming_has(self, client_id: str, epoch: int, packet_id: int) -> bool:
+        args = [epoch, packet_id]
+        return bool(await self._fenced_run(self._incoming_has, client_id, (_S, _R), args))
 
     async def incoming_release(self, client_id: str, epoch: int, packet_id: int) -> None:
         await self._fenced_run(self._incoming_release, client_id, (_S, _R), [epoch, packet_id])

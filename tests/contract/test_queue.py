@@ -14,13 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.mqtt.packets import Message, Properties
-from services.queue.api import EnqueueResult, QueueStore
+from services.node.stores import TieredQueueStore, TieredSessionStore, Tiers
+from services.queue.api import EnqueueResult, IncomingMark, QueueStore
 from services.queue.memory import MemoryQueueStore
 from services.queue.redis import RedisQueueStore
 from services.queue.serial import SerialError, dumps, loads
 from services.session.api import Fenced, SessionStore, StoreUnavailable
 from services.session.memory import MemorySessionStore
-from services.session.redis import RedisSessionStore, connect
+from services.session.redis import RedisSessionStore, client_keys, connect
 from services.session.redis_server import RedisServer
 
 
@@ -187,6 +188,50 @@ async def test_qos2_incoming_ids(stores: Stores) -> None:
     assert await q.incoming_ids("c", epoch) == {11}
 
 
+async def test_incoming_mark_is_stored_with_its_messages_or_not_at_all(stores: Stores) -> None:
+    q = stores.queue
+    pub = await stores.claim("pub")
+    s1 = await stores.claim("s1")
+    await stores.claim("s2")
+    assert not await q.incoming_has("pub", pub, 7)
+    fresh = IncomingMark("pub", pub, 7)
+    items = [("s1", msg(0)), ("s2", msg(0)), ("s1", msg(1))]
+    result = await q.enqueue_and_take(items, {"s1": (s1, 10)}, {fresh: [0, 1]})
+    assert (result.accepted, result.duplicate_marks, result.fenced_marks) == (3, set(), set())
+    assert payloads(result.taken["s1"]) == [b"0", b"1"]
+    assert await q.incoming_has("pub", pub, 7)
+    assert await q.incoming_ids("pub", pub) == {7}
+
+    # The resend of packet id 7 (say after a crash): refused, its copies left out;
+    # the rest of the batch (another mark, an unmarked message) is stored.
+    other = IncomingMark("pub", pub, 8)
+    items = [("s1", msg(2)), ("s2", msg(2)), ("s1", msg(3)), ("s2", msg(4))]
+    result = await q.enqueue_and_take(items, {"s1": (s1, 10)}, {fresh: [0, 1], other: [2]})
+    assert result.duplicate_marks == {fresh} and result.fenced_marks == set()
+    assert result.accepted == 2
+    assert payloads(result.taken["s1"]) == [b"3"]
+    assert await q.incoming_ids("pub", pub) == {7, 8}
+    s2 = await stores.claim("s2")
+    assert payloads(await q.take("s2", s2, 10)) == [b"0", b"4"]
+
+    # A mark with no copies (nobody durable subscribed) still stores its id.
+    assert (await q.enqueue_and_take([], {}, {IncomingMark("pub", pub, 9): []})).accepted == 0
+    assert await q.incoming_ids("pub", pub) == {7, 8, 9}
+    await q.incoming_release("pub", pub, 9)
+    assert not await q.incoming_has("pub", pub, 9)
+
+    # A stale publisher epoch: the mark and its copies are refused, nothing stored.
+    stale = IncomingMark("pub", pub, 10)
+    new_pub = await stores.claim("pub")
+    result = await q.enqueue_and_take([("s1", msg(5)), ("s1", msg(6))], {}, {stale: [0]})
+    assert result.fenced_marks == {stale} and result.duplicate_marks == set()
+    assert result.accepted == 1
+    assert await q.incoming_ids("pub", new_pub) == {7, 8}
+    with pytest.raises(Fenced):
+        await q.incoming_has("pub", pub, 7)
+    assert payloads(await q.take("s1", s1, 10)) == [b"6"]
+
+
 async def test_stale_owner_is_fenced_everywhere(stores: Stores) -> None:
     q = stores.queue
     old = await stores.claim("c")
@@ -202,6 +247,7 @@ async def test_stale_owner_is_fenced_everywhere(stores: Stores) -> None:
         lambda: q.ack_and_take("c", old, [1], 10),
         lambda: q.received("c", old, 1),
         lambda: q.incoming_add("c", old, 6),
+        lambda: q.incoming_has("c", old, 5),
         lambda: q.incoming_release("c", old, 5),
         lambda: q.incoming_ids("c", old),
     ]
@@ -550,5 +596,33 @@ async def test_scripts_reload_after_script_flush(redis_url: str) -> None:
         assert await q.ack_many("c", epoch, [1]) == 1
         await client.script_flush()
         assert await sessions.next_version("c", epoch) > 0
+    finally:
+        await q.close()
+
+
+@pytest.mark.redis
+async def test_tiered_store_puts_each_mark_in_its_publishers_tier(redis_url: str) -> None:
+    memory_sessions, client = MemorySessionStore(), connect(redis_url)
+    tiers = Tiers()
+    sessions = TieredSessionStore(memory_sessions, RedisSessionStore(client), tiers)
+    q = TieredQueueStore(MemoryQueueStore(memory_sessions), RedisQueueStore(client), tiers)
+    try:
+        mp = (await sessions.claim("mp", "n1", True, 0)).epoch  # clean: memory tier
+        dp = (await sessions.claim("dp", "n1", False, 60)).epoch  # persistent: Redis
+        ms = (await sessions.claim("ms", "n1", True, 0)).epoch
+        ds = (await sessions.claim("ds", "n1", False, 60)).epoch
+        mark_m, mark_d = IncomingMark("mp", mp, 1), IncomingMark("dp", dp, 1)
+        items = [("ds", msg(0)), ("ms", msg(0)), ("ds", msg(1)), ("ms", msg(1))]
+        result = await q.enqueue_and_take(items, {}, {mark_m: [0, 1], mark_d: [2, 3]})
+        assert result.accepted == 4 and not result.duplicate_marks
+        assert await q.incoming_ids("mp", mp) == {1}
+        assert await q.incoming_ids("dp", dp) == {1}
+        assert await client.exists(client_keys("mp")[7]) == 0  # the id stays in memory
+        # Both resent: the memory-tier mark's Redis copy is left out as well.
+        items = [("ds", msg(2)), ("ds", msg(3)), ("ms", msg(2)), ("ds", msg(4))]
+        result = await q.enqueue_and_take(items, {}, {mark_m: [0, 2], mark_d: [1]})
+        assert result.duplicate_marks == {mark_m, mark_d} and result.accepted == 1
+        assert payloads(await q.take("ds", ds, 10)) == [b"0", b"1", b"4"]
+        assert payloads(await q.take("ms", ms, 10)) == [b"0", b"1"]
     finally:
         await q.close()

@@ -1,15 +1,25 @@
 -- Append messages to client queues and, for the clients that take (their
--- owner is online with window space), move messages into the inflight window.
--- KEYS: per client group, in ARGV's group order, all tagged {c:id}:
---   s session hash, q queue hash (seq -> message), o queue order zset (seq),
---   z QoS 0 seqs list (oldest first), and for a taking group 4 more:
---   f inflight hash (packet id -> message), fo inflight order zset (packet id
---   scored by seq), x released packet ids set, r incoming QoS 2 ids (unused)
--- ARGV: 1 queue limit, then per group: epoch ("-" = enqueue only), window,
---   n, then n serialized messages (services/queue/serial.py: byte 2 holds the
---   QoS in bits 0-1 and "has expiry" in bit 3, bytes 3-10 the expiry in ms)
+-- owner is online with window space), move messages into the inflight window;
+-- with marks, first remember incoming QoS 2 packet ids in the same step.
+-- KEYS: 2 per mark, then per client group in ARGV's group order, all tagged
+--   {c:id}: a mark's publisher s session hash and r incoming QoS 2 ids set;
+--   a group's s session hash, q queue hash (seq -> message), o queue order
+--   zset (seq), z QoS 0 seqs list (oldest first), and for a taking group 4
+--   more: f inflight hash (packet id -> message), fo inflight order zset
+--   (packet id scored by seq), x released packet ids set, r incoming ids (unused)
+-- ARGV: 1 queue limit, 2 m marks, then m pairs (publisher epoch, packet id),
+--   then per group: epoch ("-" = enqueue only), window, n, then n serialized
+--   messages (services/queue/serial.py: byte 2 holds the QoS in bits 0-1 and
+--   "has expiry" in bit 3, bytes 3-10 the expiry in ms)
 -- Returns: {accepted, dropped, then for each group whose epoch is not "-":
 --   -1 if fenced, else k followed by k pairs (packet id or 0 for QoS 0, message)}
+--   or, when a mark is refused, {-1, then per mark 1 fresh, 0 duplicate (the id
+--   is there already), -1 fenced (publisher epoch stale)} and nothing changed.
+--
+-- Marks are all or nothing: every id is added, or (some refused) nothing at
+-- all is written and the caller retries without the refused marks and their
+-- messages. So an id is stored exactly when its message is, and a resend of
+-- a message whose id is stored is a duplicate.
 --
 -- A client without a session hash gets nothing stored. A taker first drains
 -- its queue into the window; while the queue is then empty, new messages go
@@ -122,9 +132,28 @@ local function enqueue(s, q, o, z, first, last, base)
   return excess
 end
 
+local marks = tonumber(ARGV[2])
+if marks > 0 then
+  local status, refused, seen = {-1}, false, {}
+  for i = 1, marks do
+    local s, r, pid = KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 + 2 * i]
+    local st = 1
+    if redis.call('HGET', s, 'epoch') ~= ARGV[1 + 2 * i] then
+      st = -1
+    elseif seen[r .. ' ' .. pid] or redis.call('SISMEMBER', r, pid) == 1 then
+      st = 0
+    end
+    seen[r .. ' ' .. pid] = true
+    status[i + 1] = st
+    refused = refused or st ~= 1
+  end
+  if refused then return status end
+  for i = 1, marks do redis.call('SADD', KEYS[2 * i], ARGV[2 + 2 * i]) end
+end
+
 local accepted, dropped = 0, 0
 local out = {0, 0}
-local a, k = 2, 0
+local a, k = 3 + 2 * marks, 2 * marks
 while a <= #ARGV do
   local epoch, n = ARGV[a], tonumber(ARGV[a + 2])
   local s, q, o, z, f, fo = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6]

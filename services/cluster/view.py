@@ -124,7 +124,7 @@ def _ignore_unsubscribe(client_id: str, filter_: str) -> None:
     pass
 
 
-@dataclass
+@dataclass(slots=True)
 class _ClientSubs:
     floor: int = 0  # versions at or below this were cleared by a session end
     live: dict[str, SubscriptionOptions] = field(default_factory=dict)

@@ -205,22 +205,27 @@ class ClusterView:
         return self._session_event(event)
 
     def _subscribed(self, e: Subscribed) -> bool:
-        subs = self._subs.get(e.client_id)
+        # subs.held() inlined: replay runs this a million times
+        client_id, filter_, version = e.client_id, e.filter, e.version
+        subs = self._subs.get(client_id)
         if subs is None:
-            subs = self._subs[e.client_id] = _ClientSubs()
-        if e.version <= subs.floor or e.version <= subs.held(e.filter):
+            subs = self._subs[client_id] = _ClientSubs()
+        if version <= subs.floor:
             return False
+        live = subs.live
+        held = live.get(filter_)
+        if held is not None:
+            if version <= held.version:
+                return False
+        elif subs.gone:
+            if version <= subs.gone.get(filter_, 0):
+                return False
+            subs.gone.pop(filter_, None)
         opts = SubscriptionOptions(
-            qos=e.qos,
-            no_local=e.no_local,
-            retain_as_published=e.retain_as_published,
-            retain_handling=e.retain_handling,
-            subscription_id=e.subscription_id,
-            version=e.version,
+            e.qos, e.no_local, e.retain_as_published, e.retain_handling, e.subscription_id, version
         )
-        subs.gone.pop(e.filter, None)
-        subs.live[e.filter] = opts
-        self.on_subscribe(e.client_id, e.filter, opts)
+        live[filter_] = opts
+        self.on_subscribe(client_id, filter_, opts)
         return True
 
     def _unsubscribed(self, e: Unsubscribed) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import inspect
 import logging
 import threading
@@ -95,6 +96,17 @@ class KafkaSettings:
 
 def _is_eof(err: KafkaError) -> bool:
     return bool(err.code() == KafkaError._PARTITION_EOF)
+
+
+def _trim_heap() -> None:
+    """Give back to the OS the C heap a replay used and freed (librdkafka's
+    prefetched records, the decode thread's malloc arena): glibc keeps it
+    otherwise, about 70 MiB of RSS after a 1M-event replay. No-op off glibc."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
 
 
 class KafkaEventLog:
@@ -260,7 +272,9 @@ class KafkaEventLog:
         await self.ensure_topics()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._worker, self._assign, dict(start or {}))
-        return await self._consume(handler, until_eof=True)
+        count = await self._consume(handler, until_eof=True)
+        _trim_heap()
+        return count
 
     async def tail(self, handler: Handler) -> None:
         if self._consumer is None:

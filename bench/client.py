@@ -87,6 +87,15 @@ class Tally:
     def unique(self) -> int:
         return self.received - self.duplicates
 
+    def missing_below(self, marks: dict[int, int]) -> int:
+        """Messages never seen among each expected publisher's first `marks[n]`
+        sequence numbers (a publisher absent from `marks` counts as 0)."""
+        seen, limit, missing = self._seen, self._per_publisher, 0
+        for number, offset in self._base.items():
+            upto = min(limit, marks.get(number, 0))
+            missing += upto - seen.count(1, offset, offset + upto)
+        return missing
+
 
 class BenchClient(asyncio.Protocol):
     """See the module docstring."""

@@ -25,7 +25,7 @@ import os
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -128,6 +128,10 @@ class PublishOutcome:
     cpu_s: float = 0.0
     dropped: int = 0
     """Publisher connections the broker closed before the run ended."""
+    acked_by: dict[int, int] = field(default_factory=dict)
+    """PUBACKs per publisher number. The broker acknowledges a publisher's PUBLISHes
+    in the order they arrived (MQTT 3.1.1 and 5.0, 4.6), so these are exactly its
+    first `acked_by[n]` sequence numbers."""
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -211,6 +215,9 @@ async def publish_all(
         dropped=sum(p.client.closed.done() for p in publishers),
         sent={spec.number: p.sent for spec, p in zip(plan.publishers, publishers, strict=True)},
         acked=sum(p.acked for p in publishers),
+        acked_by={
+            spec.number: p.acked for spec, p in zip(plan.publishers, publishers, strict=True)
+        },
         first_ns=min(p.first_ns for p in publishers),
         last_ns=max(p.last_ns for p in publishers),
     )
@@ -364,6 +371,16 @@ class _CpuMeter:
         return report
 
 
+def acked_lost(tallies: Sequence[Tally], acked_by: dict[int, int]) -> int:
+    """(subscriber, publisher, seq) the broker acknowledged but never delivered.
+
+    A publisher's first `acked_by[n]` messages are the acknowledged ones (PUBACKs
+    come in PUBLISH order), so this counts the holes below that mark in each
+    tally; unacknowledged messages still belong to the client and are not lost.
+    """
+    return sum(tally.missing_below(acked_by) for tally in tallies)
+
+
 def _result(
     cfg: RunConfig,
     plan: Plan,
@@ -387,6 +404,8 @@ def _result(
     }
     if cfg.qos:
         extra["acked"] = outcome.acked
+        extra["unacked"] = sum(outcome.sent.values()) - outcome.acked
+        extra["acked_lost"] = acked_lost(tallies, outcome.acked_by)
         extra["window"] = cfg.window
     if plan.paced:
         extra["rate"] = cfg.rate

@@ -42,7 +42,8 @@ def test_persistent_pairs_use_fixed_ids_and_clean_up(
     [line] = bench(*args, "--redis-url", redis_url)
     assert line["persistent"] is True
     assert line["received"] == line["expected"] == 2000 and line["loss"] == 0
+    assert line["acked_lost"] == 0
     assert line["sessions_discarded"] == 200
     assert line["redis_script_calls"] == 0  # Mosquitto does not use this Redis
     [again] = bench(*args, "--mqtt", "5", "--no-cleanup")
-    assert again["loss"] == 0 and "sessions_discarded" not in again
+    assert again["loss"] == 0 and again["acked_lost"] == 0 and "sessions_discarded" not in again

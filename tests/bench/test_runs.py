@@ -50,6 +50,7 @@ def test_qos1_run_receives_every_message_once(scenario: str, mosquitto: tuple[in
     assert line["sent"] == 3000
     assert line["received"] == line["expected"] == 3000
     assert line["loss"] == 0 and line["duplicates"] == 0 and line["acked"] == 3000
+    assert line["acked_lost"] == 0 and line["unacked"] == 0
     assert line["msg_per_s"] > 0 and line["duration_s"] > 0
     assert line["broker_cpu"] >= 0
 
@@ -61,10 +62,16 @@ def test_fan_out_splits_by_default_and_latency_splits_on_request(
     [fan_out] = bench("fan-out", "--qos", "1", "--port", port, "--messages", "50")
     assert fan_out["split"] is True
     assert fan_out["expected"] == fan_out["received"] == 50 * 100
+    assert fan_out["acked_lost"] == 0 and fan_out["unacked"] == 0
     [latency] = bench("latency", "--split", "--port", port, "--rate", "1000", "--messages", "200")
     assert latency["split"] is True
     assert latency["received"] == 200
     assert latency["latency"]["samples"] == 200
+    assert "acked_lost" not in latency  # QoS 0
+    [latency1] = bench(
+        "latency", "--qos", "1", "--port", port, "--rate", "1000", "--messages", "200"
+    )
+    assert latency1["acked"] == 200 and latency1["acked_lost"] == 0
     assert 0 < latency["latency"]["p50_ms"] <= latency["latency"]["p99_ms"]
     [pairs] = bench("pairs", "--port", port, "--messages", "500")
     assert pairs["split"] is False
@@ -98,6 +105,7 @@ def test_vs_alternates_and_ends_with_the_ratio(mosquitto: tuple[int, int]) -> No
     )
     assert [line.get("scenario") for line in lines[:4]] == ["pairs"] * 4
     assert all(line["received"] == 1000 for line in lines[:4])
+    assert all(line["acked_lost"] == 0 for line in lines[:4])
     assert lines[4]["rounds"] == 2
     assert lines[4]["throughput_ratio_median"] > 0
 

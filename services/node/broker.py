@@ -782,9 +782,11 @@ class Broker:
         props: bytes | None = None
         if v5:
             properties = message.properties
-            if sub_ids:
-                properties = dataclasses.replace(properties, subscription_identifier=sub_ids)
-            props = codec.encode_properties(properties, PacketType.PUBLISH)
+            if properties.subscription_identifier:  # the subscriber's ids replace any carried
+                properties = dataclasses.replace(properties, subscription_identifier=())
+            props = codec.add_subscription_identifiers(
+                codec.encode_properties(properties, PacketType.PUBLISH), sub_ids
+            )
         return codec.encode_publish(
             message.topic.encode(), message.payload, 0, retain, False, None, props
         )

@@ -11,11 +11,14 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from services.settings import Listeners, Settings, load
+
+if TYPE_CHECKING:
+    from tests.integration.rawclient import Raw
 
 START_TIMEOUT_S = 10.0
 
@@ -227,3 +230,12 @@ def clients() -> Iterator[list[Paho]]:
     for c in made:
         with contextlib.suppress(Exception):
             c.close()
+
+
+@pytest.fixture
+def raws() -> Iterator[list[Raw]]:
+    """Raw-socket clients a test opens; all closed after it."""
+    made: list[Raw] = []
+    yield made
+    for r in made:
+        r.close()

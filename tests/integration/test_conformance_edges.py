@@ -32,7 +32,7 @@ from services.mqtt.packets import (
     Will,
 )
 from tests.integration.conftest import NodeRunner, node_settings
-from tests.integration.test_conformance_raw import (
+from tests.integration.rawclient import (
     LEVELS,
     V5,
     V311,
@@ -40,11 +40,8 @@ from tests.integration.test_conformance_raw import (
     Raw,
     assert_alive,
     opened,
-    raws,
     v5_disconnect_code,
 )
-
-__all__ = ["raws"]
 
 
 def publish1(pub: Raw, topic: str, payload: bytes, pid: int, **kw: Any) -> None:

@@ -9,19 +9,17 @@ the test names' docstrings where it helps).
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from services.mqtt.codec import decode, encode
+from services.mqtt.codec import encode
 from services.mqtt.packets import (
     Connack,
     Connect,
     Disconnect,
-    Packet,
     Pingreq,
     Pingresp,
     Properties,
@@ -38,134 +36,17 @@ from services.mqtt.packets import (
     Will,
 )
 from tests.integration.conftest import NodeRunner, node_settings
-
-WAIT_S = 5.0
-V311 = 4
-V5 = 5
-LEVELS = [pytest.param(V311, id="v311"), pytest.param(V5, id="v5")]
-
-
-class Closed(Exception):
-    """The broker closed the connection."""
-
-
-class Raw:
-    """One MQTT connection over a plain socket, encoded with the project codec."""
-
-    def __init__(self, port: int, level: int = V311) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
-        self.level = level
-        self.buf = bytearray()
-        self.eof = False
-
-    def send(self, packet: Packet) -> None:
-        self.sock.sendall(encode(packet, self.level))
-
-    def send_bytes(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def connect(self, client_id: str, **kw: Any) -> Connack:
-        self.send(Connect(client_id, protocol_level=self.level, **kw))
-        ack = self.recv()
-        assert isinstance(ack, Connack), ack
-        return ack
-
-    def _fill(self, deadline: float) -> None:
-        if self.eof:
-            raise Closed
-        self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-        try:
-            data = self.sock.recv(65536)
-        except (ConnectionResetError, BrokenPipeError):
-            data = b""
-        if not data:
-            self.eof = True
-            raise Closed
-        self.buf += data
-
-    def recv(self, timeout: float = WAIT_S) -> Packet:
-        """The next packet; raises Closed at EOF, TimeoutError past `timeout`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            got = decode(self.buf, self.level, 1 << 28)
-            if got is not None:
-                packet, used = got
-                del self.buf[:used]
-                return packet
-            if time.monotonic() >= deadline:
-                raise TimeoutError("no packet")
-            try:
-                self._fill(deadline)
-            except TimeoutError:
-                raise TimeoutError("no packet") from None
-
-    def nothing(self, within: float = 0.3) -> bool:
-        """True if no packet arrives within `within` seconds (an absence check)."""
-        try:
-            self.recv(within)
-        except TimeoutError:
-            return True
-        return False
-
-    def closed(self, timeout: float = WAIT_S) -> list[Packet]:
-        """Wait for EOF; return the packets that came before it."""
-        before: list[Packet] = []
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                before.append(self.recv(max(0.0, deadline - time.monotonic())))
-            except Closed:
-                return before
-            assert len(before) < 1000
-
-    def subscribe(self, *subs: Subscription, packet_id: int = 1, **kw: Any) -> Suback:
-        self.send(Subscribe(packet_id, subs, **kw))
-        ack: Suback = self.expect(Suback)
-        assert ack.packet_id == packet_id
-        return ack
-
-    def expect(self, kind: type[Any], timeout: float = WAIT_S) -> Any:
-        """The next packet, which must be of type `kind` (PINGRESPs are skipped)."""
-        packet = self.recv(timeout)
-        while isinstance(packet, Pingresp) and kind is not Pingresp:
-            packet = self.recv(timeout)
-        assert isinstance(packet, kind), packet
-        return packet
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-@pytest.fixture
-def raws() -> Iterator[list[Raw]]:
-    made: list[Raw] = []
-    yield made
-    for r in made:
-        r.close()
-
-
-def opened(raws: list[Raw], node: NodeRunner, cid: str, level: int = V311, **kw: Any) -> Raw:
-    r = Raw(node.mqtt_port, level)
-    raws.append(r)
-    ack = r.connect(cid, **kw)
-    assert ack.reason_code == 0, ack
-    return r
-
-
-def assert_alive(raws: list[Raw], node: NodeRunner, level: int = V311) -> None:
-    """Another connection still works end to end after someone misbehaved."""
-    a = opened(raws, node, f"alive-{len(raws)}", level)
-    a.subscribe(Subscription("alive/check", 1))
-    a.send(Publish("alive/check", b"ok", qos=1, packet_id=9))
-    got = [a.recv(), a.recv()]
-    kinds = {type(p) for p in got}
-    assert kinds == {Puback, Publish}, got
-
-
-def v5_disconnect_code(packets: list[Packet]) -> int | None:
-    codes = [p.reason_code for p in packets if isinstance(p, Disconnect)]
-    return codes[-1] if codes else None
-
+from tests.integration.rawclient import (
+    LEVELS,
+    V5,
+    V311,
+    WAIT_S,
+    Closed,
+    Raw,
+    assert_alive,
+    opened,
+    v5_disconnect_code,
+)
 
 # --- CONNECT / CONNACK -------------------------------------------------------
 

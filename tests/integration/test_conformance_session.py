@@ -29,18 +29,15 @@ from services.mqtt.packets import (
     Will,
 )
 from tests.integration.conftest import NodeRunner, node_settings
-from tests.integration.test_conformance_raw import (
+from tests.integration.rawclient import (
     LEVELS,
     V5,
     V311,
     Closed,
     Raw,
     opened,
-    raws,
     v5_disconnect_code,
 )
-
-__all__ = ["raws"]
 
 PERSIST: dict[str, Any] = {
     "clean_start": False,

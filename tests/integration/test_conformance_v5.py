@@ -29,16 +29,13 @@ from services.mqtt.packets import (
     Will,
 )
 from tests.integration.conftest import NodeRunner
-from tests.integration.test_conformance_raw import (
+from tests.integration.rawclient import (
     LEVELS,
     V5,
     V311,
     Raw,
     opened,
-    raws,
 )
-
-__all__ = ["raws"]  # the fixture, re-exported for pytest
 
 
 def publish1(pub: Raw, topic: str, payload: bytes, pid: int, **kw: Any) -> None:

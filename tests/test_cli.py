@@ -25,3 +25,33 @@ def test_unknown_command_is_one_clear_line_and_exit_2() -> None:
     assert result.returncode == 2
     assert "unknown command 'frobnicate'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_up_takes_the_often_tuned_limits() -> None:
+    from services.node.app import parse_args
+    from services.settings import load
+
+    args = parse_args(
+        [
+            "--max-connections", "123",
+            "--max-packet-size", "4096",
+            "--queue-limit", "77",
+            "--max-keep-alive", "90",
+            "--receive-maximum", "16",
+        ]
+    )  # fmt: skip
+    limits = load(args, env={}).limits
+    assert (
+        limits.max_connections,
+        limits.max_packet_size,
+        limits.queue_limit,
+        limits.max_keep_alive_s,
+        limits.receive_maximum,
+    ) == (123, 4096, 77, 90, 16)
+
+
+def test_up_with_a_bad_limit_is_one_clear_line_and_exit_2() -> None:
+    result = run_weir("up", "--max-connections", "0")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "max_connections" in result.stderr
+    assert "Traceback" not in result.stderr

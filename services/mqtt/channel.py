@@ -191,6 +191,8 @@ class Channel:
         self._out: dict[int, int] = {}  # outgoing packet id -> _OUT_* stage
         self._subscriptions = SubscribeFlow(config, False)
         self._shaper = OutboundShaper(False, 0, None)
+        self.outbound_aliases = False  # PUBLISHes to this client may carry topic aliases
+        self._refusal: int | None = None  # a reason code every CONNECT is refused with
 
     # -- what the node reads ------------------------------------------------
 
@@ -229,6 +231,11 @@ class Channel:
         if self.state is not State.AWAIT_CONNECT or not self.config.connect_timeout_s:
             return []
         return [StartTimer(CONNECT_TIMER, self.config.connect_timeout_s)]
+
+    def refuse_connect(self, reason_code: int) -> None:
+        """The node cannot take this connection (a limit): its CONNECT is answered
+        with `reason_code` (3.x: "server unavailable") and the connection closed."""
+        self._refusal = reason_code
 
     def receive(self, packet: Packet, now: float) -> list[Action]:
         try:
@@ -283,6 +290,9 @@ class Channel:
     def _on_connect(self, connect: Connect) -> list[Action]:
         level = connect.protocol_level
         self.protocol_level = level if level in tuple(ProtocolLevel) else ProtocolLevel.MQTT_3_1_1
+        if self._refusal is not None:
+            busy = ConnackCode311.SERVER_UNAVAILABLE
+            return self._refuse(self._refusal, "connection limit reached", v3_default=busy)
         result = negotiate(self.config, connect, self._new_client_id)
         if isinstance(result, Refusal):
             return self._refuse(result.reason_code, result.detail)
@@ -294,6 +304,7 @@ class Channel:
         self._inbound = InboundFlow(self.config, self.v5, result.client_id, self._wall_ms)
         aliases = result.client_topic_alias_maximum if self.config.outbound_topic_aliases else 0
         self._shaper = OutboundShaper(self.v5, aliases, result.client_max_packet_size)
+        self.outbound_aliases = self.v5 and aliases > 0
         return [
             OpenSession(connect, result.client_id, connect.clean_start, result.session_expiry_s)
         ]

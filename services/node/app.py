@@ -60,6 +60,29 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ws-port", dest="listeners.ws_port", help="MQTT over WebSocket port (8083)")
     p.add_argument("--data-dir", dest="data_dir", help="directory for node data")
     p.add_argument(
+        "--max-connections",
+        dest="limits.max_connections",
+        help="connections this node holds; past it a CONNECT gets CONNACK 0x97 (3.x: 3)",
+    )
+    p.add_argument(
+        "--max-packet-size", dest="limits.max_packet_size", help="largest MQTT packet, bytes"
+    )
+    p.add_argument(
+        "--queue-limit",
+        dest="limits.queue_limit",
+        help="messages queued per session (offline or behind its inflight window)",
+    )
+    p.add_argument(
+        "--max-keep-alive",
+        dest="limits.max_keep_alive_s",
+        help="largest keep alive in seconds; a 5.0 client's larger one is lowered to it",
+    )
+    p.add_argument(
+        "--receive-maximum",
+        dest="limits.receive_maximum",
+        help="unacknowledged QoS 1/2 PUBLISHes a 5.0 client may send at once",
+    )
+    p.add_argument(
         "--workers",
         dest="workers",
         type=int,

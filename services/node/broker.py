@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import random
 import time
@@ -94,6 +95,8 @@ Plan = tuple[
     list[tuple[tuple[str, str], list[tuple[str, SubOptions]]]],
     list[RemoteEntry],
 ]
+EXPIRY_RETRY_S = 5.0  # an expiry the store or the log did not take is tried again after this
+ENDING_WAIT_S = 5.0  # a reconnect waits this long at most for its previous connection's end
 PLAN_CACHE_SIZE = 4096  # topics whose routing plan is kept; cleared whole when full
 
 
@@ -132,6 +135,7 @@ class Broker:
         self._resend: dict[Connection, list[Inflight]] = {}  # newest last: pop() is next
         self._resending: set[Connection] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._ending: dict[str, asyncio.Task[Any]] = {}  # client -> its session's end_session
         self._no_connections: asyncio.Event | None = None
         self._plans: dict[str, Plan] = {}
         self.work = 0  # deliveries made; connections budget their processing by it
@@ -157,10 +161,11 @@ class Broker:
 
     # -- plumbing -----------------------------------------------------------
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -211,6 +216,9 @@ class Broker:
         client_id = action.client_id
         props = action.connect.properties
         conn.max_outgoing_packet = props.maximum_packet_size
+        ending = self._ending.get(client_id)
+        if ending is not None:  # the previous connection's end comes first
+            await asyncio.wait({ending}, timeout=ENDING_WAIT_S)
         old = self.sessions.get(client_id)
         if old is not None and old.conn is not None and old.conn is not conn:
             old_conn = old.conn
@@ -264,7 +272,7 @@ class Broker:
             session = Session(client_id)
             self.sessions[client_id] = session
             self._plans.clear()
-        session.durable = action.session_expiry_s > 0
+        session.durable = action.session_expiry_s > 0 or claim.session_present
         if claim.session_present and not session.subs:
             session.subs = {
                 f: SubOptions.of(o.qos, o.no_local, o.retain_as_published, o.subscription_id)
@@ -352,13 +360,19 @@ class Broker:
         if session is not None and session.conn is conn:
             self._detach(session)
             expiry_s = session.expiry_s
-            self.spawn(self.end_session(session, session.epoch, conn_gone=True))
+            ending = self.spawn(self.end_session(session, session.epoch, conn_gone=True))
+            self._ending[session.client_id] = ending
+            ending.add_done_callback(functools.partial(self._ended, session.client_id))
         elif session is not None:
             # Taken over on this node: the session lives on, so a delayed will
             # waits; open_session cancels it or, on a clean start, sends it now.
             expiry_s = session.expiry_s
         if will is not None and client_id is not None:
             self._schedule_will(client_id, will, min(will_delay_s, expiry_s))
+
+    def _ended(self, client_id: str, task: asyncio.Task[Any]) -> None:
+        if self._ending.get(client_id) is task:
+            del self._ending[client_id]
 
     async def end_session(self, session: Session, epoch: int, conn_gone: bool) -> None:
         """Seam: a connection left its session (release) or the session ended."""
@@ -410,16 +424,39 @@ class Broker:
             self.spawn(self._expired(session.client_id, epoch))
 
     async def _expired(self, client_id: str, epoch: int) -> None:
+        """Log the expiry of an offline session, exactly once: by the node it
+        was last on (the others only drop it), only if nobody claimed it again,
+        and retried until the session store and the log have taken it.
+        `epoch` is 0 for a session recovered from the log (its epoch is not
+        there): Redis says which epoch is current."""
+        entry = self.logstate.view.session(client_id)
+        if entry is None or entry.online or entry.node != self.node_id:
+            return  # ended or reclaimed in the log already, or another node's to log
+        what = "the session store"
         try:
-            version = await self.store.next_version(client_id, epoch)
-            await self.queue.discard(client_id, epoch)
-        except SessionError as exc:
-            log.warning("expiry of session %s not logged: %s", client_id, exc)
-            return
-        event = SessionExpired(
-            client_id=client_id, version=version, node=self.node_id, ts_ms=self.now_ms()
-        )
-        await self._log_session_end(event)
+            info = await self.store.get(client_id)
+            if info is not None and (info.online or (epoch and info.epoch != epoch)):
+                return  # claimed again meanwhile: not expired
+            if info is None:  # Redis's own expiry was first: the keys are gone
+                version = max(entry.version + 1, time.time_ns() // 1000)
+            else:
+                version = await self.store.next_version(client_id, info.epoch)
+                await self.queue.discard(client_id, info.epoch)
+            event = SessionExpired(
+                client_id=client_id, version=version, node=self.node_id, ts_ms=self.now_ms()
+            )
+            what = "the event log"
+            await self.logstate.append_and_apply(event)
+        except Fenced:
+            return  # claimed again between the read and the write
+        except (SessionError, EventLogError) as exc:
+            log.warning(
+                "expiry of session %s not logged yet (%s failed: %s); retrying in %.0f s",
+                client_id, what, exc, EXPIRY_RETRY_S,
+            )  # fmt: skip
+            self.loop.call_later(
+                EXPIRY_RETRY_S, lambda: self.spawn(self._expired(client_id, epoch))
+            )
 
     def _drop_subscriptions(self, session: Session) -> None:
         self._plans.clear()
@@ -476,8 +513,9 @@ class Broker:
 
     # -- subscriptions --------------------------------------------------------
 
-    async def subscribe(self, conn: Connection, request: SubscribeRequest) -> None:
-        """Seam: apply a SUBSCRIBE, answer SUBACK, send retained messages."""
+    def subscribe(self, conn: Connection, request: SubscribeRequest) -> None:
+        """Seam: apply a SUBSCRIBE, answer SUBACK, send retained messages.
+        Routing starts here, as the packet is read; the SUBACK waits for the log."""
         session = conn.session
         if session is None or conn.closed:
             return
@@ -485,6 +523,7 @@ class Broker:
         codes: list[int] = []
         retained: list[tuple[str, SubOptions]] = []
         events: list[Subscribed] = []
+        undo: list[tuple[str, SubOptions | None]] = []  # (filter, what it routed before)
         max_qos = getattr(self.channel_config, "max_qos", 2)
         for sub in request.subscriptions:
             try:
@@ -512,17 +551,33 @@ class Broker:
                 )
             )
             codes.append(granted)
+            undo.append((sub.topic_filter, self._route(session, sub.topic_filter, options)))
             if parse_shared(sub.topic_filter) is None and (
                 sub.retain_handling == 0 or (sub.retain_handling == 1 and is_new)
             ):
                 retained.append((sub.topic_filter, options))
+        packet_id = request.packet_id
+        self.spawn(self._subscribed(conn, session, packet_id, codes, events, retained, undo))
+
+    async def _subscribed(
+        self,
+        conn: Connection,
+        session: Session,
+        packet_id: int,
+        codes: list[int],
+        events: list[Subscribed],
+        retained: list[tuple[str, SubOptions]],
+        undo: list[tuple[str, SubOptions | None]],
+    ) -> None:
         if events and not await self._log_client_events(session, events):
+            v5 = conn.channel.protocol_level >= 5
             failure = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR if v5 else V3_SUBACK_FAILURE
             codes = [c if c >= 0x80 else failure for c in codes]
             retained = []
+            self._undo_routes(session, undo)
         if conn.closed:
             return
-        conn.carry_out(conn.channel.subscribed(request.packet_id, codes))
+        conn.carry_out(conn.channel.subscribed(packet_id, codes))
         now_ms = self.now_ms()
         for topic_filter, options in retained:
             for message in self.retained.match(topic_filter, now_ms):
@@ -530,13 +585,15 @@ class Broker:
         self.delivery.schedule()
         conn.resume_processing()
 
-    async def unsubscribe(self, conn: Connection, request: UnsubscribeRequest) -> None:
-        """Seam: apply an UNSUBSCRIBE and answer UNSUBACK."""
+    def unsubscribe(self, conn: Connection, request: UnsubscribeRequest) -> None:
+        """Seam: apply an UNSUBSCRIBE and answer UNSUBACK. Routing stops here;
+        the UNSUBACK waits for the log."""
         session = conn.session
         if session is None or conn.closed:
             return
         codes: list[int] = []
         events: list[Unsubscribed] = []
+        undo: list[tuple[str, SubOptions | None]] = []
         for topic_filter in request.topic_filters:
             existed = topic_filter in session.subs
             if existed:
@@ -549,18 +606,53 @@ class Broker:
                         filter=topic_filter,
                     )
                 )
+                undo.append((topic_filter, self._route(session, topic_filter, None)))
             codes.append(
                 ReasonCode.SUCCESS if existed else ReasonCode.NO_SUBSCRIPTION_EXISTED
             )
+        self.spawn(self._unsubscribed(conn, session, request.packet_id, codes, events, undo))
+
+    async def _unsubscribed(
+        self,
+        conn: Connection,
+        session: Session,
+        packet_id: int,
+        codes: list[int],
+        events: list[Unsubscribed],
+        undo: list[tuple[str, SubOptions | None]],
+    ) -> None:
         if events and not await self._log_client_events(session, events):
+            self._undo_routes(session, undo)
             if conn.channel.protocol_level < 5:
                 conn.close()  # a 3.x UNSUBACK cannot say it failed
                 return
             codes = [V5_UNSUBACK_FAILURE] * len(codes)
         if conn.closed:
             return
-        conn.carry_out(conn.channel.unsubscribed(request.packet_id, codes))
+        conn.carry_out(conn.channel.unsubscribed(packet_id, codes))
         conn.resume_processing()
+
+    def _route(self, session: Session, topic_filter: str, options: SubOptions | None) -> (
+        SubOptions | None
+    ):
+        """Route `topic_filter` for the session at once (None: stop routing it),
+        before the log has the event [DESIGN 4]; returns what it routed before."""
+        previous = session.subs.get(topic_filter)
+        if options is None:
+            self.trie.remove(topic_filter, session.client_id)
+            session.subs.pop(topic_filter, None)
+        else:
+            self.trie.add(topic_filter, session.client_id, options)
+            session.subs[topic_filter] = options
+        self._plans.clear()
+        return previous
+
+    def _undo_routes(self, session: Session, undo: list[tuple[str, SubOptions | None]]) -> None:
+        """The log refused the events: put back what was routed before, newest first."""
+        if self.sessions.get(session.client_id) is not session:
+            return  # the session ended meanwhile and took its routes with it
+        for topic_filter, previous in reversed(undo):
+            self._route(session, topic_filter, previous)
 
     async def _log_client_events(
         self, session: Session, events: list[Subscribed] | list[Unsubscribed]
@@ -763,7 +855,13 @@ class Broker:
                 sub_ids = tuple(o.subscription_id for o in live if o.subscription_id)
             count += 1
             conn = session.conn
-            if qos == 0 and fast and conn is not None and session.ready:
+            if (
+                qos == 0
+                and fast
+                and conn is not None
+                and session.ready
+                and not conn.channel.outbound_aliases  # those go through the channel
+            ):
                 v5 = conn.channel.protocol_level >= 5
                 key = (v5, retain, sub_ids if v5 else ())
                 data = encoded.get(key)

@@ -40,6 +40,7 @@ from services.mqtt.actions import (
 )
 from services.mqtt.channel import Channel
 from services.mqtt.errors import MQTTError
+from services.mqtt.packets import ReasonCode
 
 if TYPE_CHECKING:
     from services.node.broker import Broker
@@ -107,10 +108,9 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
         if not self.broker.connection_made(self):
-            self.closed = True
-            self.ended = True
-            transport.abort()  # type: ignore[attr-defined]
-            return
+            # Over the connection limit: its CONNECT gets "quota exceeded" (3.x:
+            # "server unavailable") and the close, not a reset [MQTT-3.2.2-6].
+            self.channel.refuse_connect(ReasonCode.QUOTA_EXCEEDED)
         limits = self.broker.limits
         transport.set_write_buffer_limits(  # type: ignore[attr-defined]
             limits.outbound_high_water, limits.outbound_low_water
@@ -271,10 +271,10 @@ class Connection(asyncio.Protocol):
                     broker.spawn(broker.open_session(self, action))
                 case SubscribeRequest():
                     self._busy = True
-                    broker.spawn(broker.subscribe(self, action))
+                    broker.subscribe(self, action)
                 case UnsubscribeRequest():
                     self._busy = True
-                    broker.spawn(broker.unsubscribe(self, action))
+                    broker.unsubscribe(self, action)
                 case Close():
                     self._close_action(action)
 

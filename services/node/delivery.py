@@ -59,7 +59,7 @@ class Delivery:
         self,
         queue: QueueStore,
         loop: asyncio.AbstractEventLoop,
-        spawn: Callable[[Coroutine[Any, Any, Any]], None],
+        spawn: Callable[[Coroutine[Any, Any, Any]], object],
         queue_limit: int,
         publisher: Callable[[], Connection | None],
     ) -> None:

@@ -148,6 +148,9 @@ class LogState:
         moved = entry is not None and entry.online and entry.node != broker.node_id
         ended = entry is None and local is not None and local.durable
         if local is not None and local.conn is None and (moved or ended):
+            if local.expiry_handle is not None:  # the log has its end, or it lives elsewhere
+                local.expiry_handle.cancel()
+                local.expiry_handle = None
             del broker.sessions[client_id]
             broker.invalidate_plans()
 

@@ -71,7 +71,7 @@ class TieredSessionStore:
         self.tiers.durable.add(client_id)
 
     async def claim(self, client_id: str, node: str, clean_start: bool, expiry_s: int) -> Claim:
-        if expiry_s > 0:
+        if expiry_s > 0 or (not clean_start and await self._durable_exists(client_id)):
             claim = await self.durable.claim(client_id, node, clean_start, expiry_s)
             self.tiers.durable.add(client_id)
             return claim
@@ -81,6 +81,17 @@ class TieredSessionStore:
             self._cleanup.add(task)
             task.add_done_callback(self._cleanup.discard)
         return await self.memory.claim(client_id, node, clean_start, expiry_s)
+
+    async def _durable_exists(self, client_id: str) -> bool:
+        """Whether Clean Start 0 with expiry 0 has a durable session to resume
+        [MQTT-3.1.2-4]: one this node knows of, or one Redis holds (claimed on
+        another node moments ago). Redis down and none known: none to resume."""
+        if client_id in self.tiers.durable:
+            return True
+        try:
+            return await self.durable.get(client_id) is not None
+        except StoreUnavailable:
+            return False
 
     async def _discard_durable(self, client_id: str, node: str) -> None:
         try:

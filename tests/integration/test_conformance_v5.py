@@ -90,6 +90,20 @@ def test_topic_alias_to_client(node: NodeRunner, raws: list[Raw]) -> None:
     assert seen == ["tb/a", "tb/a", "tb/b", "tb/a", "tb/b"]
 
 
+@pytest.mark.parametrize("qos", [0, 1])
+def test_topic_alias_to_client_every_qos(node: NodeRunner, raws: list[Raw], qos: int) -> None:
+    """Outbound aliases are used at QoS 0 too, when the client allows them."""
+    sub = opened(raws, node, f"taq{qos}", V5, properties=Properties(topic_alias_maximum=2))
+    sub.subscribe(Subscription("tq/#", qos))
+    pub = opened(raws, node, f"taqp{qos}", V5)
+    for i in range(1, 4):
+        pub.send(Publish("tq/long/topic/name", b"%d" % i, qos=qos, packet_id=i if qos else None))
+    got = [sub.expect(Publish) for _ in range(3)]
+    assert [p.payload for p in got] == [b"1", b"2", b"3"]
+    assert got[0].topic == "tq/long/topic/name" and got[0].properties.topic_alias == 1
+    assert [(p.topic, p.properties.topic_alias) for p in got[1:]] == [("", 1), ("", 1)]
+
+
 def test_message_expiry_offline_queue(node: NodeRunner, raws: list[Raw]) -> None:
     """3.3.2.3.3: an expired message is not delivered; the interval sent is what is left."""
     kw: dict[str, Any] = {

@@ -165,6 +165,23 @@ async def test_pipelined_connect_subscribe_publish_keep_order(harness: Harness) 
     await wait_for(lambda: kinds() == [Connack, Suback, Publish], "connack, suback, publish")
 
 
+async def test_publish_read_in_the_same_turn_as_a_subscribe_reaches_it(harness: Harness) -> None:
+    """Another client's PUBLISH, read right after a SUBSCRIBE in the same loop
+    turn (before the SUBACK), reaches the new subscriber, as in Mosquitto."""
+    sub, sub_t = await harness.connected("turn-sub", level=4)
+    pub, _ = await harness.connected("turn-pub", level=4)
+    sub.data_received(codec.encode(Subscribe(1, (Subscription("turn/t", 0),)), 4))
+    pub.data_received(codec.encode(Publish("turn/t", b"same-turn"), 4))
+
+    def published() -> list[bytes]:
+        return [p.payload for p in sub_t.packets(4) if isinstance(p, Publish)]
+
+    await wait_for(lambda: any(isinstance(p, Suback) for p in sub_t.packets(4)), "suback")
+    pub.data_received(codec.encode(Publish("turn/t", b"barrier"), 4))
+    await wait_for(lambda: b"barrier" in published(), "the barrier")
+    assert published() == [b"same-turn", b"barrier"]
+
+
 async def test_malformed_bytes_close_only_that_connection(harness: Harness) -> None:
     bad, bad_t = await harness.connected("bad", level=4)
     good, good_t = await harness.connected("good", level=4)
@@ -360,14 +377,21 @@ async def test_qos1_publisher_waits_for_a_full_subscriber_queue(
     assert pub_t.reading
 
 
-async def test_connections_past_the_limit_are_refused() -> None:
+@pytest.mark.parametrize(("level", "code"), [(5, 0x97), (4, 3)])
+async def test_connections_past_the_limit_are_refused(level: int, code: int) -> None:
+    """Past the limit a CONNECT gets CONNACK 0x97 quota exceeded (3.x: 3 server
+    unavailable) and then the close, not a reset."""
     h = await make_harness(settings(max_connections=2))
     _, first = h.open()
     _, second = h.open()
     third_conn, third = h.open()
-    assert not first.closed and not second.closed
-    assert third.closed and third_conn.ended
+    assert not first.closed and not second.closed and not third.closed
     assert len(h.broker.connections) == 2
+    third_conn.data_received(codec.encode(Connect("over", protocol_level=level), level))
+    await wait_for(lambda: third.closed, "the refused connection closed")
+    assert third.packets(level) == [Connack(False, code)]
+    assert len(h.broker.connections) == 2
+    assert "over" not in h.broker.sessions
 
 
 @pytest.mark.parametrize("strategy", ["random", "round_robin"])

@@ -63,6 +63,9 @@ OUTBOUND_LOW_WATER = 16 * 1024  # bytes: resume reading once the buffer drains t
 SUBSCRIBER_QUEUE_BYTES = 1 << 20  # bytes of QoS 0 PUBLISHes held for one slow
 #   subscriber beyond its transport buffer; past it QoS 0 messages are dropped and counted
 SHUTDOWN_GRACE_S = 5.0  # seconds to flush DISCONNECTs before closing sockets anyway
+QUEUE_FULL_POLICIES = ("refuse", "drop_oldest")  # services.queue.api: at the queue bound,
+#   refuse QoS 1/2 messages (their publishers are not acknowledged) or drop the oldest
+DEFAULT_QUEUE_FULL = "refuse"
 SHARED_STRATEGIES = ("random", "round_robin")
 DEFAULT_SHARED_STRATEGY = "round_robin"
 
@@ -97,6 +100,7 @@ class Limits:
     max_packet_size: int = MAX_PACKET_SIZE
     receive_maximum: int = RECEIVE_MAXIMUM
     queue_limit: int = QUEUE_LIMIT
+    queue_full: str = DEFAULT_QUEUE_FULL
     max_keep_alive_s: int = MAX_KEEP_ALIVE_S
     outbound_high_water: int = OUTBOUND_HIGH_WATER
     outbound_low_water: int = OUTBOUND_LOW_WATER
@@ -208,6 +212,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("limits.max_packet_size", _int(64, 268_435_460)),
     Option("limits.receive_maximum", _int(1, 65_535)),
     Option("limits.queue_limit", _int(1)),
+    Option("limits.queue_full", _choice(QUEUE_FULL_POLICIES)),
     Option("limits.max_keep_alive_s", _int(0, MAX_KEEP_ALIVE_S)),
     Option("limits.outbound_high_water", _int(1024)),
     Option("limits.outbound_low_water", _int(0)),

@@ -73,6 +73,12 @@ def parser() -> argparse.ArgumentParser:
         help="messages queued per session (offline or behind its inflight window)",
     )
     p.add_argument(
+        "--queue-full",
+        dest="limits.queue_full",
+        help="at a persistent session's queue bound: refuse (default; QoS 1/2 publishers "
+        "get 0x97, 3.x ones are disconnected and resend) or drop_oldest (as EMQX)",
+    )
+    p.add_argument(
         "--max-keep-alive",
         dest="limits.max_keep_alive_s",
         help="largest keep alive in seconds; a 5.0 client's larger one is lowered to it",
@@ -129,7 +135,8 @@ def build_services(settings: Settings) -> Services:
     from services.session.memory import MemorySessionStore
 
     sessions = MemorySessionStore()
-    queue = MemoryQueueStore(sessions, limit=settings.limits.queue_limit)
+    limits = settings.limits
+    queue = MemoryQueueStore(sessions, limit=limits.queue_limit, full=limits.queue_full)
     return Services(
         sessions=sessions, queue=queue, retain=MemoryRetainStore(), events=MemoryEventLog()
     )
@@ -182,6 +189,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
     from services.event.kafka import KafkaEventLog, KafkaSettings
     from services.node.node import Services
     from services.node.stores import TieredQueueStore, TieredSessionStore, Tiers
+    from services.queue.api import DROP_OLDEST
     from services.queue.memory import MemoryQueueStore
     from services.queue.redis import RedisQueueStore
     from services.retain.store import MemoryRetainStore
@@ -224,8 +232,11 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
         memory_sessions = MemorySessionStore()
         sessions = TieredSessionStore(memory_sessions, RedisSessionStore(client), tiers)
         queue = TieredQueueStore(
-            MemoryQueueStore(memory_sessions, limit=settings.limits.queue_limit),
-            RedisQueueStore(client, settings.limits.queue_limit),
+            # Clean sessions die with their connection anyway: drop the oldest.
+            MemoryQueueStore(
+                memory_sessions, limit=settings.limits.queue_limit, full=DROP_OLDEST
+            ),
+            RedisQueueStore(client, settings.limits.queue_limit, full=settings.limits.queue_full),
             tiers,
         )
         services = Services(

@@ -726,15 +726,16 @@ class Broker:
             self._held_routes[conn] = []
             self.spawn(self._publish_qos2(conn, conn.session, route))
             return
+        since = self.delivery.batched
         if message.retain and route.token is not None:
             delivered = self.publish_message(message, store_retained=False)
             gate = self.loop.create_future()
             self.spawn(self._retain_gate(message, gate))
-            self.delivery.token(conn, route.token, delivered == 0, gate)
+            self.delivery.token(conn, route.token, delivered == 0, gate, since=since)
             return
         delivered = self.publish_message(message)
         if route.token is not None:
-            self.delivery.token(conn, route.token, delivered == 0)
+            self.delivery.token(conn, route.token, delivered == 0, since=since)
 
     async def _retain_gate(self, message: Message, gate: asyncio.Future[bool]) -> None:
         ok = False
@@ -785,7 +786,7 @@ class Broker:
         delivered = self.publish_message(message, store_retained=gate is None)
         self.delivery.mark(mark, since)
         if route.token is not None:
-            self.delivery.token(conn, route.token, delivered == 0, gate, mark)
+            self.delivery.token(conn, route.token, delivered == 0, gate, mark, since)
 
     def publish_message(self, message: Message, store_retained: bool = True) -> int:
         """Route one message to every matching subscription; returns how many."""

@@ -366,9 +366,11 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    def routed(self, token: int, ok: bool, no_subscribers: bool) -> None:
+    def routed(
+        self, token: int, ok: bool, no_subscribers: bool, reason_code: int | None = None
+    ) -> None:
         if not self.closed:
-            self._carry_out(self.channel.routed(token, ok, no_subscribers))
+            self._carry_out(self.channel.routed(token, ok, no_subscribers, reason_code))
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from services.mqtt.packets import Message
+from services.mqtt.packets import Message, ReasonCode
 from services.node.stores import DurablePartFailed
 from services.queue.api import IncomingMark, Inflight, QueueStore, TakeResult
 from services.session.api import Fenced, SessionError
@@ -51,7 +51,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("weir.delivery")
 
-Token = tuple["Connection", int, bool, "asyncio.Future[bool] | None", IncomingMark | None]
+Token = tuple[
+    "Connection",
+    int,
+    bool,
+    "asyncio.Future[bool] | None",
+    IncomingMark | None,
+    tuple[int, int] | None,  # the batch indices of the message's copies
+]
+REFUSED_LOG_EVERY_S = 10.0  # at most one warning about full queues per this many seconds
 
 
 class Delivery:
@@ -68,6 +76,8 @@ class Delivery:
         self.spawn = spawn
         self.publisher = publisher
         self.dropped = 0  # messages the queue's overflow policy dropped
+        self.refused = 0  # QoS 1/2 copies a full queue refused (publisher not acknowledged)
+        self._refused_logged = -REFUSED_LOG_EVERY_S
         self._backlog_high = max(1, queue_limit // 2)
         self._backlog_low = queue_limit // 4
         self._batch: list[tuple[str, Message]] = []
@@ -76,6 +86,7 @@ class Delivery:
         self._batch_late: set[Session] = set()  # not ready at add: kicked once stored
         self._batch_marks: dict[IncomingMark, list[int]] = {}  # -> indices in _batch
         self._batch_scheduled = False
+        self._lane: asyncio.Future[None] | None = None  # done when the last batch is stored
         self.on_stored: Callable[[list[tuple[str, Message]]], None] | None = None  # per batch
 
     @property
@@ -118,16 +129,24 @@ class Delivery:
         no_subscribers: bool,
         gate: asyncio.Future[bool] | None = None,
         mark: IncomingMark | None = None,
+        since: int | None = None,
     ) -> None:
         """Answer `channel.routed(token)` once this turn's batch is stored
         (and `gate`, if given, resolved True; False fails the token).
-        With `mark` (see `mark`), the answer follows what the store did with it."""
-        self._batch_tokens.append((conn, token, no_subscribers, gate, mark))
+        With `mark` (see `mark`), the answer follows what the store did with it.
+        `since` is `batched` before the message was routed: if a full queue
+        refused any of the copies added since, the answer is "quota exceeded"."""
+        span = None if since is None else (since, len(self._batch))
+        self._batch_tokens.append((conn, token, no_subscribers, gate, mark, span))
         self.schedule()
 
     def _answer(self, tokens: list[Token], ok: bool, result: TakeResult | None = None) -> None:
-        for conn, token, none_matched, gate, mark in tokens:
+        refused = result.refused if result is not None else frozenset()
+        for conn, token, none_matched, gate, mark, span in tokens:
             no_subs = none_matched
+            if refused and span is not None and any(i in refused for i in range(*span)):
+                conn.routed(token, False, no_subs, ReasonCode.QUOTA_EXCEEDED)
+                continue
             if mark is not None and result is not None:
                 if mark in result.fenced_marks:  # taken over: the new owner routes the resend
                     conn.close()
@@ -171,10 +190,35 @@ class Delivery:
         takers: set[Session],
         marks: dict[IncomingMark, list[int]],
     ) -> None:
+        """One batch at a time, in order (`_lane`): batches stored concurrently
+        on different connections could land out of order and break a
+        publisher's order [MQTT-4.6.0-6]. Takers are marked as pumping while
+        the batch takes for them, so their pump cannot take concurrently and
+        have its reply handled first."""
+        previous, self._lane = self._lane, self.loop.create_future()
+        lane = self._lane
+        try:
+            if previous is not None:
+                await previous
+            await self._store_in_turn(items, tokens, takers, marks)
+        finally:
+            lane.set_result(None)
+            if self._lane is lane:
+                self._lane = None
+
+    async def _store_in_turn(
+        self,
+        items: list[tuple[str, Message]],
+        tokens: list[Token],
+        takers: set[Session],
+        marks: dict[IncomingMark, list[int]],
+    ) -> None:
         ready = [s for s in takers if s.conn is not None and s.ready and not s.pumping]
         windows = {s.client_id: (s.epoch, self._window(s)) for s in ready}
         ok = True
         result: TakeResult | None = None
+        for session in ready:
+            session.pumping = True
         try:
             result = await self.queue.enqueue_and_take(items, windows, marks)
         except DurablePartFailed as exc:
@@ -184,10 +228,15 @@ class Delivery:
         except SessionError as exc:
             log.warning("enqueue of %d messages failed: %s", len(items), exc)
             ok = False
+        finally:
+            for session in ready:
+                session.pumping = False
         if result is not None:
             if self.on_stored is not None:
                 self.on_stored(items)
             self.dropped += result.dropped
+            if result.refused:
+                self._refused(items, result.refused)
             for session in ready:
                 taken = result.taken.get(session.client_id)
                 if taken:
@@ -196,6 +245,19 @@ class Delivery:
         for session in takers:
             if session not in ready or session.dirty:
                 self.kick(session)
+
+    def _refused(self, items: list[tuple[str, Message]], refused: frozenset[int]) -> None:
+        """Count what full queues refused; warn now and then, naming the clients."""
+        self.refused += len(refused)
+        now = time.monotonic()
+        if now - self._refused_logged >= REFUSED_LOG_EVERY_S:
+            self._refused_logged = now
+            clients = sorted({items[i][0] for i in refused})
+            log.warning(
+                "queue full: %d QoS 1/2 copies refused (their publishers were not "
+                "acknowledged; %d in all) for %s",
+                len(refused), self.refused, ", ".join(clients[:10]),
+            )  # fmt: skip
 
     def _window(self, session: Session) -> int:
         conn = session.conn
@@ -245,11 +307,17 @@ class Delivery:
                 epoch = session.epoch
                 conn = session.conn
                 ops, session.ops = session.ops, []
+                received: list[int] = []  # a run of PUBRECs: stored in one call
                 for op, pid in ops:
-                    if op == "released":
-                        await self.queue.incoming_release(client_id, epoch, pid)
-                    elif not await self._store_received(session, conn, pid):
+                    if op == "received":
+                        received.append(pid)
+                        continue
+                    if received and not await self._store_received(session, conn, received):
                         return
+                    received = []
+                    await self.queue.incoming_release(client_id, epoch, pid)
+                if received and not await self._store_received(session, conn, received):
+                    return
                 acks, session.acks = session.acks, []
                 window = self._window(session)
                 taken = await self.queue.ack_and_take(client_id, epoch, acks, window)
@@ -263,17 +331,20 @@ class Delivery:
         finally:
             session.pumping = False
 
-    async def _store_received(self, session: Session, conn: Connection, pid: int) -> bool:
-        """Store a PUBREC, then send the PUBREL. If the store fails, close the
-        connection (False): the client resumes and the PUBLISH goes again."""
+    async def _store_received(
+        self, session: Session, conn: Connection, pids: list[int]
+    ) -> bool:
+        """Store PUBRECs, then send their PUBRELs. If the store fails, close the
+        connection (False): the client resumes and the PUBLISHes go again."""
         try:
-            await self.queue.received(session.client_id, session.epoch, pid)
+            await self.queue.received_many(session.client_id, session.epoch, pids)
         except Fenced:
             raise
         except SessionError as exc:
-            log.warning("PUBREC %d of %s not stored: %s", pid, session.client_id, exc)
+            log.warning("%d PUBRECs of %s not stored: %s", len(pids), session.client_id, exc)
             conn.close()
             return False
         if session.conn is conn:
-            conn.carry_out(conn.channel.resend_pubrel(pid))
+            for pid in pids:
+                conn.carry_out(conn.channel.resend_pubrel(pid))
         return True

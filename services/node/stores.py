@@ -30,13 +30,19 @@ the channel already excludes (one route per packet id at a time).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 
 from services.mqtt.packets import Message
-from services.queue.api import EnqueueResult, IncomingMark, Inflight, QueueStore, TakeResult
+from services.queue.api import (
+    EnqueueResult,
+    IncomingMark,
+    Inflight,
+    QueueStore,
+    TakeResult,
+    shifted,
+)
 from services.session.api import Claim, SessionError, SessionInfo, SessionStore, StoreUnavailable
 
 log = logging.getLogger("weir.stores")
@@ -122,7 +128,8 @@ class TieredSessionStore:
         await self.durable.close()
 
 
-def _merge(a: TakeResult, b: TakeResult) -> TakeResult:
+def _merge(a: TakeResult, b: TakeResult, refused: set[int]) -> TakeResult:
+    """The two tiers' results; `refused` in indices of the whole batch."""
     return TakeResult(
         accepted=a.accepted + b.accepted,
         dropped=a.dropped + b.dropped,
@@ -130,16 +137,11 @@ def _merge(a: TakeResult, b: TakeResult) -> TakeResult:
         fenced=a.fenced | b.fenced,
         duplicate_marks=a.duplicate_marks | b.duplicate_marks,
         fenced_marks=a.fenced_marks | b.fenced_marks,
+        refused=frozenset(refused),
     )
 
 
 Part = list[tuple[str, Message]]
-
-
-def _shifted(indices: Sequence[int], gone: set[int]) -> list[int]:
-    """Indices into a part after the items at `gone` were taken out of it."""
-    ordered = sorted(gone)
-    return [i - bisect.bisect_left(ordered, i) for i in indices if i not in gone]
 
 
 class TieredQueueStore:
@@ -165,7 +167,9 @@ class TieredQueueStore:
         mem, dur = self._split(items)
         a = await self.memory.enqueue(mem) if mem else EnqueueResult(0, 0)
         b = await self.durable.enqueue(dur) if dur else EnqueueResult(0, 0)
-        return EnqueueResult(a.accepted + b.accepted, a.dropped + b.dropped)
+        return EnqueueResult(
+            a.accepted + b.accepted, a.dropped + b.dropped, a.refused + b.refused
+        )
 
     async def enqueue_and_take(
         self,
@@ -197,13 +201,19 @@ class TieredQueueStore:
             if mem or mem_takers or mem_marks
             else empty
         )
-        refused = a.duplicate_marks | a.fenced_marks
+        mem_orig = [i for i, (d, _) in enumerate(where) if not d]  # part index -> item index
+        dur_orig = [i for i, (d, _) in enumerate(where) if d]
+        refused_items = {mem_orig[i] for i in a.refused}
+        full_marks = {m for m, ix in mem_marks.items() if a.refused.intersection(ix)}
+        refused = a.duplicate_marks | a.fenced_marks | full_marks
         if refused and marks is not None:
             gone = {where[i][1] for m in refused for i in marks[m] if where[i][0]}
+            refused_items.update(i for m in full_marks for i in marks[m])
             dur = [item for i, item in enumerate(dur) if i not in gone]
-            dur_marks = {m: _shifted(ix, gone) for m, ix in dur_marks.items()}
+            dur_orig = [o for i, o in enumerate(dur_orig) if i not in gone]
+            dur_marks = {m: shifted(ix, gone) for m, ix in dur_marks.items()}
         if not (dur or dur_takers or dur_marks):
-            return a
+            return _merge(a, empty, refused_items)
         try:
             b = await self.durable.enqueue_and_take(dur, dur_takers, dur_marks)
         except SessionError as exc:
@@ -211,7 +221,15 @@ class TieredQueueStore:
                 with contextlib.suppress(SessionError):
                     await self.memory.incoming_release(mark.client_id, mark.epoch, mark.packet_id)
             raise DurablePartFailed(str(exc), a) from exc
-        return _merge(a, b)
+        durable_refused = {dur_orig[i] for i in b.refused}
+        if durable_refused and marks is not None:
+            for mark in mem_marks.keys() - refused:  # its publisher resends: route it afresh
+                if durable_refused.intersection(marks[mark]):
+                    with contextlib.suppress(SessionError):
+                        await self.memory.incoming_release(
+                            mark.client_id, mark.epoch, mark.packet_id
+                        )
+        return _merge(a, b, refused_items | durable_refused)
 
     async def take(self, client_id: str, epoch: int, window: int) -> list[Inflight]:
         return await self._of(client_id).take(client_id, epoch, window)
@@ -232,6 +250,9 @@ class TieredQueueStore:
 
     async def received(self, client_id: str, epoch: int, packet_id: int) -> bool:
         return await self._of(client_id).received(client_id, epoch, packet_id)
+
+    async def received_many(self, client_id: str, epoch: int, packet_ids: Sequence[int]) -> int:
+        return await self._of(client_id).received_many(client_id, epoch, packet_ids)
 
     async def incoming_add(self, client_id: str, epoch: int, packet_id: int) -> bool:
         return await self._of(client_id).incoming_add(client_id, epoch, packet_id)

@@ -1,5 +1,13 @@
 """Per-client message state: offline queue, inflight window, QoS 2 ids.
 
+The queue bound and what happens at it (`QueueFull`): QoS 0 messages are
+dropped first (oldest first, counted in `drops`). Then, under `REFUSE` (what
+persistent sessions use), a QoS 1/2 message that would still not fit is
+refused: none of its copies in the batch is stored, and the caller must not
+acknowledge it to its publisher, so nothing acknowledged is ever dropped.
+Under `DROP_OLDEST` (EMQX's policy) the oldest queued messages make room,
+counted in `drops`.
+
 Every method that changes a client's state takes the epoch from its session
 claim and raises `services.session.api.Fenced` when it is stale. Messages
 are `services.mqtt.packets.Message` in their delivered form (QoS and retain
@@ -8,6 +16,7 @@ already adjusted per subscription).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -15,7 +24,16 @@ from typing import Protocol
 from services.mqtt.packets import Message
 
 DEFAULT_QUEUE_LIMIT = 1000  # messages per client, as Mosquitto's max_queued_messages
+REFUSE = "refuse"  # at the bound, QoS 1/2 messages are refused (not acknowledged)
+DROP_OLDEST = "drop_oldest"  # at the bound, the oldest queued messages are dropped
+QUEUE_FULL_POLICIES = (REFUSE, DROP_OLDEST)
 MAX_PACKET_ID = 65535  # packet ids run 1..65535, then wrap (MQTT 2.2.1)
+
+
+def shifted(indices: Sequence[int], gone: set[int]) -> list[int]:
+    """Indices into a batch's items after the items at `gone` were taken out."""
+    ordered = sorted(gone)
+    return [i - bisect.bisect_left(ordered, i) for i in indices if i not in gone]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +48,7 @@ class Inflight:
 class EnqueueResult:
     accepted: int
     dropped: int  # dropped by the overflow policy (QoS 0 first, then oldest)
+    refused: int = 0  # QoS 1/2 copies not stored: a full queue under REFUSE
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +72,7 @@ class TakeResult:
     fenced: frozenset[str]  # takers whose epoch was stale: enqueued, nothing taken
     duplicate_marks: frozenset[IncomingMark] = frozenset()  # id known: its items left out
     fenced_marks: frozenset[IncomingMark] = frozenset()  # publisher epoch stale: left out
+    refused: frozenset[int] = frozenset()  # indices in `items` a full queue refused (REFUSE)
 
 
 class QueueStore(Protocol):
@@ -87,7 +107,15 @@ class QueueStore(Protocol):
         stale (`fenced_marks`) is not added and its items are left out
         (neither accepted nor dropped). A store made of tiers is atomic per
         tier: a mark with the items in its publisher's tier
-        (`services.node.stores`)."""
+        (`services.node.stores`).
+
+        Under REFUSE, a client's new QoS 1/2 messages fit while its queued
+        QoS 1/2 messages plus them stay within the bound, counting a taker's
+        free window slots as room (`limit - queued QoS 1/2 + window room`);
+        the later ones are refused: not stored, their indices in `refused`.
+        A refused copy of a marked message (incoming QoS 2) refuses every
+        copy of that mark and the mark is not added, so the publisher's
+        resend is routed afresh and no QoS 2 subscriber gets it twice."""
         ...
 
     async def pending(self, client_id: str, epoch: int) -> list[Inflight]:
@@ -110,6 +138,10 @@ class QueueStore(Protocol):
 
     async def received(self, client_id: str, epoch: int, packet_id: int) -> bool:
         """PUBREC of an outgoing QoS 2 message: keep it as released."""
+        ...
+
+    async def received_many(self, client_id: str, epoch: int, packet_ids: Sequence[int]) -> int:
+        """`received` for several ids in one round trip; returns how many were known."""
         ...
 
     async def incoming_add(self, client_id: str, epoch: int, packet_id: int) -> bool:

@@ -18,6 +18,7 @@ from services.mqtt.packets import Message
 from services.queue.api import (
     DEFAULT_QUEUE_LIMIT,
     MAX_PACKET_ID,
+    REFUSE,
     EnqueueResult,
     IncomingMark,
     Inflight,
@@ -57,32 +58,36 @@ class MemoryQueueStore:
         sessions: MemorySessionStore,
         limit: int = DEFAULT_QUEUE_LIMIT,
         wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        full: str = REFUSE,
     ) -> None:
         self._sessions = sessions
         self._limit = limit
+        self._refuse = full == REFUSE
         self._wall_ms = wall_ms
 
     def _checked(self, client_id: str, epoch: int) -> _State:
         return _state(self._sessions.check(client_id, epoch))
 
     async def enqueue(self, items: Sequence[tuple[str, Message]]) -> EnqueueResult:
-        accepted = dropped = 0
-        for client_id, message in items:
-            rec = self._sessions.record(client_id)
-            if rec is None:
-                continue
-            st = _state(rec)
-            st.seq += 1
-            st.queue[st.seq] = message
-            if message.qos == 0:
-                st.qos0.append(st.seq)
-            accepted += 1
-            if len(st.queue) > self._limit:
-                victim = st.qos0.popleft() if st.qos0 else next(iter(st.queue))
-                del st.queue[victim]
-                st.drops += 1
-                dropped += 1
-        return EnqueueResult(accepted, dropped)
+        result = await self.enqueue_and_take(items, {})
+        return EnqueueResult(result.accepted, result.dropped, len(result.refused))
+
+    def _append(self, client_id: str, message: Message) -> tuple[int, int]:
+        """Queue one message: (accepted, dropped by the overflow policy)."""
+        rec = self._sessions.record(client_id)
+        if rec is None:
+            return 0, 0
+        st = _state(rec)
+        st.seq += 1
+        st.queue[st.seq] = message
+        if message.qos == 0:
+            st.qos0.append(st.seq)
+        if len(st.queue) <= self._limit:
+            return 1, 0
+        victim = st.qos0.popleft() if st.qos0 else next(iter(st.queue))
+        del st.queue[victim]
+        st.drops += 1
+        return 1, 1
 
     async def enqueue_and_take(
         self,
@@ -95,10 +100,18 @@ class MemoryQueueStore:
         Nothing here awaits anything that suspends: the whole call is atomic."""
         duplicate: set[IncomingMark] = set()
         fenced_marks: set[IncomingMark] = set()
-        if marks:
-            left_out = self._add_marks(marks, duplicate, fenced_marks)
-            if left_out:
-                items = [item for i, item in enumerate(items) if i not in left_out]
+        live = dict(marks or {})
+        left_out = self._check_marks(live, duplicate, fenced_marks)
+        refused: set[int] = set()
+        if self._refuse:
+            refused = self._full(items, takers, left_out)
+            for mark in [m for m, ix in live.items() if refused.intersection(ix)]:
+                refused.update(live.pop(mark))  # a refused copy refuses its mark
+            left_out |= refused
+        for mark in live:
+            self._checked(mark.client_id, mark.epoch).incoming.add(mark.packet_id)
+        if left_out:
+            items = [item for i, item in enumerate(items) if i not in left_out]
         taken: dict[str, list[Inflight]] = {}
         fenced: set[str] = set()
         for client_id, (epoch, window) in takers.items():
@@ -108,9 +121,9 @@ class MemoryQueueStore:
                 fenced.add(client_id)
         accepted = dropped = 0
         for client_id, message in items:
-            result = await self.enqueue(((client_id, message),))
-            accepted += result.accepted
-            dropped += result.dropped
+            got, lost = self._append(client_id, message)
+            accepted += got
+            dropped += lost
             if client_id in taken:
                 epoch, window = takers[client_id]
                 taken[client_id].extend(await self.take(client_id, epoch, window))
@@ -121,28 +134,53 @@ class MemoryQueueStore:
             frozenset(fenced),
             duplicate_marks=frozenset(duplicate),
             fenced_marks=frozenset(fenced_marks),
+            refused=frozenset(refused),
         )
 
-    def _add_marks(
+    def _full(
         self,
-        marks: Mapping[IncomingMark, Sequence[int]],
+        items: Sequence[tuple[str, Message]],
+        takers: Mapping[str, tuple[int, int]],
+        left_out: set[int],
+    ) -> set[int]:
+        """REFUSE: per client, the indices of its new QoS 1/2 messages past its
+        room (bound - queued QoS 1/2 + a taker's free window slots)."""
+        wanted: dict[str, list[int]] = {}
+        for i, (client_id, message) in enumerate(items):
+            if message.qos > 0 and i not in left_out:
+                wanted.setdefault(client_id, []).append(i)
+        refused: set[int] = set()
+        for client_id, indices in wanted.items():
+            rec = self._sessions.record(client_id)
+            if rec is None:
+                continue
+            st = _state(rec)
+            room = self._limit - (len(st.queue) - len(st.qos0))
+            taker = takers.get(client_id)
+            if taker is not None and taker[0] == rec.epoch:
+                room += max(0, min(taker[1], MAX_PACKET_ID) - len(st.inflight))
+            refused.update(indices[max(0, room) :])
+        return refused
+
+    def _check_marks(
+        self,
+        marks: dict[IncomingMark, Sequence[int]],
         duplicate: set[IncomingMark],
         fenced: set[IncomingMark],
     ) -> set[int]:
-        """Add each fresh mark's id; returns the item indices of the others."""
+        """Take the duplicate and fenced marks out of `marks` (nothing added
+        yet); returns the item indices they leave out."""
         left_out: set[int] = set()
-        for mark, indices in marks.items():
+        for mark in list(marks):
             try:
                 incoming = self._checked(mark.client_id, mark.epoch).incoming
             except Fenced:
                 fenced.add(mark)
-                left_out.update(indices)
+                left_out.update(marks.pop(mark))
                 continue
             if mark.packet_id in incoming:
                 duplicate.add(mark)
-                left_out.update(indices)
-                continue
-            incoming.add(mark.packet_id)
+                left_out.update(marks.pop(mark))
         return left_out
 
     async def take(self, client_id: str, epoch: int, window: int) -> list[Inflight]:
@@ -190,11 +228,17 @@ class MemoryQueueStore:
         return await self.take(client_id, epoch, window)
 
     async def received(self, client_id: str, epoch: int, packet_id: int) -> bool:
-        entry = self._checked(client_id, epoch).inflight.get(packet_id)
-        if entry is None:
-            return False
-        entry.released = True
-        return True
+        return await self.received_many(client_id, epoch, (packet_id,)) == 1
+
+    async def received_many(self, client_id: str, epoch: int, packet_ids: Sequence[int]) -> int:
+        inflight = self._checked(client_id, epoch).inflight
+        known = 0
+        for pid in packet_ids:
+            entry = inflight.get(pid)
+            if entry is not None:
+                entry.released = True
+                known += 1
+        return known
 
     async def incoming_add(self, client_id: str, epoch: int, packet_id: int) -> bool:
         st = self._checked(client_id, epoch)

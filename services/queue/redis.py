@@ -27,10 +27,12 @@ from redis.commands.core import AsyncScript
 from services.mqtt.packets import Message
 from services.queue.api import (
     DEFAULT_QUEUE_LIMIT,
+    REFUSE,
     EnqueueResult,
     IncomingMark,
     Inflight,
     TakeResult,
+    shifted,
 )
 from services.queue.serial import dumps, loads
 from services.session.api import Fenced
@@ -44,6 +46,15 @@ from services.session.redis import (
 )
 
 _S, _Q, _O, _Z, _F, _FO, _X, _R = range(8)
+
+
+FULL = -2  # enqueue_take.lua: a queue is full, nothing changed
+
+
+def beyond_fit(items: Sequence[tuple[str, Message]], indices: Sequence[int], fit: int) -> list[int]:
+    """Of one client's items (`indices`, in order), its QoS 1/2 ones past the first `fit`."""
+    qos12 = [i for i in indices if items[i][1].qos > 0]
+    return qos12[fit:]
 
 
 def _inflight(flat: list[Any], start: int) -> tuple[list[Inflight], int]:
@@ -62,9 +73,11 @@ class RedisQueueStore:
         client: aioredis.Redis,
         limit: int = DEFAULT_QUEUE_LIMIT,
         timeout: float = DEFAULT_TIMEOUT_S,
+        full: str = REFUSE,
     ) -> None:
         self._client = client
         self._limit = limit
+        self._refuse = 1 if full == REFUSE else 0  # ARGV 2 of enqueue_take.lua
         self._timeout = timeout
 
         def script(name: str) -> AsyncScript:
@@ -82,9 +95,13 @@ class RedisQueueStore:
 
     @classmethod
     def from_url(
-        cls, url: str, limit: int = DEFAULT_QUEUE_LIMIT, timeout: float = DEFAULT_TIMEOUT_S
+        cls,
+        url: str,
+        limit: int = DEFAULT_QUEUE_LIMIT,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        full: str = REFUSE,
     ) -> RedisQueueStore:
-        return cls(connect(url, timeout), limit, timeout)
+        return cls(connect(url, timeout), limit, timeout, full)
 
     async def _run(self, script: AsyncScript, keys: Sequence[bytes], args: list[Any]) -> Any:
         return await bounded(script(keys=keys, args=args), self._timeout)
@@ -103,21 +120,24 @@ class RedisQueueStore:
         items: Sequence[tuple[str, Message]],
         takers: Mapping[str, tuple[int, int]],
         marks: Sequence[IncomingMark] = (),
-    ) -> tuple[list[bytes], list[Any], list[str]]:
+    ) -> tuple[list[bytes], list[Any], list[str], list[list[int]]]:
         """KEYS and ARGV of enqueue_take.lua: 2 keys (s, r) per mark, 8 per taker,
         4 (s, q, o, z) per other client; a message fanned out to many clients
-        is serialized once."""
+        is serialized once. Also the takers in ARGV order, and per group (ARGV
+        order) the indices in `items` of its messages."""
         groups: dict[str, list[bytes]] = {}
+        indices: dict[str, list[int]] = {}
         blobs_by_id: dict[int, bytes] = {}
-        for client_id, message in items:
+        for i, (client_id, message) in enumerate(items):
             blob = blobs_by_id.get(id(message))
             if blob is None:
                 blob = blobs_by_id[id(message)] = dumps(message)
             groups.setdefault(client_id, []).append(blob)
+            indices.setdefault(client_id, []).append(i)
         for client_id in takers:
             groups.setdefault(client_id, [])
         keys: list[bytes] = []
-        args: list[Any] = [self._limit, len(marks)]
+        args: list[Any] = [self._limit, self._refuse, len(marks)]
         for mark in marks:
             publisher = client_keys(mark.client_id)
             keys.extend((publisher[_S], publisher[_R]))
@@ -133,14 +153,13 @@ class RedisQueueStore:
                 args.extend((taker[0], taker[1], len(blobs)))
                 order.append(client_id)
             args.extend(blobs)
-        return keys, args, order
+        return keys, args, order, [indices.get(c, []) for c in groups]
 
     async def enqueue(self, items: Sequence[tuple[str, Message]]) -> EnqueueResult:
         if not items:
             return EnqueueResult(0, 0)
-        keys, args, _ = self._batch(items, {})
-        flat = await self._run(self._enqueue_take, keys, args)
-        return EnqueueResult(int(flat[0]), int(flat[1]))
+        result = await self.enqueue_and_take(items, {})
+        return EnqueueResult(result.accepted, result.dropped, len(result.refused))
 
     async def enqueue_and_take(
         self,
@@ -151,12 +170,18 @@ class RedisQueueStore:
         left = dict(marks or {})
         duplicate: set[IncomingMark] = set()
         fenced: set[IncomingMark] = set()
-        while True:  # each repeat has at least one mark fewer
+        refused: set[int] = set()
+        alive = list(range(len(items)))  # the original index of each item still in
+        while True:  # each repeat has at least one mark or one item fewer
             if not items and not takers and not left:
-                return TakeResult(0, 0, {}, frozenset(), frozenset(duplicate), frozenset(fenced))
-            keys, args, order = self._batch(items, takers, list(left))
+                return TakeResult(
+                    0, 0, {}, frozenset(), frozenset(duplicate), frozenset(fenced),
+                    frozenset(refused),
+                )  # fmt: skip
+            keys, args, order, group_items = self._batch(items, takers, list(left))
             flat = await self._run(self._enqueue_take, keys, args)
-            if int(flat[0]) >= 0:
+            status = int(flat[0])
+            if status >= 0:
                 result = self._parse_take(flat, order)
                 return TakeResult(
                     result.accepted,
@@ -165,14 +190,25 @@ class RedisQueueStore:
                     result.fenced,
                     frozenset(duplicate),
                     frozenset(fenced),
+                    frozenset(refused),
                 )
             left_out: set[int] = set()
-            for mark, status in zip(list(left), flat[1:], strict=True):
-                if int(status) == 1:
-                    continue
-                (duplicate if int(status) == 0 else fenced).add(mark)
-                left_out.update(left.pop(mark))
+            if status == FULL:
+                for indices, fit in zip(group_items, flat[1:], strict=True):
+                    if int(fit) >= 0:
+                        left_out.update(beyond_fit(items, indices, int(fit)))
+                for mark in [m for m, ix in left.items() if left_out.intersection(ix)]:
+                    left_out.update(left.pop(mark))  # a refused copy refuses its mark
+                refused.update(alive[i] for i in left_out)
+            else:
+                for mark, st in zip(list(left), flat[1:], strict=True):
+                    if int(st) == 1:
+                        continue
+                    (duplicate if int(st) == 0 else fenced).add(mark)
+                    left_out.update(left.pop(mark))
+            alive = [orig for i, orig in enumerate(alive) if i not in left_out]
             items = [item for i, item in enumerate(items) if i not in left_out]
+            left = {m: shifted(ix, left_out) for m, ix in left.items()}
 
     @staticmethod
     def _parse_take(flat: list[Any], order: list[str]) -> TakeResult:
@@ -215,7 +251,7 @@ class RedisQueueStore:
         await self._ack(
             keys=[keys[i] for i in (_S, _F, _FO, _X)], args=[epoch, *packet_ids], client=pipe
         )
-        args = [self._limit, 0, epoch, window, 0]
+        args = [self._limit, self._refuse, 0, epoch, window, 0]
         await self._enqueue_take(keys=list(keys), args=args, client=pipe)
         acked, flat = await bounded(pipe.execute(), self._timeout)
         if acked == FENCED:
@@ -226,8 +262,11 @@ class RedisQueueStore:
         return result.taken[client_id]
 
     async def received(self, client_id: str, epoch: int, packet_id: int) -> bool:
-        args = [epoch, packet_id]
-        return bool(await self._fenced_run(self._received, client_id, (_S, _F, _X), args))
+        return await self.received_many(client_id, epoch, (packet_id,)) == 1
+
+    async def received_many(self, client_id: str, epoch: int, packet_ids: Sequence[int]) -> int:
+        args = [epoch, *packet_ids]
+        return int(await self._fenced_run(self._received, client_id, (_S, _F, _X), args))
 
     async def incoming_add(self, client_id: str, epoch: int, packet_id: int) -> bool:
         args = [epoch, packet_id]

@@ -1,5 +1,5 @@
-"""Chaos harness: a node as a killable subprocess, and MQTT 3.1.1 test clients
-that implement QoS 1/2 themselves on `services.mqtt.codec`.
+"""Chaos harness: a node as a killable subprocess, and MQTT 3.1.1 / 5.0 test
+clients that implement QoS 1/2 themselves on `services.mqtt.codec`.
 
 Theory of operation. The clients keep their session state in plain objects
 that outlive every TCP connection, as a persistent session requires:
@@ -12,7 +12,18 @@ that outlive every TCP connection, as a persistent session requires:
 - `Subscriber` delivers a QoS 1 PUBLISH to the application every time it
   arrives (recording its DUP flag), and a QoS 2 PUBLISH only if its packet
   id is not awaiting PUBREL (method A of MQTT 3.1.1 4.3.3); the set of ids
-  awaiting PUBREL survives reconnects.
+  awaiting PUBREL survives reconnects. It speaks 3.1.1 (`level=4`,
+  clean_session=0) or 5.0 (`level=5`: Clean Start 1 on its first CONNECT, 0
+  after, Session Expiry Interval `session_expiry` in every CONNECT), stays
+  connected (reconnecting after each node death) and subscribes again only
+  when a reconnect finds its session gone.
+- `OfflineSubscriber` is a `Subscriber` that SUBSCRIBEs exactly once, on its
+  first connection, then cycles: online for a random while, away (DISCONNECT
+  or just closing the socket, chosen at random), offline for a random while
+  and until `gate` is open (the kill schedule closes the gate to make kills
+  land while it is offline), then back with a persistent session and no
+  SUBSCRIBE: every message of the offline windows must come from the
+  broker's stored queue. Once `settle` is set it comes back and stays.
 
 A connection ends when the node dies (EOF or reset); each client then
 reconnects in a bounded retry loop. No client ever sleeps to wait for an
@@ -24,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -36,7 +48,9 @@ from services.mqtt.codec import decode, encode
 from services.mqtt.packets import (
     Connack,
     Connect,
+    Disconnect,
     Packet,
+    Properties,
     Puback,
     Pubcomp,
     Publish,
@@ -47,7 +61,9 @@ from services.mqtt.packets import (
     Subscription,
 )
 
-LEVEL = 4  # MQTT 3.1.1
+LEVEL = 4  # MQTT 3.1.1, what the clients speak unless told otherwise
+LEVEL_5 = 5  # MQTT 5.0
+SESSION_EXPIRY_S = 3600  # the 5.0 clients' Session Expiry Interval
 CONNECT_TIMEOUT_S = 5.0
 RETRY_PAUSE_S = 0.05  # between reconnect attempts while the node restarts
 READ_SIZE = 65536
@@ -125,11 +141,14 @@ class NodeProcess:
 
 
 class Link:
-    """One TCP connection speaking MQTT 3.1.1 through the codec."""
+    """One TCP connection speaking MQTT at the level of its CONNECT through the codec."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, level: int = LEVEL
+    ) -> None:
         self.reader = reader
         self.writer = writer
+        self.level = level
         self.buf = bytearray()
 
     @classmethod
@@ -137,7 +156,7 @@ class Link:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection("127.0.0.1", port), CONNECT_TIMEOUT_S
         )
-        link = cls(reader, writer)
+        link = cls(reader, writer, connect.protocol_level)
         try:
             link.send(connect)
             packet = await asyncio.wait_for(link.recv(), CONNECT_TIMEOUT_S)
@@ -150,7 +169,7 @@ class Link:
         return link, packet
 
     def send(self, packet: Packet) -> None:
-        self.writer.write(encode(packet, LEVEL))
+        self.writer.write(encode(packet, self.level))
 
     async def drain(self) -> None:
         await self.writer.drain()
@@ -158,7 +177,7 @@ class Link:
     async def recv(self) -> Packet:
         """The next packet; ConnectionError on EOF."""
         while True:
-            got = decode(memoryview(self.buf), LEVEL)
+            got = decode(memoryview(self.buf), self.level)
             if got is not None:
                 packet, used = got
                 del self.buf[:used]
@@ -200,6 +219,7 @@ class QoS2Publisher:
     sessions_lost: int = 0  # reconnects whose CONNACK said session_present=0
     completed: int = 0
     resent_seqs: set[int] = field(default_factory=set)  # sent again with DUP=1 after a reconnect
+    acked_at: dict[int, float] = field(default_factory=dict)  # seq -> monotonic time of 1st PUBREC
 
     @property
     def done(self) -> bool:
@@ -250,6 +270,7 @@ class QoS2Publisher:
                     entry = self.outstanding.get(packet.packet_id)
                     if entry is not None:
                         entry[1] = True
+                        self.acked_at.setdefault(int(entry[0]), time.monotonic())
                     link.send(Pubrel(packet.packet_id))
                 elif (
                     isinstance(packet, Pubcomp)
@@ -302,6 +323,8 @@ class Subscriber:
     client_id: str
     topic: str
     qos: int
+    level: int = LEVEL
+    session_expiry: int = SESSION_EXPIRY_S  # 5.0 only; 3.1.1 clean_session=0 has no expiry
     delivered: list[tuple[int, bool]] = field(default_factory=list)  # (seq, dup) per app delivery
     trace: list[tuple[int, int, bool, int]] = field(default_factory=list)  # seq, pid, dup, conn
     awaiting_rel: set[int] = field(default_factory=set)
@@ -310,41 +333,79 @@ class Subscriber:
     sessions_lost: int = 0
     dup_publishes_suppressed: int = 0  # QoS 2 DUP PUBLISHes of an id awaiting PUBREL
     subscribed: bool = False
+    subscribes: int = 0  # SUBSCRIBE packets sent
+    connected: bool = False  # between a CONNACK and the end of that connection
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    suback: asyncio.Event = field(default_factory=asyncio.Event)  # set by the first SUBACK
+
+    @property
+    def name(self) -> str:
+        return f"{self.client_id} ({'5.0' if self.level == LEVEL_5 else '3.1.1'} QoS {self.qos})"
+
+    def connect_packet(self) -> Connect:
+        """Persistent: 3.1.1 clean_session=0 always; 5.0 Clean Start 1 on the very first
+        CONNECT (a fresh session), 0 after, with a Session Expiry Interval every time."""
+        if self.level == LEVEL_5:
+            props = Properties(session_expiry_interval=self.session_expiry)
+            return Connect(
+                self.client_id,
+                protocol_level=LEVEL_5,
+                clean_start=self.connects == 0,
+                keep_alive=0,
+                properties=props,
+            )
+        return Connect(self.client_id, clean_start=False, keep_alive=0)
+
+    async def _connect(self, port: int, deadline: float) -> Link:
+        link, connack = await connect_retry(port, self.connect_packet(), deadline)
+        self.connects += 1
+        self.connected = True
+        if self.connects > 1 and not connack.session_present:
+            self.sessions_lost += 1
+            self.subscribed = False
+        return link
+
+    def _subscribe(self, link: Link) -> None:
+        self.subscribes += 1
+        link.send(Subscribe(self.subscribes, (Subscription(self.topic, self.qos),)))
 
     async def run(self, port: int, deadline: float) -> None:
         while not self.stop.is_set():
-            link, connack = await connect_retry(
-                port, Connect(self.client_id, clean_start=False, keep_alive=0), deadline
-            )
-            self.connects += 1
+            link = await self._connect(port, deadline)
             try:
-                if self.connects > 1 and not connack.session_present:
-                    self.sessions_lost += 1
-                    self.subscribed = False
                 if not self.subscribed:
-                    link.send(Subscribe(1, (Subscription(self.topic, self.qos),)))
+                    self._subscribe(link)
                 await self._session(link)
             except (OSError, ConnectionError):
                 pass
             finally:
                 link.close()
+                self.connected = False
             if time.monotonic() > deadline and not self.stop.is_set():
                 raise ChaosError(f"{self.client_id}: still running at the deadline")
 
-    async def _session(self, link: Link) -> None:
-        stop = asyncio.create_task(self.stop.wait())
+    async def _session(self, link: Link, until: float | None = None) -> None:
+        """Handle packets until `stop` or the monotonic time `until`; ConnectionError on EOF."""
+        ender = asyncio.create_task(self._end(until))
         try:
             while True:
                 recv = asyncio.create_task(link.recv())
-                await asyncio.wait({recv, stop}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({recv, ender}, return_when=asyncio.FIRST_COMPLETED)
                 if not recv.done():
                     recv.cancel()
                     await asyncio.gather(recv, return_exceptions=True)
                     return
                 self._handle(link, recv.result())
         finally:
-            stop.cancel()
+            ender.cancel()
+            await asyncio.gather(ender, return_exceptions=True)
+
+    async def _end(self, until: float | None) -> None:
+        if until is None:
+            await self.stop.wait()
+            return
+        with contextlib.suppress(TimeoutError):  # the online window is over
+            await asyncio.wait_for(self.stop.wait(), max(0.0, until - time.monotonic()))
 
     def _handle(self, link: Link, packet: Packet) -> None:
         if isinstance(packet, Publish):
@@ -369,6 +430,9 @@ class Subscriber:
             if packet.reason_codes != (self.qos,):
                 raise ChaosError(f"{self.client_id}: SUBACK {packet.reason_codes}")
             self.subscribed = True
+            self.suback.set()
+        elif isinstance(packet, Disconnect):
+            raise ConnectionError(f"DISCONNECT from the server: {packet.reason_code:#x}")
 
     def _deliver(self, seq: int, pid: int, dup: bool) -> None:
         self.trace.append((seq, pid, dup, self.connects))
@@ -387,3 +451,107 @@ class Subscriber:
                 out.append((seq, dup))
             first.add(seq)
         return out
+
+    def order_violations(self) -> list[tuple[int, int, int]]:
+        """(connection, seq, highest seq before it on that connection) for every delivery
+        without DUP=1 of a sequence number below one delivered earlier on the same
+        connection (DUP=1 redeliveries may legitimately come back in between)."""
+        out = []
+        top: dict[int, int] = {}
+        for seq, _, dup, conn in self.trace:
+            high = top.get(conn, -1)
+            if seq < high and not dup:
+                out.append((conn, seq, high))
+            top[conn] = max(high, seq)
+        return out
+
+
+@dataclass
+class OfflineSubscriber(Subscriber):
+    """Subscribes once, then goes offline and comes back (persistent, no SUBSCRIBE) in
+    cycles whose lengths come from `rng`; see the module docstring."""
+
+    rng: random.Random = field(default_factory=random.Random)
+    online_s: tuple[float, float] = (0.5, 1.5)  # each online window, uniform
+    offline_s: tuple[float, float] = (1.0, 3.0)  # each offline window, uniform (and gated)
+    gate: asyncio.Event = field(default_factory=asyncio.Event)  # open: may come back online
+    settle: asyncio.Event = field(default_factory=asyncio.Event)  # set: come back, stay online
+    offline: bool = False  # away by choice (not a node death), between leaving and CONNACK
+    offline_windows: list[tuple[float, float]] = field(default_factory=list)  # monotonic
+    left_with_disconnect: int = 0
+    left_with_close: int = 0
+
+    async def run(self, port: int, deadline: float) -> None:
+        while not self.stop.is_set():
+            window = None if self.settle.is_set() else self.rng.uniform(*self.online_s)
+            with_disconnect = self.rng.random() < 0.5
+            await self._online(port, deadline, window, with_disconnect)
+            if self.stop.is_set():
+                return
+            left = time.monotonic()
+            pause = self.rng.uniform(*self.offline_s)
+            with contextlib.suppress(TimeoutError):  # the offline window itself, not a wait
+                await asyncio.wait_for(self.settle.wait(), pause)
+            await self._wait_gate(deadline)
+            self.offline_windows.append((left, time.monotonic()))
+            if time.monotonic() > deadline:
+                raise ChaosError(f"{self.client_id}: still running at the deadline")
+
+    async def _wait_gate(self, deadline: float) -> None:
+        try:
+            await asyncio.wait_for(self.gate.wait(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise ChaosError(f"{self.client_id}: gate still closed at the deadline") from None
+
+    async def _online(
+        self, port: int, deadline: float, window: float | None, with_disconnect: bool
+    ) -> None:
+        """Online until `window` seconds after the first CONNACK (None: until `stop`),
+        reconnecting when the node dies meanwhile; then leave."""
+        until: float | None = None
+        while not self.stop.is_set():
+            link = await self._connect(port, deadline)
+            self.offline = False
+            if until is None and window is not None:
+                until = time.monotonic() + window
+            try:
+                if self.subscribes == 0:
+                    self._subscribe(link)  # the only SUBSCRIBE this client ever sends
+                await self._session(link, until)
+            except (OSError, ConnectionError):
+                link.close()
+                self.connected = False
+                if time.monotonic() > deadline:
+                    raise ChaosError(f"{self.client_id}: still running at the deadline") from None
+                continue  # the node died: reconnect, the window goes on
+            self.offline = True
+            await self._leave(link, with_disconnect)
+            return
+
+    async def _end(self, until: float | None) -> None:
+        if until is not None and not self.suback.is_set():  # the first window starts at SUBACK
+            began = time.monotonic()
+            waits = [asyncio.create_task(e.wait()) for e in (self.suback, self.stop)]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in waits:
+                    task.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+            until += time.monotonic() - began
+        await super()._end(until)
+
+    async def _leave(self, link: Link, with_disconnect: bool) -> None:
+        try:
+            if with_disconnect:
+                link.send(Disconnect())
+            await link.drain()
+        except (OSError, ConnectionError):
+            pass
+        finally:
+            link.close()
+            self.connected = False
+        if with_disconnect:
+            self.left_with_disconnect += 1
+        else:
+            self.left_with_close += 1

@@ -1,10 +1,12 @@
 """The chaos clients themselves, against a pure-memory node: without kills they
-see every message exactly once; a restart of a memory node (which forgets every
-session) is noticed as a lost session, never silently absorbed."""
+see every message exactly once (3.1.1 and 5.0, online and coming and going); a
+restart of a memory node (which forgets every session) is noticed as a lost
+session, never silently absorbed."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from services.session.redis_server import free_port
-from tests.chaos.harness import NodeProcess, QoS2Publisher, Subscriber
+from tests.chaos.harness import (
+    LEVEL,
+    LEVEL_5,
+    NodeProcess,
+    OfflineSubscriber,
+    QoS2Publisher,
+    Subscriber,
+)
 
 TOTAL = 2000
 TOPIC = "harness/seq"
@@ -71,3 +80,50 @@ async def test_a_restart_that_forgets_sessions_is_counted(memory_node: NodeProce
     sub.stop.set()
     await task
     assert sub.sessions_lost == 1  # the memory node answered session_present=0
+
+
+async def test_offline_and_v5_clients_count_exactly_once(memory_node: NodeProcess) -> None:
+    await memory_node.wait_ready(30)
+    deadline = time.monotonic() + 30
+    gate, settle = asyncio.Event(), asyncio.Event()
+    gate.set()
+    online = [
+        Subscriber("h5-q1", TOPIC, 1, level=LEVEL_5),
+        Subscriber("h5-q2", TOPIC, 2, level=LEVEL_5),
+    ]
+    offline = [
+        OfflineSubscriber(
+            f"h-off-{level}-{qos}",
+            TOPIC,
+            qos,
+            level=level,
+            rng=random.Random(qos * 10 + level),
+            online_s=(0.2, 0.4),
+            offline_s=(0.2, 0.4),
+            gate=gate,
+            settle=settle,
+        )
+        for level in (LEVEL, LEVEL_5)
+        for qos in (1, 2)
+    ]
+    subs = [*online, *offline]
+    tasks = [asyncio.create_task(s.run(memory_node.port, deadline)) for s in subs]
+    await _until(lambda: all(s.subscribed for s in subs), 10)
+    pub = QoS2Publisher("h-pub5", TOPIC, TOTAL, rate=1000.0)
+    await pub.run(memory_node.port, deadline)
+    settle.set()
+    await _until(lambda: not any(s.missing(TOTAL) for s in subs), 10)
+    for s in subs:
+        s.stop.set()
+    await asyncio.gather(*tasks)
+    assert pub.done and pub.completed == TOTAL
+    for s in subs:
+        assert s.sessions_lost == 0 and s.subscribes == 1
+        assert [seq for seq, dup in s.duplicates() if not dup] == []
+        assert s.order_violations() == []
+        if s.qos == 2:
+            assert len(s.delivered) == TOTAL and s.duplicates() == []
+    for s in offline:
+        assert len(s.offline_windows) >= 2  # it really came and went while messages flowed
+        # every window began with a leave; the last leave (at stop) has no window after it
+        assert s.left_with_disconnect + s.left_with_close == len(s.offline_windows) + 1

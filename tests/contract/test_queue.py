@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from services.mqtt.packets import Message, Properties
 from services.node.stores import TieredQueueStore, TieredSessionStore, Tiers
-from services.queue.api import EnqueueResult, IncomingMark, QueueStore
+from services.queue.api import DROP_OLDEST, REFUSE, EnqueueResult, IncomingMark, QueueStore
 from services.queue.memory import MemoryQueueStore
 from services.queue.redis import RedisQueueStore
 from services.queue.serial import SerialError, dumps, loads
@@ -28,7 +28,7 @@ from services.session.redis_server import RedisServer
 @dataclass
 class Stores:
     sessions: SessionStore
-    make_queue: Callable[[int], QueueStore]
+    make_queue: Callable[..., QueueStore]
     queue: QueueStore
 
     async def claim(self, client_id: str, clean: bool = False, expiry_s: int = 60) -> int:
@@ -40,15 +40,15 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
     if request.param == "memory":
         sessions: Any = MemorySessionStore()
 
-        def make_queue(limit: int) -> QueueStore:
-            return MemoryQueueStore(sessions, limit)
+        def make_queue(limit: int, full: str = REFUSE) -> QueueStore:
+            return MemoryQueueStore(sessions, limit, full=full)
     else:
         url = request.getfixturevalue("redis_url")
         client = connect(url)
         sessions = RedisSessionStore(client)
 
-        def make_queue(limit: int) -> QueueStore:
-            return RedisQueueStore(client, limit)
+        def make_queue(limit: int, full: str = REFUSE) -> QueueStore:
+            return RedisQueueStore(client, limit, full=full)
 
     yield Stores(sessions, make_queue, make_queue(1000))
     await sessions.close()
@@ -112,7 +112,7 @@ async def test_qos0_is_returned_without_packet_id_and_never_inflight(stores: Sto
 
 
 async def test_bound_drops_qos0_first_then_oldest(stores: Stores) -> None:
-    q = stores.make_queue(3)
+    q = stores.make_queue(3, DROP_OLDEST)
     epoch = await stores.claim("c")
     other = await stores.claim("d")
     r = await q.enqueue(
@@ -129,6 +129,59 @@ async def test_bound_drops_qos0_first_then_oldest(stores: Stores) -> None:
     assert await q.drops("d") == 0
     assert payloads(await q.take("c", epoch, 10)) == [b"2", b"4", b"5"]
     assert payloads(await q.take("d", other, 10)) == [b"9"]
+
+
+async def test_full_queue_refuses_qos12_and_never_drops_what_it_took(stores: Stores) -> None:
+    """REFUSE: QoS 0 makes room first; then new QoS 1/2 copies past the bound are
+    refused (listed, not stored); nothing stored is ever dropped for them."""
+    q = stores.make_queue(3)
+    epoch = await stores.claim("c")
+    other = await stores.claim("d")
+    r = await q.enqueue_and_take(
+        [("c", msg(0, 1)), ("c", msg(1, 0)), ("c", msg(2, 1)), ("d", msg(9))], {}
+    )
+    assert (r.accepted, r.dropped, r.refused) == (4, 0, frozenset())
+    r = await q.enqueue_and_take([("c", msg(3, 1)), ("d", msg(10)), ("c", msg(4, 1))], {})
+    # c holds two QoS 1/2 and a QoS 0 (droppable): room for one more QoS 1/2
+    assert (r.accepted, r.dropped, r.refused) == (2, 1, frozenset({2}))
+    r = await q.enqueue_and_take([("c", msg(5, 0)), ("c", msg(6, 2))], {})
+    assert (r.accepted, r.dropped, r.refused) == (1, 1, frozenset({1}))  # the QoS 0 goes
+    assert await q.drops("c") == 2  # both QoS 0
+    assert payloads(await q.take("c", epoch, 10)) == [b"0", b"2", b"3"]
+    assert payloads(await q.take("d", other, 10)) == [b"9", b"10"]
+    plain = await q.enqueue([("c", msg(7)), ("c", msg(8))])  # c is empty again
+    assert (plain.accepted, plain.dropped, plain.refused) == (2, 0, 0)
+
+
+async def test_full_queue_counts_a_takers_window_as_room(stores: Stores) -> None:
+    q = stores.make_queue(2)
+    epoch = await stores.claim("c")
+    await q.enqueue([("c", msg(0)), ("c", msg(1))])
+    r = await q.enqueue_and_take([("c", msg(i)) for i in range(2, 8)], {"c": (epoch, 3)})
+    # window 3 takes 0, 1, 2; the bound of 2 holds 3, 4; 5, 6, 7 are refused
+    assert r.refused == frozenset({3, 4, 5})
+    assert payloads(r.taken["c"]) == [b"0", b"1", b"2"]
+    assert await q.drops("c") == 0
+    assert await q.ack_many("c", epoch, [1, 2, 3]) == 3
+    assert payloads(await q.take("c", epoch, 3)) == [b"3", b"4"]
+
+
+async def test_full_queue_refuses_every_copy_of_a_marked_message(stores: Stores) -> None:
+    """A refused copy of an incoming QoS 2 message refuses its other copies and
+    its mark, so the publisher's resend is routed again, to everyone once."""
+    q = stores.make_queue(2)
+    pub = await stores.claim("p")
+    await stores.claim("full")
+    await stores.claim("room")
+    await q.enqueue([("full", msg(0)), ("full", msg(9))])
+    mark = IncomingMark("p", pub, 7)
+    items = [("room", msg(1, 2)), ("full", msg(1, 2)), ("room", msg(2, 2))]
+    r = await q.enqueue_and_take(items, {}, {mark: [0, 1]})
+    assert r.refused == frozenset({0, 1})
+    assert r.accepted == 1
+    assert await q.incoming_ids("p", pub) == set()
+    room = await stores.claim("room", clean=False)
+    assert payloads(await q.take("room", room, 10)) == [b"2"]
 
 
 async def test_expired_messages_are_not_delivered(stores: Stores) -> None:
@@ -174,6 +227,20 @@ async def test_qos2_outgoing_received_marks_released(stores: Stores) -> None:
     ]
     assert await q.ack("c", epoch, 1)  # PUBCOMP
     assert [i.packet_id for i in await q.pending("c", epoch)] == [2]
+
+
+async def test_qos2_received_many_in_one_call(stores: Stores) -> None:
+    q = stores.queue
+    epoch = await stores.claim("c")
+    await q.enqueue([("c", msg(i, 2)) for i in range(3)])
+    await q.take("c", epoch, 10)
+    assert await q.received_many("c", epoch, [1, 3, 99]) == 2
+    pending = await q.pending("c", epoch)
+    assert [(i.packet_id, i.released) for i in pending] == [(1, True), (2, False), (3, True)]
+    stale = epoch
+    await stores.claim("c", clean=False)
+    with pytest.raises(Fenced):
+        await q.received_many("c", stale, [2])
 
 
 async def test_qos2_incoming_ids(stores: Stores) -> None:
@@ -264,7 +331,7 @@ async def test_stale_owner_is_fenced_everywhere(stores: Stores) -> None:
 
 
 async def test_clean_start_discards_and_resume_keeps(stores: Stores) -> None:
-    q = stores.make_queue(1)
+    q = stores.make_queue(1, DROP_OLDEST)
     epoch = await stores.claim("c")
     await q.enqueue([("c", msg(0)), ("c", msg(1)), ("c", msg(2))])
     await q.take("c", epoch, 1)
@@ -350,7 +417,7 @@ async def test_enqueue_and_take_batches_many_clients(stores: Stores) -> None:
 
 
 async def test_takers_window_absorbs_a_batch_beyond_the_bound(stores: Stores) -> None:
-    q = stores.make_queue(3)
+    q = stores.make_queue(3, DROP_OLDEST)
     epoch = await stores.claim("c")
     await q.enqueue([("c", msg(0)), ("c", msg(1, 0))])
     result = await q.enqueue_and_take([("c", msg(i)) for i in range(2, 9)], {"c": (epoch, 5)})
@@ -478,8 +545,11 @@ async def test_redis_batch_costs_two_round_trips_per_hundred_messages(redis_url:
 
 
 @pytest.mark.redis
+@pytest.mark.parametrize("full", [REFUSE, DROP_OLDEST])
 @pytest.mark.parametrize("seed", range(4))
-async def test_memory_and_redis_agree_on_random_operations(redis_url: str, seed: int) -> None:
+async def test_memory_and_redis_agree_on_random_operations(
+    redis_url: str, seed: int, full: str
+) -> None:
     """Differential test: the same random operations on both stores give the same answers."""
     import random
 
@@ -487,8 +557,8 @@ async def test_memory_and_redis_agree_on_random_operations(redis_url: str, seed:
     mem_sessions = MemorySessionStore()
     client = connect(redis_url)
     impls: list[tuple[SessionStore, QueueStore]] = [
-        (mem_sessions, MemoryQueueStore(mem_sessions, 5)),
-        (RedisSessionStore(client), RedisQueueStore(client, 5)),
+        (mem_sessions, MemoryQueueStore(mem_sessions, 5, full=full)),
+        (RedisSessionStore(client), RedisQueueStore(client, 5, full=full)),
     ]
     clients = ["a", "b", "c"]
     epochs: list[dict[str, list[int]]] = [{c: [0] for c in clients} for _ in impls]
@@ -513,7 +583,7 @@ async def test_memory_and_redis_agree_on_random_operations(redis_url: str, seed:
             if kind == "enqueue_and_take":
                 takers = {c: (epoch, op[4])}
                 r = await q.enqueue_and_take(op[3], takers)
-                return (r.accepted, r.dropped, r.taken, r.fenced)
+                return (r.accepted, r.dropped, r.taken, r.fenced, r.refused)
             if kind == "take":
                 return await q.take(c, epoch, op[3])
             if kind == "ack_many":

@@ -18,6 +18,7 @@ from services.mqtt.packets import (
     Packet,
     Pingreq,
     Pingresp,
+    Puback,
     Publish,
     Suback,
     Subscribe,
@@ -298,8 +299,17 @@ def publish_payloads(t: FakeTransport, level: int = 4) -> list[bytes]:
     return [p.payload for p in t.packets(level) if isinstance(p, Publish)]
 
 
-async def test_offline_queue_bound_drops_oldest_and_counts() -> None:
-    h = await make_harness(settings(queue_limit=5))
+@pytest.mark.parametrize(
+    ("policy", "drops", "kept", "publisher_closed"),
+    [
+        ("drop_oldest", 3, [b"3", b"4", b"5", b"6", b"7"], False),
+        ("refuse", 0, [b"0", b"1", b"2", b"3", b"4"], True),  # 3.x: no PUBACK, disconnected
+    ],
+)
+async def test_offline_queue_bound_policies(
+    policy: str, drops: int, kept: list[bytes], publisher_closed: bool
+) -> None:
+    h = await make_harness(settings(queue_limit=5, queue_full=policy))
     sub, sub_t = h.open()
     sub.data_received(codec.encode(Connect("off", protocol_level=4, clean_start=False), 4))
     await wait_for(lambda: any(isinstance(p, Connack) for p in sub_t.packets(4)), "connack")
@@ -307,15 +317,18 @@ async def test_offline_queue_bound_drops_oldest_and_counts() -> None:
     await wait_for(lambda: any(isinstance(p, Suback) for p in sub_t.packets(4)), "suback")
     sub.data_received(codec.encode(Disconnect(), 4))
     await wait_for(lambda: sub_t.closed and sub.ended, "disconnected")
-    pub, _ = await h.connected("pub", level=4)
+    pub, pub_t = await h.connected("pub", level=4)
     for i in range(8):
         pub.data_received(codec.encode(Publish("q", b"%d" % i, qos=1, packet_id=i + 1), 4))
     await wait_for(lambda: h.broker.delivery.idle and not h.broker._tasks, "enqueued")
-    assert await h.broker.queue.drops("off") == 3
+    assert await h.broker.queue.drops("off") == drops
+    assert pub_t.closed is publisher_closed
+    acked = [p.packet_id for p in pub_t.packets(4) if isinstance(p, Puback)]
+    assert acked == list(range(1, 6 if publisher_closed else 9))  # never a refused one
     again, again_t = h.open()
     again.data_received(codec.encode(Connect("off", protocol_level=4, clean_start=False), 4))
     await wait_for(lambda: len(publish_payloads(again_t)) == 5, "five queued messages")
-    assert publish_payloads(again_t) == [b"3", b"4", b"5", b"6", b"7"]
+    assert publish_payloads(again_t) == kept
 
 
 async def test_leaving_shared_member_hands_unacked_to_another(harness: Harness) -> None:

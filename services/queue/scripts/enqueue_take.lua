@@ -7,14 +7,23 @@
 --   zset (seq), z QoS 0 seqs list (oldest first), and for a taking group 4
 --   more: f inflight hash (packet id -> message), fo inflight order zset
 --   (packet id scored by seq), x released packet ids set, r incoming ids (unused)
--- ARGV: 1 queue limit, 2 m marks, then m pairs (publisher epoch, packet id),
+-- ARGV: 1 queue limit, 2 at the bound: "1" refuse QoS 1/2, "0" drop the oldest,
+--   3 m marks, then m pairs (publisher epoch, packet id),
 --   then per group: epoch ("-" = enqueue only), window, n, then n serialized
 --   messages (services/queue/serial.py: byte 2 holds the QoS in bits 0-1 and
 --   "has expiry" in bit 3, bytes 3-10 the expiry in ms)
 -- Returns: {accepted, dropped, then for each group whose epoch is not "-":
 --   -1 if fenced, else k followed by k pairs (packet id or 0 for QoS 0, message)}
 --   or, when a mark is refused, {-1, then per mark 1 fresh, 0 duplicate (the id
---   is there already), -1 fenced (publisher epoch stale)} and nothing changed.
+--   is there already), -1 fenced (publisher epoch stale)} and nothing changed;
+--   or, when a queue is full (ARGV 2 = "1"), {-2, then per group in ARGV order
+--   how many of its new QoS 1/2 messages fit, or -1 if all do} and nothing changed.
+--
+-- Full (refuse): a group's new QoS 1/2 messages fit while the queued QoS 1/2
+-- ones plus them stay within the bound, a taker's free window slots counting
+-- as room (queued QoS 0 messages never count: they are dropped first). The
+-- caller leaves the rest out and calls again, so a message acknowledged to
+-- its publisher is never dropped to make room.
 --
 -- Marks are all or nothing: every id is added, or (some refused) nothing at
 -- all is written and the caller retries without the refused marks and their
@@ -132,13 +141,13 @@ local function enqueue(s, q, o, z, first, last, base)
   return excess
 end
 
-local marks = tonumber(ARGV[2])
+local marks = tonumber(ARGV[3])
 if marks > 0 then
   local status, refused, seen = {-1}, false, {}
   for i = 1, marks do
-    local s, r, pid = KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 + 2 * i]
+    local s, r, pid = KEYS[2 * i - 1], KEYS[2 * i], ARGV[3 + 2 * i]
     local st = 1
-    if redis.call('HGET', s, 'epoch') ~= ARGV[1 + 2 * i] then
+    if redis.call('HGET', s, 'epoch') ~= ARGV[2 + 2 * i] then
       st = -1
     elseif seen[r .. ' ' .. pid] or redis.call('SISMEMBER', r, pid) == 1 then
       st = 0
@@ -148,12 +157,42 @@ if marks > 0 then
     refused = refused or st ~= 1
   end
   if refused then return status end
-  for i = 1, marks do redis.call('SADD', KEYS[2 * i], ARGV[2 + 2 * i]) end
 end
+
+if ARGV[2] == '1' then
+  local fits, full = {-2}, false
+  local a, k = 4 + 2 * marks, 2 * marks
+  while a <= #ARGV do
+    local epoch, n = ARGV[a], tonumber(ARGV[a + 2])
+    local s, o, z, f = KEYS[k + 1], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
+    local want, fit = 0, -1
+    for j = a + 3, a + 2 + n do
+      if qos_of(ARGV[j]) > 0 then want = want + 1 end
+    end
+    local session = want > 0 and redis.call('HGET', s, 'epoch')
+    if session then
+      local room = limit - (redis.call('ZCARD', o) - redis.call('LLEN', z))
+      if epoch ~= '-' and session == epoch then
+        local window = math.min(tonumber(ARGV[a + 1]), 65535)
+        room = room + math.max(0, window - redis.call('HLEN', f))
+      end
+      if want > room then
+        fit = math.max(0, room)
+        full = true
+      end
+    end
+    fits[#fits + 1] = fit
+    a = a + 3 + n
+    k = k + (epoch == '-' and 4 or 8)
+  end
+  if full then return fits end
+end
+
+for i = 1, marks do redis.call('SADD', KEYS[2 * i], ARGV[3 + 2 * i]) end
 
 local accepted, dropped = 0, 0
 local out = {0, 0}
-local a, k = 3 + 2 * marks, 2 * marks
+local a, k = 4 + 2 * marks, 2 * marks
 while a <= #ARGV do
   local epoch, n = ARGV[a], tonumber(ARGV[a + 2])
   local s, q, o, z, f, fo = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6]

@@ -169,9 +169,10 @@ if ARGV[2] == '1' then
     for j = a + 3, a + 2 + n do
       if qos_of(ARGV[j]) > 0 then want = want + 1 end
     end
-    local session = want > 0 and redis.call('HGET', s, 'epoch')
-    if session then
-      local room = limit - (redis.call('ZCARD', o) - redis.call('LLEN', z))
+    local queued = want > 0 and redis.call('ZCARD', o) or 0
+    local session = queued + want > limit and redis.call('HGET', s, 'epoch')
+    if session then -- only a queue that might be full costs more than one ZCARD
+      local room = limit - (queued - redis.call('LLEN', z))
       if epoch ~= '-' and session == epoch then
         local window = math.min(tonumber(ARGV[a + 1]), 65535)
         room = room + math.max(0, window - redis.call('HLEN', f))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from services.mqtt import codec
 from services.mqtt.actions import (
@@ -41,11 +40,7 @@ from services.mqtt.actions import (
 from services.mqtt.channel import Channel
 from services.mqtt.errors import MQTTError
 from services.mqtt.packets import ReasonCode
-
-if TYPE_CHECKING:
-    from services.node.broker import Broker
-    from services.node.session import Session
-
+from services.node.ports import BrokerPort, ConnectionPort, Session
 
 PUBLISHER_STALL_S = 0.5  # seconds a publisher waits for one slow subscriber to drain
 #   before that subscriber is treated as slow (QoS 0 dropped) until it drains
@@ -80,7 +75,7 @@ class Connection(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerPort) -> None:
         self.broker = broker
         self.transport: asyncio.BaseTransport | None = None
         self.channel = Channel(broker.channel_config, broker.node_id)
@@ -218,9 +213,10 @@ class Connection(asyncio.Protocol):
         if not self._deferred and not self._write_paused and self._blocked_on is None:
             self._resume_reading()
 
-    def block_on(self, subscriber: Connection) -> None:
+    def block_on(self, subscriber: ConnectionPort) -> None:
         """Back-pressure: a subscriber of ours is over its high-water mark. Stop
         reading our packets until it drains, for at most PUBLISHER_STALL_S."""
+        assert isinstance(subscriber, Connection)
         if self._blocked_on is not None or self.closed:
             return
         self._blocked_on = subscriber

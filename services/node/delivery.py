@@ -38,21 +38,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from services.mqtt.packets import Message, ReasonCode
+from services.node.ports import ConnectionPort, Session
 from services.node.stores import DurablePartFailed
 from services.queue.api import IncomingMark, Inflight, QueueStore, TakeResult
 from services.session.api import Fenced, SessionError
 
-if TYPE_CHECKING:
-    from services.node.connection import Connection
-    from services.node.session import Session
-
 log = logging.getLogger("weir.delivery")
 
 Token = tuple[
-    "Connection",
+    "ConnectionPort",
     int,
     bool,
     "asyncio.Future[bool] | None",
@@ -69,7 +66,7 @@ class Delivery:
         loop: asyncio.AbstractEventLoop,
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
         queue_limit: int,
-        publisher: Callable[[], Connection | None],
+        publisher: Callable[[], ConnectionPort | None],
     ) -> None:
         self.queue = queue
         self.loop = loop
@@ -124,7 +121,7 @@ class Delivery:
 
     def token(
         self,
-        conn: Connection,
+        conn: ConnectionPort,
         token: int,
         no_subscribers: bool,
         gate: asyncio.Future[bool] | None = None,
@@ -160,7 +157,7 @@ class Delivery:
 
     @staticmethod
     async def _answer_gated(
-        conn: Connection, token: int, no_subs: bool, ok: bool, gate: asyncio.Future[bool]
+        conn: ConnectionPort, token: int, no_subs: bool, ok: bool, gate: asyncio.Future[bool]
     ) -> None:
         gated = await gate
         conn.routed(token, ok and gated, no_subs)
@@ -332,7 +329,7 @@ class Delivery:
             session.pumping = False
 
     async def _store_received(
-        self, session: Session, conn: Connection, pids: list[int]
+        self, session: Session, conn: ConnectionPort, pids: list[int]
     ) -> bool:
         """Store PUBRECs, then send their PUBRELs. If the store fails, close the
         connection (False): the client resumes and the PUBLISHes go again."""

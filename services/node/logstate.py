@@ -1,11 +1,12 @@
-"""The node's state as the event log says it: one path from events to the broker.
+"""The node's state as the event log says it: one path from events to the routing table.
 
 Theory of operation. Every event (this node's own, once the log has
 acknowledged it; every node's, as replay and the tail deliver them) goes
 through `LogState.apply`, which folds it into a `ClusterView` (latest
 version per key wins, so an event seen twice is harmless). The view's hooks
-mirror subscriptions into the broker's `TopicTrie` and the local sessions'
-`subs`; retained events update the broker's retained index. Persistent
+mirror subscriptions into the routing table's `TopicTrie` and the local
+sessions' `subs` (through the `RoutingTable` Protocol); retained events
+update the retained index. Persistent
 sessions the log shows offline get a local `Session` object (no connection)
 so that publishes reach their durable queues.
 
@@ -23,7 +24,8 @@ import contextlib
 import gc
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from services.cluster.view import ClusterView, SubscriptionOptions
 from services.event.api import EventLog, EventLogError
@@ -37,11 +39,9 @@ from services.event.schema import (
     Unsubscribed,
 )
 from services.mqtt.packets import Message, Properties
-from services.node.session import Session, SubOptions
-from services.session.api import SessionError
-
-if TYPE_CHECKING:
-    from services.node.broker import Broker
+from services.node.ports import RoutingTable, Session, SubOptions
+from services.retain.api import RetainStore
+from services.session.api import SessionError, SessionStore
 
 log = logging.getLogger("weir.logstate")
 
@@ -88,8 +88,18 @@ def retained_message(e: RetainedSet) -> Message:
 
 
 class LogState:
-    def __init__(self, broker: Broker, events: EventLog) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        table: RoutingTable,
+        events: EventLog,
+        retained: RetainStore,
+        store: SessionStore,
+        spawn: Callable[[Coroutine[Any, Any, Any]], object],
+    ) -> None:
+        self.table = table
+        self.retained = retained
+        self.store = store
+        self.spawn = spawn
         self.events = events
         self.view = ClusterView(self._on_subscribe, self._on_unsubscribe)
         self._tail: asyncio.Task[None] | None = None
@@ -102,9 +112,9 @@ class LogState:
             changed = self.view.apply(event)
             if changed:
                 if isinstance(event, RetainedSet):
-                    self.broker.retained.set(retained_message(event))
+                    self.retained.set(retained_message(event))
                 elif isinstance(event, RetainedCleared):
-                    self.broker.retained.clear(event.topic)
+                    self.retained.clear(event.topic)
                 elif not isinstance(event, Subscribed | Unsubscribed):
                     self._session_changed(event)
             return changed
@@ -119,18 +129,18 @@ class LogState:
 
     def _on_subscribe(self, client_id: str, filter_: str, options: SubscriptionOptions) -> None:
         opts = sub_options(options)
-        broker = self.broker
-        broker.trie.add(filter_, client_id, opts)
-        broker.invalidate_plans()
-        session = broker.sessions.get(client_id)
+        table = self.table
+        table.trie.add(filter_, client_id, opts)
+        table.invalidate_plans()
+        session = table.sessions.get(client_id)
         if session is not None:
             session.subs[filter_] = opts
 
     def _on_unsubscribe(self, client_id: str, filter_: str) -> None:
-        broker = self.broker
-        broker.trie.remove(filter_, client_id)
-        broker.invalidate_plans()
-        session = broker.sessions.get(client_id)
+        table = self.table
+        table.trie.remove(filter_, client_id)
+        table.invalidate_plans()
+        session = table.sessions.get(client_id)
         if session is not None:
             session.subs.pop(filter_, None)
 
@@ -138,44 +148,38 @@ class LogState:
         """Keep a local Session for every persistent session the log shows offline."""
         client_id = event.client_id
         entry = self.view.session(client_id)
-        broker = self.broker
-        local = broker.sessions.get(client_id)
+        table = self.table
+        local = table.sessions.get(client_id)
         if entry is not None and not entry.online and entry.persistent:
             if local is None:
                 session = self._offline_session(client_id, entry.expiry_s)
                 self._expire_later(session, entry.expires_at_ms)
             return
-        moved = entry is not None and entry.online and entry.node != broker.node_id
+        moved = entry is not None and entry.online and entry.node != table.node_id
         ended = entry is None and local is not None and local.durable
         if local is not None and local.conn is None and (moved or ended):
             if local.expiry_handle is not None:  # the log has its end, or it lives elsewhere
                 local.expiry_handle.cancel()
                 local.expiry_handle = None
-            del broker.sessions[client_id]
-            broker.invalidate_plans()
+            del table.sessions[client_id]
+            table.invalidate_plans()
 
     def _offline_session(self, client_id: str, expiry_s: int) -> Session:
-        broker = self.broker
+        table = self.table
         session = Session(client_id)
         session.expiry_s = expiry_s
         session.durable = True
         session.subs = {f: sub_options(o) for f, o in self.view.subscriptions(client_id).items()}
-        broker.sessions[client_id] = session
-        broker.mark_durable(client_id)
-        broker.invalidate_plans()
+        table.sessions[client_id] = session
+        table.mark_durable(client_id)
+        table.invalidate_plans()
         return session
 
     def _expire_later(self, session: Session, expires_at_ms: int | None) -> None:
         """Expire a recovered offline session when the log says it ends."""
         if expires_at_ms is None or session.expiry_s >= NEVER_EXPIRES:
             return
-        if session.expiry_handle is not None:
-            session.expiry_handle.cancel()
-        broker = self.broker
-        delay_s = max(0.0, (expires_at_ms - now_ms()) / 1000)
-        session.expiry_handle = broker.loop.call_later(
-            delay_s, broker._expire, session, session.epoch
-        )
+        self.table.expire_later(session, max(0.0, (expires_at_ms - now_ms()) / 1000))
 
     # -- start: replay, then tail ------------------------------------------------
 
@@ -199,34 +203,33 @@ class LogState:
         return count
 
     def after_replay(self) -> None:
-        node_id = self.broker.node_id
+        node_id = self.table.node_id
         for client_id, entry in self.view.sessions().items():
             if entry.node != node_id or not entry.online:
                 continue
             if entry.persistent:
-                session = self.broker.sessions.get(client_id)
+                session = self.table.sessions.get(client_id)
                 if session is None:
                     session = self._offline_session(client_id, entry.expiry_s)
                 session.epoch = entry.epoch
                 self._expire_later(session, now_ms() + entry.expiry_s * 1000)
-            self.broker.spawn(
+            self.spawn(
                 self._closed_by_restart(client_id, entry.epoch, entry.expiry_s, entry.version)
             )
 
     async def _closed_by_restart(
         self, client_id: str, epoch: int, expiry_s: int, version: int
     ) -> None:
-        broker = self.broker
         try:
             if expiry_s > 0:
-                version = await broker.store.next_version(client_id, epoch)
-                await broker.store.release(client_id, epoch, expiry_s)
+                version = await self.store.next_version(client_id, epoch)
+                await self.store.release(client_id, epoch, expiry_s)
             else:
                 version = max(version + 1, time.time_ns() // 1000)
             event = SessionClosed(
                 client_id=client_id,
                 version=version,
-                node=broker.node_id,
+                node=self.table.node_id,
                 ts_ms=now_ms(),
                 reason="error",
                 expiry_s=expiry_s,

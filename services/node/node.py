@@ -40,7 +40,7 @@ class Services:
     sessions: SessionStore
     queue: QueueStore
     retain: RetainStore
-    events: EventLog | None = None  # None: a memory log of the node's own
+    events: EventLog
     cluster: ClusterRouter | None = None  # None: a node on its own (memory backends)
 
 

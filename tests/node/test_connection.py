@@ -139,6 +139,7 @@ async def make_harness(s: Settings) -> Harness:
         retain=services.retain,
         loop=loop,
         wheel=TimerWheel(loop),
+        events=services.events,
         shared_strategy=s.shared_strategy,
     )
     return Harness(broker, loop)

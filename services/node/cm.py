@@ -1,0 +1,467 @@
+"""The connection manager: connections, sessions and their ends, wills, resume.
+
+Theory of operation. `connection_made` / `connection_lost` keep the registry
+(and its limit). `open_session` claims the client's session in the session
+store under a new epoch (a takeover on this node detaches the old
+connection first; one on another node is kicked there, `remote`), logs
+SessionOpened and only then answers CONNACK, restores a resumed session's
+subscriptions from the log's view, resends its unacknowledged messages
+within the client's Receive Maximum [MQTT-3.3.4-7] and lets deliveries flow.
+A reconnect on this node first waits for its previous connection's end.
+When a connection ends (`connection_ended`) its session is released with its
+expiry (0: discarded now) and SessionClosed logged; an expiring offline
+session ends on a timer and its expiry is logged exactly once (`_expired`).
+A will goes out at once or after its delay, unless the session resumes
+first. Every flush of output happens once per loop turn (`mark_dirty`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from services.event.api import EventLogError
+from services.event.schema import Event, SessionClosed, SessionExpired, SessionOpened
+from services.mqtt.actions import OpenSession
+from services.mqtt.packets import NO_PROPERTIES, Message, ReasonCode, Will
+from services.mqtt.topics import matches, parse_shared
+from services.node.delivery import Delivery
+from services.node.dispatch import Dispatch
+from services.node.logstate import LogState
+from services.node.ports import ConnectionPort, Session, SubOptions
+from services.node.remote import Remote
+from services.node.routes import Routes
+from services.queue.api import Inflight, QueueStore
+from services.session.api import Fenced, SessionError, SessionStore
+from services.settings import Limits
+
+log = logging.getLogger("weir.cm")
+
+NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry meaning "never"
+EXPIRY_RETRY_S = 5.0  # an expiry the store or the log did not take is tried again after this
+ENDING_WAIT_S = 5.0  # a reconnect waits this long at most for its previous connection's end
+
+
+class ConnectionManager:
+    def __init__(
+        self,
+        node_id: str,
+        limits: Limits,
+        routes: Routes,
+        dispatch: Dispatch,
+        remote: Remote,
+        delivery: Delivery,
+        logstate: LogState,
+        store: SessionStore,
+        queue: QueueStore,
+        loop: asyncio.AbstractEventLoop,
+        spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
+    ) -> None:
+        self.node_id = node_id
+        self.limits = limits
+        self.routes = routes
+        self.dispatch = dispatch
+        self.remote = remote
+        self.delivery = delivery
+        self.logstate = logstate
+        self.store = store
+        self.queue = queue
+        self.loop = loop
+        self.spawn = spawn
+        self.connections: set[ConnectionPort] = set()
+        self._dirty: list[ConnectionPort] = []
+        self._flush_scheduled = False
+        self._no_connections: asyncio.Event | None = None
+        self._wills: dict[str, tuple[asyncio.TimerHandle, Message]] = {}
+        self._resend: dict[ConnectionPort, list[Inflight]] = {}  # newest last: pop() is next
+        self._resending: set[ConnectionPort] = set()
+        self._ending: dict[str, asyncio.Task[Any]] = {}  # client -> its session's end_session
+
+    @staticmethod
+    def now_ms() -> int:
+        return time.time_ns() // 1_000_000
+
+    def mark_dirty(self, conn: ConnectionPort) -> None:
+        self._dirty.append(conn)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush_all)
+
+    def _flush_all(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, []
+        for conn in dirty:
+            conn.flush()
+
+    def connection_made(self, conn: ConnectionPort) -> bool:
+        if len(self.connections) >= self.limits.max_connections:
+            return False
+        self.connections.add(conn)
+        return True
+
+    def connection_lost(self, conn: ConnectionPort) -> None:
+        self.connections.discard(conn)
+        if not self.connections and self._no_connections is not None:
+            self._no_connections.set()
+
+    async def wait_no_connections(self, timeout_s: float) -> bool:
+        """Wait until every connection is gone; False if the timeout passed first."""
+        if not self.connections:
+            return True
+        self._no_connections = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._no_connections.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def open_session(self, conn: ConnectionPort, action: OpenSession) -> None:
+        client_id = action.client_id
+        props = action.connect.properties
+        conn.max_outgoing_packet = props.maximum_packet_size
+        ending = self._ending.get(client_id)
+        if ending is not None:  # the previous connection's end comes first
+            await asyncio.wait({ending}, timeout=ENDING_WAIT_S)
+        old = self.routes.sessions.get(client_id)
+        if old is not None and old.conn is not None and old.conn is not conn:
+            old_conn = old.conn
+            self._detach(old)
+            old_conn.carry_out(old_conn.channel.taken_over())
+            old_conn.session = None
+        try:
+            claim = await self.store.claim(
+                client_id, self.node_id, action.clean_start, action.session_expiry_s
+            )
+        except SessionError as exc:
+            log.warning("session claim failed for %s: %s", client_id, exc)
+            conn.carry_out(
+                conn.channel.session_opened(False, set(), ReasonCode.SERVER_UNAVAILABLE)
+            )
+            conn.resume_processing()
+            return
+        self.remote.kick_previous(client_id, claim.previous_node, claim.epoch)
+        fresh = action.clean_start or not claim.session_present
+        try:
+            version = await self.store.next_version(client_id, claim.epoch)
+            await self.logstate.append_and_apply(
+                SessionOpened(
+                    client_id=client_id,
+                    version=version,
+                    node=self.node_id,
+                    ts_ms=self.now_ms(),
+                    epoch=claim.epoch,
+                    clean_start=fresh,
+                    expiry_s=action.session_expiry_s,
+                    protocol=conn.channel.protocol_level,
+                    username=action.connect.username,
+                )
+            )
+        except (SessionError, EventLogError) as exc:
+            log.warning("session of %s not opened: %s", client_id, exc)
+            self.spawn(self._release_unlogged(client_id, claim.epoch, action.session_expiry_s))
+            conn.carry_out(
+                conn.channel.session_opened(False, set(), ReasonCode.SERVER_UNAVAILABLE)
+            )
+            conn.resume_processing()
+            return
+        session = self.routes.sessions.get(client_id)
+        if session is not None and session.conn is not None and session.conn is not conn:
+            # Another connection claimed it while we waited; it wins only if newer.
+            self._detach(session)
+        if session is None or not claim.session_present:
+            if session is not None:
+                self.routes.drop_subscriptions(session)
+            session = Session(client_id)
+            self.routes.sessions[client_id] = session
+            self.routes.invalidate_plans()
+        session.durable = action.session_expiry_s > 0 or claim.session_present
+        if claim.session_present and not session.subs:
+            session.subs = {
+                f: SubOptions.of(o.qos, o.no_local, o.retain_as_published, o.subscription_id)
+                for f, o in self.logstate.view.subscriptions(client_id).items()
+            }
+        if session.expiry_handle is not None:
+            session.expiry_handle.cancel()
+            session.expiry_handle = None
+        pending_will = self._wills.pop(client_id, None)
+        if pending_will is not None:
+            pending_will[0].cancel()
+            if fresh:  # the old session ended here: its delayed will goes now
+                self.dispatch.publish_message(pending_will[1])
+        session.epoch = claim.epoch
+        session.expiry_s = action.session_expiry_s
+        session.ready = False
+        session.backlog = 0
+        if conn.closed:
+            self.spawn(self.end_session(session, session.epoch, conn_gone=True))
+            return
+        session.conn = conn
+        conn.session = session
+        try:
+            incoming = (
+                await self.queue.incoming_ids(client_id, claim.epoch)
+                if claim.session_present
+                else set()
+            )
+        except SessionError as exc:  # Fenced, or the store went away: refuse
+            log.warning("session of %s not resumed: %s", client_id, exc)
+            self._detach(session)
+            conn.session = None
+            conn.carry_out(
+                conn.channel.session_opened(False, set(), ReasonCode.SERVER_UNAVAILABLE)
+            )
+            conn.resume_processing()
+            return
+        conn.carry_out(conn.channel.session_opened(claim.session_present, incoming))
+        try:
+            pending = await self.queue.pending(client_id, claim.epoch)
+        except SessionError as exc:  # after CONNACK: close; the client resumes later
+            log.warning("inflight of %s not resent: %s", client_id, exc)
+            conn.close()
+            return
+        if session.conn is not conn:
+            return
+        if pending:
+            self._resend[conn] = list(reversed(pending))
+            self._resend_some(conn)
+        session.ready = True
+        conn.resume_processing()
+        self.delivery.kick(session)
+
+    async def _release_unlogged(self, client_id: str, epoch: int, expiry_s: int) -> None:
+        """A claim whose SessionOpened the log refused: let it go again."""
+        with contextlib.suppress(SessionError):
+            await self.store.release(client_id, epoch, expiry_s)
+
+    async def _log_session_end(self, event: Event) -> None:
+        self.logstate.apply(event)
+        try:
+            await self.logstate.events.append(event)
+        except EventLogError as exc:
+            log.warning("end of session %s not logged: %s", event.key, exc)
+
+    def _detach(self, session: Session) -> None:
+        session.conn = None
+        session.ready = False
+
+    def connection_ended(
+        self,
+        conn: ConnectionPort,
+        will: Will | None,
+        will_delay_s: int,
+        session_expiry_s: int | None = None,
+    ) -> None:
+        """The connection closed (normally, by error, or taken over)."""
+        self._resend.pop(conn, None)
+        session = conn.session
+        if session is not None and session_expiry_s is not None:
+            session.expiry_s = session_expiry_s
+        conn.session = None
+        expiry_s = 0
+        client_id = conn.channel.client_id
+        if session is not None and session.conn is conn:
+            self._detach(session)
+            expiry_s = session.expiry_s
+            ending = self.spawn(self.end_session(session, session.epoch, conn_gone=True))
+            self._ending[session.client_id] = ending
+            ending.add_done_callback(functools.partial(self._ended, session.client_id))
+        elif session is not None:
+            # Taken over on this node: the session lives on, so a delayed will
+            # waits; open_session cancels it or, on a clean start, sends it now.
+            expiry_s = session.expiry_s
+        if will is not None and client_id is not None:
+            self._schedule_will(client_id, will, min(will_delay_s, expiry_s))
+
+    def _ended(self, client_id: str, task: asyncio.Task[Any]) -> None:
+        if self._ending.get(client_id) is task:
+            del self._ending[client_id]
+
+    async def end_session(self, session: Session, epoch: int, conn_gone: bool) -> None:
+        """Seam: a connection left its session (release) or the session ended."""
+        client_id = session.client_id
+        if session.conn is not None or session.epoch != epoch:
+            return
+        expiry_s = session.expiry_s if conn_gone else 0
+        closed: Event | None = None
+        try:
+            closed = SessionClosed(
+                client_id=client_id,
+                version=await self.store.next_version(client_id, epoch),
+                node=self.node_id,
+                ts_ms=self.now_ms(),
+                reason="normal",
+                expiry_s=expiry_s,
+            )
+        except Fenced:
+            return
+        except SessionError as exc:
+            log.warning("end of session %s not logged: %s", client_id, exc)
+        if session.conn is not None or session.epoch != epoch:
+            return
+        if expiry_s == 0:
+            await self._redistribute_shared(session)
+            if self.routes.sessions.get(client_id) is session:
+                del self.routes.sessions[client_id]
+            self.routes.drop_subscriptions(session)
+        if closed is not None:
+            self.spawn(self._log_session_end(closed))
+        try:
+            await self.store.release(client_id, epoch, expiry_s)
+            if expiry_s == 0:
+                await self.queue.discard(client_id, epoch)
+        except Fenced:
+            return
+        except SessionError:
+            log.exception("session release failed for %s", client_id)
+            return
+        if expiry_s and expiry_s < NEVER_EXPIRES and session.conn is None:
+            session.expiry_handle = self.loop.call_later(expiry_s, self._expire, session, epoch)
+
+    def _expire(self, session: Session, epoch: int) -> None:
+        session.expiry_handle = None
+        if session.conn is None and session.epoch == epoch:
+            if self.routes.sessions.get(session.client_id) is session:
+                del self.routes.sessions[session.client_id]
+            self.routes.drop_subscriptions(session)
+            self.spawn(self._expired(session.client_id, epoch))
+
+    async def _expired(self, client_id: str, epoch: int) -> None:
+        """Log the expiry of an offline session, exactly once: by the node it
+        was last on (the others only drop it), only if nobody claimed it again,
+        and retried until the session store and the log have taken it.
+        `epoch` is 0 for a session recovered from the log (its epoch is not
+        there): Redis says which epoch is current."""
+        entry = self.logstate.view.session(client_id)
+        if entry is None or entry.online or entry.node != self.node_id:
+            return  # ended or reclaimed in the log already, or another node's to log
+        what = "the session store"
+        try:
+            info = await self.store.get(client_id)
+            if info is not None and (info.online or (epoch and info.epoch != epoch)):
+                return  # claimed again meanwhile: not expired
+            if info is None:  # Redis's own expiry was first: the keys are gone
+                version = max(entry.version + 1, time.time_ns() // 1000)
+            else:
+                version = await self.store.next_version(client_id, info.epoch)
+                await self.queue.discard(client_id, info.epoch)
+            event = SessionExpired(
+                client_id=client_id, version=version, node=self.node_id, ts_ms=self.now_ms()
+            )
+            what = "the event log"
+            await self.logstate.append_and_apply(event)
+        except Fenced:
+            return  # claimed again between the read and the write
+        except (SessionError, EventLogError) as exc:
+            log.warning(
+                "expiry of session %s not logged yet (%s failed: %s); retrying in %.0f s",
+                client_id, what, exc, EXPIRY_RETRY_S,
+            )  # fmt: skip
+            self.loop.call_later(
+                EXPIRY_RETRY_S, lambda: self.spawn(self._expired(client_id, epoch))
+            )
+
+    async def _redistribute_shared(self, session: Session) -> None:
+        """A leaving clean member's unacknowledged shared messages go to another member."""
+        shared = [parsed for f in session.subs if (parsed := parse_shared(f)) is not None]
+        if not shared:
+            return
+        try:
+            items = await self.queue.pending(session.client_id, session.epoch)
+            items += await self.queue.take(session.client_id, session.epoch, 1 << 16)
+        except SessionError:
+            return
+        for item in items:
+            for group, topic_filter in shared:
+                if matches(topic_filter, item.message.topic):
+                    groups = self.routes.trie.match_shared(item.message.topic)
+                    members = groups.get((group, topic_filter))
+                    others = [m for m in members or () if m[0] != session.client_id]
+                    if others:
+                        self.dispatch.deliver_shared(item.message, others, (group, topic_filter))
+                    break
+        self.delivery.schedule()
+
+    def _schedule_will(self, client_id: str, will: Will, delay_s: int) -> None:
+        props = will.properties
+        expiry = props.message_expiry_interval
+        message = Message(
+            topic=will.topic,
+            payload=will.payload,
+            qos=will.qos,
+            retain=will.retain,
+            properties=dataclasses.replace(props, will_delay_interval=None)
+            if props is not NO_PROPERTIES
+            else props,
+            sender=client_id,
+            expires_at_ms=None if expiry is None else self.now_ms() + expiry * 1000,
+        )
+        if delay_s <= 0:
+            self.dispatch.publish_message(message)
+            return
+        old = self._wills.pop(client_id, None)
+        if old is not None:
+            old[0].cancel()
+        handle = self.loop.call_later(delay_s, self._will_due, client_id, message)
+        self._wills[client_id] = (handle, message)
+
+    def _will_due(self, client_id: str, message: Message) -> None:
+        self._wills.pop(client_id, None)
+        self.dispatch.publish_message(message)
+
+    def acked(self, conn: ConnectionPort, packet_id: int) -> None:
+        if conn.session is not None:
+            self.delivery.acked(conn.session, packet_id)
+        if conn in self._resend:
+            self._resend_some(conn)
+
+    def _resend_some(self, conn: ConnectionPort) -> None:
+        """Resend a resumed session's unacknowledged messages (DUP) or PUBRELs
+        within the client's Receive Maximum; the rest wait for acks, and the
+        queue behind them waits too [MQTT-3.3.4-7]."""
+        backlog = self._resend.get(conn)
+        if backlog is None or conn in self._resending:
+            return
+        self._resending.add(conn)
+        try:
+            now_ms = self.now_ms()
+            channel = conn.channel
+            while backlog and channel.send_quota > 0 and not conn.closed:
+                item = backlog.pop()
+                if item.released:
+                    conn.carry_out(channel.resend_pubrel(item.packet_id))
+                else:
+                    conn.carry_out(channel.deliver(item.message, item.packet_id, True, now_ms))
+        finally:
+            self._resending.discard(conn)
+        if not backlog or conn.closed:
+            self._resend.pop(conn, None)
+
+    def received(self, conn: ConnectionPort, packet_id: int) -> None:
+        if conn.session is not None:
+            self.delivery.received(conn.session, packet_id)
+
+    def released(self, conn: ConnectionPort, packet_id: int) -> None:
+        if conn.session is not None:
+            self.delivery.released(conn.session, packet_id)
+
+    # -- shutdown -----------------------------------------------------------------
+
+    def disconnect_all(self, reason_code: int) -> None:
+        for conn in list(self.connections):
+            if not conn.closed:
+                conn.carry_out(conn.channel.server_disconnect(reason_code))
+                conn.close()
+
+    def close(self) -> None:
+        for handle, _ in self._wills.values():
+            handle.cancel()
+        self._wills.clear()
+        for session in self.routes.sessions.values():
+            if session.expiry_handle is not None:
+                session.expiry_handle.cancel()

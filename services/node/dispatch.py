@@ -1,0 +1,325 @@
+"""Dispatch: a PUBLISH to every session its topic reaches.
+
+Theory of operation. A topic's plan comes from the routing table (`routes`).
+Per publish, one member of each shared group is picked (an online one
+first), then:
+
+- QoS 0 to an online client: the PUBLISH is encoded once per distinct
+  (protocol family, retain flag, subscription ids) and the same bytes are
+  written to every such subscriber (dropped and counted if it cannot keep
+  up); clients that allow topic aliases go through their channel instead;
+- QoS 1/2 (and QoS 0 for an offline persistent session): through the
+  queue, batched per loop turn (`delivery`); the publisher's PUBACK /
+  PUBREC waits for that batch (`Delivery.token`);
+- subscribers on other nodes: `remote`.
+
+A publisher's PUBLISHes wait behind its QoS 2 still being stored, so one
+client's messages keep their order [MQTT-4.6.0-6]. A retained message is an
+event in the log (`set_retained`); the PUBACK / PUBREC of a retained QoS 1/2
+message also waits for the log (5.0: 0x80 if it fails; 3.x: disconnected).
+The connection whose packets are in hand is `publisher` (set by the
+connection), so a subscriber that cannot keep up can hold it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from services.event.api import EventLogError
+from services.event.schema import Event, RetainedCleared, RetainedSet
+from services.mqtt import codec
+from services.mqtt.actions import Route
+from services.mqtt.packets import Message, PacketType
+from services.mqtt.topics import matches, parse_shared
+from services.node.delivery import Delivery
+from services.node.logstate import LogState
+from services.node.ports import ConnectionPort, Session, SubOptions
+from services.node.remote import Remote
+from services.node.routes import PlanEntry, Routes, adjusted, for_subscriber
+from services.queue.api import IncomingMark, QueueStore
+from services.session.api import Fenced, SessionError, SessionStore
+
+log = logging.getLogger("weir.dispatch")
+
+
+class Dispatch:
+    def __init__(
+        self,
+        node_id: str,
+        routes: Routes,
+        delivery: Delivery,
+        remote: Remote,
+        store: SessionStore,
+        queue: QueueStore,
+        logstate: LogState,
+        loop: asyncio.AbstractEventLoop,
+        spawn: Callable[[Coroutine[Any, Any, Any]], object],
+        shared_strategy: str,
+    ) -> None:
+        self.node_id = node_id
+        self.routes = routes
+        self.delivery = delivery
+        self.remote = remote
+        self.store = store
+        self.queue = queue
+        self.logstate = logstate
+        self.loop = loop
+        self.spawn = spawn
+        self.shared_strategy = shared_strategy
+        self.work = 0  # deliveries made; connections budget their processing by it
+        self.publisher: ConnectionPort | None = None  # whose packets are in hand
+        self._round_robin: dict[tuple[str, str], int] = {}
+        self._held_routes: dict[ConnectionPort, list[Route]] = {}  # behind a QoS 2 being stored
+
+    @staticmethod
+    def now_ms() -> int:
+        return time.time_ns() // 1_000_000
+
+    async def set_retained(self, message: Message) -> bool:
+        """Seam: a retained message was set (or cleared by an empty payload).
+        True once the log holds it and it is applied; False if it could not."""
+        topic = message.topic
+        event: Event
+        try:
+            version = await self.store.next_topic_version(topic)
+        except SessionError as exc:
+            log.warning("retained %s not logged: %s", topic, exc)
+            return False
+        if message.payload:
+            props = message.properties
+            event = RetainedSet(
+                topic=topic,
+                version=version,
+                node=self.node_id,
+                ts_ms=self.now_ms(),
+                payload=message.payload,
+                qos=message.qos,
+                expires_at_ms=message.expires_at_ms,
+                payload_format_indicator=props.payload_format_indicator,
+                content_type=props.content_type,
+                response_topic=props.response_topic,
+                correlation_data=props.correlation_data,
+                user_property=props.user_property,
+                sender=message.sender,
+            )
+        else:
+            event = RetainedCleared(
+                topic=topic, version=version, node=self.node_id, ts_ms=self.now_ms()
+            )
+        try:
+            await self.logstate.append_and_apply(event)
+        except EventLogError as exc:
+            log.warning("retained %s not logged: %s", topic, exc)
+            return False
+        return True
+
+    def publish(self, conn: ConnectionPort, route: Route) -> None:
+        if self._held_routes:
+            held = self._held_routes.get(conn)
+            if held is not None:  # a QoS 2 ahead is still being stored: keep the order
+                held.append(route)
+                return
+        message = route.message
+        if route.qos2_packet_id is not None and conn.session is not None:
+            self._held_routes[conn] = []
+            self.spawn(self._publish_qos2(conn, conn.session, route))
+            return
+        since = self.delivery.batched
+        if message.retain and route.token is not None:
+            delivered = self.publish_message(message, store_retained=False)
+            gate = self.loop.create_future()
+            self.spawn(self._retain_gate(message, gate))
+            self.delivery.token(conn, route.token, delivered == 0, gate, since=since)
+            return
+        delivered = self.publish_message(message)
+        if route.token is not None:
+            self.delivery.token(conn, route.token, delivered == 0, since=since)
+
+    async def _retain_gate(self, message: Message, gate: asyncio.Future[bool]) -> None:
+        ok = False
+        try:
+            ok = await self.set_retained(message)
+        finally:
+            if not gate.done():
+                gate.set_result(ok)
+
+    async def _publish_qos2(self, conn: ConnectionPort, session: Session, route: Route) -> None:
+        """Route a QoS 2 PUBLISH once its packet id is stored; the publisher's later
+        PUBLISHes wait behind it so one client's messages keep their order
+        [MQTT-4.6.0-6] (concurrent store calls may complete in any order)."""
+        try:
+            await self._route_qos2(conn, session, route)
+        finally:
+            held = self._held_routes.pop(conn, None)
+            if held and not conn.closed:
+                for later in held:
+                    self.publish(conn, later)
+
+    async def _route_qos2(self, conn: ConnectionPort, session: Session, route: Route) -> None:
+        """A read-only check first (a known resend reaches nobody, not even the
+        memory-tier subscribers); the id is then stored in the same atomic step
+        as the message's durable copies (`Delivery.mark`), so a crash between
+        cannot make a resend look like a duplicate of a message never stored."""
+        mark = IncomingMark(session.client_id, session.epoch, route.qos2_packet_id or 0)
+        try:
+            known = await self.queue.incoming_has(mark.client_id, mark.epoch, mark.packet_id)
+        except Fenced:
+            conn.close()
+            return
+        except SessionError as exc:  # the store is down: no PUBREC (5.0: 0x80)
+            log.warning("QoS 2 publish of %s not stored: %s", session.client_id, exc)
+            if route.token is not None:
+                conn.routed(route.token, False, False)
+            return
+        if known:
+            if route.token is not None:
+                self.delivery.token(conn, route.token, False)
+            return
+        message = route.message
+        gate: asyncio.Future[bool] | None = None
+        if message.retain and route.token is not None:
+            gate = self.loop.create_future()
+            self.spawn(self._retain_gate(message, gate))
+        since = self.delivery.batched
+        delivered = self.publish_message(message, store_retained=gate is None)
+        self.delivery.mark(mark, since)
+        if route.token is not None:
+            self.delivery.token(conn, route.token, delivered == 0, gate, mark, since)
+
+    def publish_message(self, message: Message, store_retained: bool = True) -> int:
+        """Route one message to every matching subscription; returns how many."""
+        if message.retain and store_retained:
+            self.spawn(self.set_retained(message))
+        plan = self.routes.plan(message.topic)
+        plain, shared, remote = plan
+        count = self.deliver_plain(message, plain) if plain else 0
+        for group_filter, members in shared:
+            if self.deliver_shared(message, members, group_filter):
+                count += 1
+        if remote:
+            count += self.remote.deliver(message, remote)
+        self.work += count
+        self.delivery.schedule()
+        return count
+
+    def deliver_plain(self, message: Message, plan: list[PlanEntry]) -> int:
+        sender = message.sender
+        encoded: dict[tuple[bool, bool, tuple[int, ...]], bytes] = {}
+        qos_in = message.qos
+        retain_in = message.retain
+        fast = message.expires_at_ms is None
+        count = 0
+        for session, opts in plan:
+            if type(opts) is SubOptions:
+                if opts.no_local and session.client_id == sender:
+                    continue
+                qos = opts.qos if opts.qos < qos_in else qos_in
+                retain = retain_in and opts.retain_as_published
+                sub_ids = opts.sub_ids
+            else:
+                assert isinstance(opts, list)
+                live = [o for o in opts if not (o.no_local and session.client_id == sender)]
+                if not live:
+                    continue
+                qos = min(qos_in, max(o.qos for o in live))
+                retain = retain_in and any(o.retain_as_published for o in live)
+                sub_ids = tuple(o.subscription_id for o in live if o.subscription_id)
+            count += 1
+            conn = session.conn
+            if (
+                qos == 0
+                and fast
+                and conn is not None
+                and session.ready
+                and not conn.channel.outbound_aliases  # those go through the channel
+            ):
+                v5 = conn.channel.protocol_level >= 5
+                key = (v5, retain, sub_ids if v5 else ())
+                data = encoded.get(key)
+                if data is None:
+                    data = self._encode_qos0(message, retain, v5, sub_ids)
+                    encoded[key] = data
+                limit = conn.max_outgoing_packet
+                if limit is None or len(data) <= limit:
+                    conn.write_qos0(data)
+            else:
+                self.deliver(session, adjusted(message, qos, retain, sub_ids))
+        return count
+
+    @staticmethod
+    def _encode_qos0(message: Message, retain: bool, v5: bool, sub_ids: tuple[int, ...]) -> bytes:
+        props: bytes | None = None
+        if v5:
+            properties = message.properties
+            if properties.subscription_identifier:  # the subscriber's ids replace any carried
+                properties = dataclasses.replace(properties, subscription_identifier=())
+            props = codec.add_subscription_identifiers(
+                codec.encode_properties(properties, PacketType.PUBLISH), sub_ids
+            )
+        return codec.encode_publish(
+            message.topic.encode(), message.payload, 0, retain, False, None, props
+        )
+
+    def deliver_shared(
+        self,
+        message: Message,
+        members: list[tuple[str, SubOptions]],
+        group_filter: tuple[str, str],
+    ) -> bool:
+        """One member of a shared group gets the message: an online one if any."""
+        count = len(members)
+        if self.shared_strategy == "random":
+            start = random.randrange(count)
+        else:
+            start = self._round_robin.get(group_filter, 0) % count
+            self._round_robin[group_filter] = start + 1
+        fallback: tuple[Session, SubOptions] | None = None
+        for i in range(count):
+            client_id, options = members[(start + i) % count]
+            session = self.routes.sessions.get(client_id)
+            if session is None:
+                continue
+            if session.conn is not None and session.ready:
+                self.deliver(session, for_subscriber(message, options, False))
+                return True
+            if fallback is None and session.expiry_s > 0:
+                fallback = (session, options)
+        if fallback is not None:
+            self.deliver(fallback[0], for_subscriber(message, fallback[1], False))
+            return True
+        return False
+
+    def deliver(self, session: Session, message: Message) -> None:
+        """The general path: through the channel (QoS 0) or the queue (QoS 1/2, offline)."""
+        conn = session.conn
+        if message.qos == 0 and conn is not None and session.ready:
+            conn.carry_out(conn.channel.deliver(message, None, False, self.now_ms()))
+            return
+        if message.qos == 0 and session.expiry_s == 0:
+            return  # a clean session that is not connected yet: nothing to keep it for
+        self.delivery.add(session, message)
+
+    def deliver_forwarded(self, message: Message, client_ids: Sequence[str]) -> None:
+        """A peer's publish for local clean sessions: each gets it per its own subscriptions."""
+        topic = message.topic
+        plan: list[PlanEntry] = []
+        for client_id in client_ids:
+            session = self.routes.sessions.get(client_id)
+            if session is None:
+                continue
+            opts = [
+                o
+                for f, o in session.subs.items()
+                if parse_shared(f) is None and matches(f, topic)
+            ]
+            if opts:
+                plan.append((session, opts[0] if len(opts) == 1 else opts))
+        if plan:
+            self.work += self.deliver_plain(message, plan)
+            self.delivery.schedule()

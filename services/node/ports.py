@@ -1,0 +1,199 @@
+"""Where a connection and the broker's parts meet: the session they share and
+the small Protocols each side offers the other.
+
+Theory of operation. The broker is several parts (`routes`, `delivery`,
+`remote`, `dispatch`, `subscriptions`, `cm`, composed by `broker.Broker`),
+and a connection (`connection.Connection`) is an asyncio edge. Neither
+imports the other: the parts see a connection only as a `ConnectionPort`
+(what it offers them: its channel, deliveries, closing, flow control), and
+a connection sees the broker only as a `BrokerPort` (what it may ask: open a
+session, subscribe, route a PUBLISH, acknowledgements). The log projection
+(`logstate.LogState`) writes through a `RoutingTable`. A `Session` is the
+per-client state they all read; each part changes only the fields it owns
+(documented on the class).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from services.mqtt.actions import (
+    Action,
+    OpenSession,
+    Route,
+    SubscribeRequest,
+    UnsubscribeRequest,
+)
+from services.mqtt.channel import Channel
+from services.mqtt.channel_config import ChannelConfig
+from services.mqtt.packets import Will
+from services.mqtt.trie import TopicTrie
+from services.settings import Limits
+
+
+@dataclass(frozen=True, slots=True)
+class SubOptions:
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    subscription_id: int | None = None
+    sub_ids: tuple[int, ...] = ()  # (subscription_id,) or (): ready for the PUBLISH
+
+    @classmethod
+    def of(
+        cls, qos: int, no_local: bool, retain_as_published: bool, subscription_id: int | None
+    ) -> SubOptions:
+        ids = (subscription_id,) if subscription_id else ()
+        return cls(qos, no_local, retain_as_published, subscription_id, ids)
+
+
+class Session:
+    """A client's session on this node; outlives connections when persistent.
+
+    Owners: `conn`, `epoch`, `expiry_s`, `expiry_handle`, `durable` and
+    `ready` belong to the connection manager (`cm`); `subs` to the routing
+    table (`routes`); `pumping`, `dirty`, `acks`, `ops` and `backlog` to
+    delivery (`delivery`)."""
+
+    __slots__ = (
+        "acks",
+        "backlog",
+        "client_id",
+        "conn",
+        "dirty",
+        "durable",
+        "epoch",
+        "expiry_handle",
+        "expiry_s",
+        "ops",
+        "pumping",
+        "ready",
+        "subs",
+    )
+
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
+        self.conn: ConnectionPort | None = None
+        self.epoch = 0
+        self.durable = False  # claimed in the durable (Redis) tier
+        self.expiry_s = 0
+        self.subs: dict[str, SubOptions] = {}
+        self.expiry_handle: asyncio.TimerHandle | None = None
+        self.ready = False  # CONNACK sent and inflight resent: deliveries may flow
+        self.pumping = False
+        self.dirty = False
+        self.acks: list[int] = []
+        self.backlog = 0  # queued for this online session, not yet taken (approximate)
+        self.ops: list[tuple[str, int]] = []  # ("received" | "released", packet id)
+
+
+class ConnectionPort(Protocol):
+    """What a connection offers the broker's parts."""
+
+    channel: Channel
+    session: Session | None
+    closed: bool
+    max_outgoing_packet: int | None  # the client's Maximum Packet Size
+
+    @property
+    def transport(self) -> asyncio.BaseTransport | None: ...
+
+    def carry_out(self, actions: Sequence[Action]) -> None:
+        """Carry out the channel's actions (send, close, timers...), in order."""
+        ...
+
+    def write_qos0(self, data: bytes) -> bool:
+        """An encoded QoS 0 PUBLISH; False if dropped (a subscriber too far behind)."""
+        ...
+
+    def routed(
+        self, token: int, ok: bool, no_subscribers: bool, reason_code: int | None = None
+    ) -> None:
+        """The PUBLISH of `token` was routed (ok) or failed: its PUBACK / PUBREC."""
+        ...
+
+    def resume_processing(self) -> None:
+        """The answer to a busy action is out: handle the packets held meanwhile."""
+        ...
+
+    def block_on(self, subscriber: ConnectionPort) -> None:
+        """Back-pressure: stop reading this publisher until `subscriber` drains."""
+        ...
+
+    def wake_waiters(self) -> None:
+        """Publishers held back for this subscriber may go on."""
+        ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class BrokerPort(Protocol):
+    """What the broker offers a connection."""
+
+    node_id: str
+    channel_config: ChannelConfig
+    limits: Limits
+    loop: asyncio.AbstractEventLoop
+    qos0_dropped: int
+    work: int  # deliveries made; a connection budgets its processing per loop turn by it
+    publisher: ConnectionPort | None  # the connection whose packets are being handled
+
+    @property
+    def wheel(self) -> Any: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
+
+    def mark_dirty(self, conn: ConnectionPort) -> None:
+        """`conn` has output: flush it once this loop turn ends."""
+        ...
+
+    def connection_made(self, conn: ConnectionPort) -> bool:
+        """False: over the connection limit (refuse its CONNECT)."""
+        ...
+
+    def connection_lost(self, conn: ConnectionPort) -> None: ...
+
+    def connection_ended(
+        self,
+        conn: ConnectionPort,
+        will: Will | None,
+        will_delay_s: int,
+        session_expiry_s: int | None = None,
+    ) -> None: ...
+
+    async def open_session(self, conn: ConnectionPort, action: OpenSession) -> None: ...
+
+    def subscribe(self, conn: ConnectionPort, request: SubscribeRequest) -> None: ...
+
+    def unsubscribe(self, conn: ConnectionPort, request: UnsubscribeRequest) -> None: ...
+
+    def publish(self, conn: ConnectionPort, route: Route) -> None: ...
+
+    def acked(self, conn: ConnectionPort, packet_id: int) -> None: ...
+
+    def received(self, conn: ConnectionPort, packet_id: int) -> None: ...
+
+    def released(self, conn: ConnectionPort, packet_id: int) -> None: ...
+
+
+class RoutingTable(Protocol):
+    """What the log projection (`logstate`) writes: routes and offline sessions."""
+
+    node_id: str
+    trie: TopicTrie[SubOptions]
+    sessions: dict[str, Session]
+
+    def invalidate_plans(self) -> None: ...
+
+    def mark_durable(self, client_id: str) -> None:
+        """A persistent session found in the log: its state is in the durable tier."""
+        ...
+
+    def expire_later(self, session: Session, delay_s: float) -> None:
+        """End this offline session after `delay_s` unless it comes back."""
+        ...

@@ -1,0 +1,126 @@
+"""The remote side: this node's part in the cluster (services.cluster.router).
+
+Theory of operation. A publish whose subscribers are online on other nodes
+(`deliver`): clean ones get the message forwarded as published (their node
+applies their options); persistent ones get it in their Redis queue through
+this node's delivery batch, and once that batch is stored their node is told
+to take it (`notify_stored`). A takeover by another node (`kicked`) closes
+our connection if it is older; until the log says the client moved, what we
+queue for it is announced to its new node (`moved`). When this node claims a
+session another node held, that node is told to close its connection
+(`kick_previous`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from services.cluster.view import ClusterView
+from services.mqtt.packets import Message
+from services.node.delivery import Delivery
+from services.node.ports import Session
+from services.node.routes import RemoteEntry, Routes, delivered_form
+
+if TYPE_CHECKING:
+    from services.cluster.router import ClusterRouter
+
+
+class Remote:
+    def __init__(
+        self,
+        node_id: str,
+        routes: Routes,
+        delivery: Delivery,
+        view: Callable[[], ClusterView],
+        mark_durable: Callable[[str], None],
+    ) -> None:
+        self.node_id = node_id
+        self.routes = routes
+        self.delivery = delivery
+        self.view = view
+        self.mark_durable = mark_durable
+        self.cluster: ClusterRouter | None = None  # set by the node when it joins a cluster
+        self.pending: dict[str, tuple[str, int]] = {}  # client -> (node, batches)
+        self.moved: dict[str, str] = {}  # client -> the node that took it over from us
+
+    def deliver(self, message: Message, remote: list[RemoteEntry]) -> int:
+        """Subscribers online on other nodes (see the module docstring)."""
+        cluster = self.cluster
+        if cluster is None:
+            return 0
+        view = self.view()
+        targets: dict[str, list[str]] = {}
+        count = 0
+        for client_id, opts in remote:
+            entry = view.session(client_id)
+            if entry is None or not entry.online or entry.node == self.node_id:
+                continue
+            self.moved.pop(client_id, None)  # the log caught up
+            if not entry.persistent:
+                targets.setdefault(entry.node, []).append(client_id)
+                count += 1
+                continue
+            delivered = delivered_form(message, client_id, opts)
+            if delivered is None:
+                continue
+            count += 1
+            self.mark_durable(client_id)
+            stub = Session(client_id)  # no connection: enqueue only, its owner takes
+            stub.expiry_s = entry.expiry_s
+            self.delivery.add(stub, delivered)
+            batches = self.pending.get(client_id, (entry.node, 0))[1]
+            self.pending[client_id] = (entry.node, batches + 1)
+        if targets:
+            cluster.forward(message, targets)
+        return count
+
+    def notify_stored(self, items: Sequence[tuple[str, Message]]) -> None:
+        """A batch is stored: tell the owners of the remote persistent sessions in it."""
+        pending, moved = self.pending, self.moved
+        if not (pending or moved) or self.cluster is None:
+            return
+        for client_id in {c for c, _ in items if c in pending or c in moved}:
+            if client_id in moved:  # queued through our stale session: its new node takes
+                self.cluster.notify(moved[client_id], client_id)
+            if client_id not in pending:
+                continue
+            node, batches = pending[client_id]
+            self.cluster.notify(node, client_id)
+            if batches <= 1:
+                del pending[client_id]
+            else:
+                pending[client_id] = (node, batches - 1)
+
+    def deliver_queued(self, client_ids: Sequence[str]) -> None:
+        """A peer stored messages in these local sessions' queues."""
+        for client_id in client_ids:
+            session = self.routes.sessions.get(client_id)
+            if session is not None and session.conn is not None and session.ready:
+                self.delivery.kick(session)
+
+    def kicked(self, client_id: str, epoch: int, node: str) -> None:
+        """`node` claimed client_id under `epoch`: close ours if it is older. Until
+        the log tells us it moved, what we queue for it is announced to `node`."""
+        session = self.routes.sessions.get(client_id)
+        if session is None or session.epoch >= epoch:
+            return
+        self.moved[client_id] = node
+        if session.conn is None:
+            return
+        conn = session.conn
+        session.conn = None
+        session.ready = False
+        conn.session = None
+        conn.carry_out(conn.channel.taken_over())
+
+    def kick_previous(self, client_id: str, previous: str | None, epoch: int) -> None:
+        """Takeover across nodes: the node that had the client closes its connection."""
+        self.moved.pop(client_id, None)
+        if self.cluster is None:
+            return
+        if previous is None or previous == self.node_id:
+            entry = self.view().session(client_id)
+            previous = entry.node if entry is not None and entry.online else None
+        if previous is not None and previous != self.node_id:
+            self.cluster.kick(previous, client_id, epoch)

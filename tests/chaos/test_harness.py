@@ -22,6 +22,7 @@ from tests.chaos.harness import (
     QoS2Publisher,
     Subscriber,
 )
+from tests.support.wait import until
 
 TOTAL = 2000
 TOPIC = "harness/seq"
@@ -40,23 +41,15 @@ def memory_node(tmp_path: Path) -> Iterator[NodeProcess]:
         node.stop()
 
 
-async def _until(condition: object, timeout: float) -> None:
-    assert callable(condition)
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
 async def test_clients_count_exactly_once_without_kills(memory_node: NodeProcess) -> None:
     await memory_node.wait_ready(30)
     deadline = time.monotonic() + 30
     subs = [Subscriber("h-q1", TOPIC, 1), Subscriber("h-q2", TOPIC, 2)]
     tasks = [asyncio.create_task(s.run(memory_node.port, deadline)) for s in subs]
-    await _until(lambda: all(s.subscribed for s in subs), 10)
+    await until(lambda: all(s.subscribed for s in subs), timeout=10)
     pub = QoS2Publisher("h-pub", TOPIC, TOTAL, rate=4000.0)
     await pub.run(memory_node.port, deadline)
-    await _until(lambda: not any(s.missing(TOTAL) for s in subs), 10)
+    await until(lambda: not any(s.missing(TOTAL) for s in subs), timeout=10)
     for s in subs:
         s.stop.set()
     await asyncio.gather(*tasks)
@@ -72,11 +65,11 @@ async def test_a_restart_that_forgets_sessions_is_counted(memory_node: NodeProce
     deadline = time.monotonic() + 30
     sub = Subscriber("h-forget", TOPIC, 1)
     task = asyncio.create_task(sub.run(memory_node.port, deadline))
-    await _until(lambda: sub.subscribed, 10)
+    await until(lambda: sub.subscribed, timeout=10)
     memory_node.kill()
     memory_node.start()
     await memory_node.wait_ready(30)
-    await _until(lambda: sub.connects == 2 and sub.subscribed, 10)
+    await until(lambda: sub.connects == 2 and sub.subscribed, timeout=10)
     sub.stop.set()
     await task
     assert sub.sessions_lost == 1  # the memory node answered session_present=0
@@ -108,11 +101,11 @@ async def test_offline_and_v5_clients_count_exactly_once(memory_node: NodeProces
     ]
     subs = [*online, *offline]
     tasks = [asyncio.create_task(s.run(memory_node.port, deadline)) for s in subs]
-    await _until(lambda: all(s.subscribed for s in subs), 10)
+    await until(lambda: all(s.subscribed for s in subs), timeout=10)
     pub = QoS2Publisher("h-pub5", TOPIC, TOTAL, rate=1000.0)
     await pub.run(memory_node.port, deadline)
     settle.set()
-    await _until(lambda: not any(s.missing(TOTAL) for s in subs), 10)
+    await until(lambda: not any(s.missing(TOTAL) for s in subs), timeout=10)
     for s in subs:
         s.stop.set()
     await asyncio.gather(*tasks)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -16,6 +15,7 @@ from services.cluster.membership import (
     Roster,
     watch,
 )
+from tests.support.wait import until
 
 SHORT_TTL_S = 0.3  # Redis expires keys with ms precision; short enough to keep the test fast
 
@@ -137,13 +137,6 @@ def test_roster_diff_is_pure() -> None:
     assert r.known == {"y": Member("y", "h:3")}
 
 
-async def wait_until(pred: Callable[[], bool], deadline_s: float = 5.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not pred():
-        assert time.monotonic() < end, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 async def test_watch_reports_a_peer_joining_and_dying(world: World) -> None:
     a, b = world.member(), world.member(SHORT_TTL_S)
     await a.join(Member("a", "127.0.0.1:7001"))
@@ -151,10 +144,10 @@ async def test_watch_reports_a_peer_joining_and_dying(world: World) -> None:
     task = asyncio.create_task(watch(a, changes.append, 0.02))
     try:
         await b.join(Member("b", "127.0.0.1:7002"))
-        await wait_until(lambda: any(c.joined for c in changes))
+        await until(lambda: any(c.joined for c in changes))
         assert changes[-1].joined == (Member("b", "127.0.0.1:7002"),)
         await b.leave()
-        await wait_until(lambda: any(c.died for c in changes))
+        await until(lambda: any(c.died for c in changes))
         assert changes[-1].died == ("b",)
     finally:
         task.cancel()

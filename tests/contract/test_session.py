@@ -13,6 +13,7 @@ from services.session.api import Fenced, SessionStore, StoreUnavailable
 from services.session.memory import MemorySessionStore
 from services.session.redis import RedisSessionStore
 from services.session.redis_server import RedisServer
+from tests.support.wait import until
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
@@ -24,16 +25,6 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
         s = RedisSessionStore.from_url(request.getfixturevalue("redis_url"))
     yield s
     await s.close()
-
-
-async def wait_for(predicate: object, deadline_s: float = 5.0) -> None:
-    assert callable(predicate)
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if await predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 async def test_first_claim_is_new_and_online(store: SessionStore) -> None:
@@ -104,7 +95,7 @@ async def test_session_expires_after_release(store: SessionStore) -> None:
     async def gone() -> bool:
         return await store.get("c1") is None
 
-    await wait_for(gone)
+    await until(gone)
     again = await store.claim("c1", "n1", False, 1)
     assert not again.session_present
 

@@ -4,9 +4,7 @@ back-pressure, reconnect."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
@@ -18,6 +16,8 @@ from services.cluster.links import (
     parse_hello,
 )
 from services.mqtt.packets import Message, Properties
+from tests.support.ports import free_port
+from tests.support.wait import until
 
 
 class Recorder:
@@ -32,13 +32,6 @@ class Recorder:
 
     def on_kick(self, peer: str, client_id: str, epoch: int) -> None:
         self.events.append(("kick", peer, client_id, epoch))
-
-
-async def wait_until(pred: Callable[[], bool], deadline_s: float = 5.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not pred():
-        assert time.monotonic() < end, "condition not met in time"
-        await asyncio.sleep(0.005)
 
 
 class Pair:
@@ -60,13 +53,6 @@ async def pair() -> AsyncIterator[Pair]:
         await links.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 async def test_frames_arrive_in_order_with_the_sender_named(pair: Pair) -> None:
     rec = Recorder()
     a = await pair.links("a", Recorder())
@@ -86,7 +72,7 @@ async def test_frames_arrive_in_order_with_the_sender_named(pair: Pair) -> None:
     assert a.notify("b", ["p1", "p\u00e9"])
     assert a.forward("b", m2, ["c3"])
     assert a.kick("b", "old", 2**40 + 7)
-    await wait_until(lambda: len(rec.events) == 4)
+    await until(lambda: len(rec.events) == 4)
     assert rec.events == [
         ("forward", "a", m1, ("c1", "c2")),
         ("notify", "a", ("p1", "p\u00e9")),
@@ -104,7 +90,7 @@ async def test_one_write_per_loop_turn(pair: Pair) -> None:
     before = a.stats("b").writes
     for i in range(500):
         a.forward("b", Message(f"t/{i}", b"p", 1), ["c"])
-    await wait_until(lambda: len(rec.events) == 500)
+    await until(lambda: len(rec.events) == 500)
     assert a.stats("b").writes == before + 1
     assert [e[2].topic for e in rec.events] == [f"t/{i}" for i in range(500)]  # type: ignore[attr-defined]
 
@@ -125,7 +111,7 @@ async def test_buffer_limit_drops_only_qos0_forwards_and_counts_them(pair: Pair)
     assert a.backlog("b") > 4096
     b = await pair.links("b", rec)
     await a.set_peer("b", b.address)
-    await wait_until(lambda: len(rec.events) == kept0 + 12)
+    await until(lambda: len(rec.events) == kept0 + 12)
     kinds = [e[0] if e[0] != "forward" else e[2].topic for e in rec.events]  # type: ignore[attr-defined]
     assert kinds == ["q0"] * kept0 + ["q1"] * 10 + ["notify", "kick"]
     assert a.backlog("b") == 0
@@ -137,12 +123,12 @@ async def test_reconnects_after_the_peer_restarts_on_the_same_port(pair: Pair) -
     b1 = await pair.links("b", first)
     await a.set_peer("b", b1.address)
     a.notify("b", ["before"])
-    await wait_until(lambda: len(first.events) == 1)
+    await until(lambda: len(first.events) == 1)
     await b1.close()
-    await wait_until(lambda: not a.is_connected("b"))
+    await until(lambda: not a.is_connected("b"))
     a.notify("b", ["after"])  # buffered while b is down
     await pair.links("b", second, port=b1.port)
-    await wait_until(lambda: len(second.events) == 1)
+    await until(lambda: len(second.events) == 1)
     assert second.events == [("notify", "a", ("after",))]
     assert a.stats("b").connects == 2
 
@@ -173,7 +159,7 @@ async def test_dialler_rejects_a_listener_with_another_node_id(pair: Pair) -> No
     impostor = await pair.links("c", rec)
     await a.set_peer("b", impostor.address)
     a.notify("b", ["x"])
-    await wait_until(lambda: a.stats("b").rejected >= 2)
+    await until(lambda: a.stats("b").rejected >= 2)
     assert rec.events == []
     assert a.backlog("b") > 0
 
@@ -189,4 +175,4 @@ async def test_garbage_closes_only_that_link(pair: Pair) -> None:
     writer.close()
     await a.set_peer("b", b.address)
     a.notify("b", ["ok"])
-    await wait_until(lambda: rec.events == [("notify", "a", ("ok",))])
+    await until(lambda: rec.events == [("notify", "a", ("ok",))])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Paho
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.redis]
 
@@ -26,13 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
 PROPAGATION_S = 15.0  # Kafka tail + membership poll, with a busy machine's margin
 SESSION_TAKEN_OVER = 142
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class NodeProc:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
@@ -12,6 +10,7 @@ from services.cluster.api import Membership
 from services.cluster.membership import MemoryMembership, MemoryMembershipHub, RedisMembership
 from services.cluster.router import ClusterRouter
 from services.mqtt.packets import Message
+from tests.support.wait import until
 
 POLL_S = 0.02
 
@@ -30,13 +29,6 @@ class Local:
 
     def kicked(self, client_id: str, epoch: int, node: str) -> None:
         self.kicks.append((client_id, epoch, node))
-
-
-async def wait_until(pred: Callable[[], bool], deadline_s: float = 5.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not pred():
-        assert time.monotonic() < end, "condition not met in time"
-        await asyncio.sleep(0.005)
 
 
 class Cluster:
@@ -77,7 +69,7 @@ async def test_nodes_find_each_other_and_forward(cluster: Cluster) -> None:
     m0, m1 = Message("t", b"zero", 0), Message("t", b"one", 1)
     assert a.forward(m0, {"b": ["s1", "s2"]}) == 1
     assert a.forward(m1, {"b": ["s1"]}) == 1
-    await wait_until(lambda: len(b_local.forwarded) == 2)
+    await until(lambda: len(b_local.forwarded) == 2)
     assert b_local.forwarded == [(m0, ("s1", "s2")), (m1, ("s1",))]
 
 
@@ -88,7 +80,7 @@ async def test_notifies_merge_per_turn_and_kick_arrives(cluster: Cluster) -> Non
     for cid in ("p1", "p2", "p1", "p3", "p2"):
         a.notify("b", cid)
     a.kick("b", "p9", 42)
-    await wait_until(lambda: bool(b_local.kicks))
+    await until(lambda: bool(b_local.kicks))
     assert b_local.queued == [("p1", "p2", "p3")]
     assert b_local.kicks == [("p9", 42, "a")]
 
@@ -98,10 +90,10 @@ async def test_a_dead_node_is_unlinked(cluster: Cluster) -> None:
     b, _ = await cluster.node("b")
     assert await a.wait_peers(["b"], 5.0)
     await b.stop()
-    await wait_until(lambda: a.peers() == [])
+    await until(lambda: a.peers() == [])
     assert a.forward(Message("t", b"", 1), {"b": ["x"]}) == 1  # held: b might be joining
     assert a.links.held() == ["b"]
-    await wait_until(lambda: a.links.held() == [], deadline_s=10.0)  # given up after a TTL
+    await until(lambda: a.links.held() == [], timeout=10.0)  # given up after a TTL
 
 
 async def test_frames_for_a_node_not_yet_seen_are_held_until_it_joins(cluster: Cluster) -> None:
@@ -110,7 +102,7 @@ async def test_frames_for_a_node_not_yet_seen_are_held_until_it_joins(cluster: C
     assert a.forward(m, {"late": ["c"]}) == 1
     a.notify("late", "p")
     _, late_local = await cluster.node("late")
-    await wait_until(lambda: bool(late_local.queued))
+    await until(lambda: bool(late_local.queued))
     assert late_local.forwarded == [(m, ("c",))]
     assert late_local.queued == [("p",)]
 
@@ -122,6 +114,6 @@ async def test_three_nodes_fan_out(cluster: Cluster) -> None:
     assert await a.wait_peers(["b", "c"], 5.0)
     m = Message("x/y", b"p", 1, sender="pub")
     assert a.forward(m, {"b": ["b1"], "c": ["c1", "c2"]}) == 2
-    await wait_until(lambda: bool(b_local.forwarded and c_local.forwarded))
+    await until(lambda: bool(b_local.forwarded and c_local.forwarded))
     assert b_local.forwarded == [(m, ("b1",))]
     assert c_local.forwarded == [(m, ("c1", "c2"))]

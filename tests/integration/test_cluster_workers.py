@@ -15,7 +15,7 @@ import pytest
 
 from bench.proc import find_listener_pids
 from tests.integration.conftest import Paho
-from tests.integration.test_cluster_nodes import free_port
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.redis]
 

@@ -9,15 +9,9 @@ import subprocess
 import sys
 
 from tests.integration.conftest import Paho
+from tests.support.ports import free_port
 
 START_S = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def start(*args: str) -> subprocess.Popen[str]:

@@ -37,6 +37,7 @@ from services.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
+from tests.support.ports import free_port
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 DEADLINE_S = 5.0
@@ -46,9 +47,7 @@ pytestmark = pytest.mark.skipif(not Path(MOSQUITTO).exists(), reason="mosquitto 
 
 @pytest.fixture(scope="module")
 def mosquitto_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
+    port = free_port()
     conf = tmp_path_factory.mktemp("mosquitto") / "mosquitto.conf"
     conf.write_text(
         f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest none\n"

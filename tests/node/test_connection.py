@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -30,6 +31,7 @@ from services.node.connection import Connection
 from services.node.node import channel_config
 from services.node.timers import TimerWheel
 from services.settings import Settings, load
+from tests.support.wait import until
 
 WAIT_S = 5.0
 
@@ -83,13 +85,8 @@ class FakeTransport:
             pos += res[1]
 
 
-async def wait_for(cond: Callable[[], bool], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0)  # yield to the loop: the condition is checked every turn
+# The condition is checked on every turn of the loop: a state that lasts a turn is seen.
+wait_for = functools.partial(until, timeout=WAIT_S, interval=0)
 
 
 class Harness:

@@ -13,7 +13,7 @@ restart) closes too. Both are `HandshakeRejected`, counted, and retried
 with the same backoff as a refused connection: a rolling upgrade ends them.
 
 Frames: u32 length (of what follows) | u8 type | body.
-  FORWARD  u16 n | n x (u16 len | client id) | message (services.queue.serial)
+  FORWARD  u16 n | n x (u16 len | client id) | message (services.store.serial)
   NOTIFY   u16 n | n x (u16 len | client id)
   KICK     u64 epoch | client id
 A frame longer than MAX_FRAME closes the link (the sender is broken).
@@ -45,7 +45,7 @@ from typing import Protocol, cast
 
 from services.cluster.api import HandshakeRejected, LinkError
 from services.mqtt.packets import Message
-from services.queue import serial
+from services.store import serial
 
 log = logging.getLogger("weir.cluster.links")
 

@@ -40,7 +40,7 @@ from services.cluster.links import (
 )
 from services.cluster.membership import beat_interval
 from services.mqtt.packets import Message
-from services.queue import serial
+from services.store import serial
 
 log = logging.getLogger("weir.cluster.router")
 

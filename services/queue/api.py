@@ -9,7 +9,7 @@ Under `DROP_OLDEST` (EMQX's policy) the oldest queued messages make room,
 counted in `drops`.
 
 Every method that changes a client's state takes the epoch from its session
-claim and raises `services.session.api.Fenced` when it is stale. Messages
+claim and raises `services.store.errors.Fenced` when it is stale. Messages
 are `services.mqtt.packets.Message` in their delivered form (QoS and retain
 already adjusted per subscription).
 """

@@ -1,6 +1,6 @@
 """Per-client message state in one process's memory, with the Redis store's semantics.
 
-The state hangs off the client's `services.session.memory.ClientRecord`, so
+The state hangs off the client's `services.store.records.ClientRecord`, so
 fencing, clean start and expiry act on it exactly as on the Redis keys that
 share the client's hash tag. Messages for a client without a session are
 ignored by `enqueue` (neither accepted nor dropped): there is nobody to
@@ -24,8 +24,8 @@ from services.queue.api import (
     Inflight,
     TakeResult,
 )
-from services.session.api import Fenced
-from services.session.memory import ClientRecord, MemorySessionStore
+from services.store.errors import Fenced
+from services.store.records import ClientRecord, ClientRecords
 
 
 @dataclass(slots=True)
@@ -55,7 +55,7 @@ def _state(rec: ClientRecord) -> _State:
 class MemoryQueueStore:
     def __init__(
         self,
-        sessions: MemorySessionStore,
+        sessions: ClientRecords,
         limit: int = DEFAULT_QUEUE_LIMIT,
         wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         full: str = REFUSE,

@@ -1,9 +1,9 @@
 """Per-client message state in Redis: one Lua script per atomic step.
 
-The keys are the client's hash-tagged set from `services.session.redis.
+The keys are the client's hash-tagged set from `services.store.redis.
 client_keys`, so fencing (the session hash's epoch), clean start and expiry
 act on them in the same scripts as the session. Messages travel in the
-compact form of `services.queue.serial`.
+compact form of `services.store.serial`.
 
 Batching: `enqueue` and `enqueue_and_take` send every client of a batch in
 ONE script call (8 keys per client, 2 per incoming QoS 2 mark). That is valid on a single Redis (and
@@ -34,9 +34,8 @@ from services.queue.api import (
     TakeResult,
     shifted,
 )
-from services.queue.serial import dumps, loads
-from services.session.api import Fenced
-from services.session.redis import (
+from services.store.errors import Fenced
+from services.store.redis import (
     DEFAULT_TIMEOUT_S,
     FENCED,
     bounded,
@@ -44,6 +43,7 @@ from services.session.redis import (
     connect,
     load_script,
 )
+from services.store.serial import dumps, loads
 
 _S, _Q, _O, _Z, _F, _FO, _X, _R = range(8)
 

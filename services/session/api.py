@@ -10,21 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from services.store.errors import Fenced, SessionError, StoreUnavailable
 
-class SessionError(Exception):
-    """Base of the session service's errors."""
-
-    retriable = False
-
-
-class Fenced(SessionError):
-    """A newer owner holds the session: the writer must close its connection."""
-
-
-class StoreUnavailable(SessionError):
-    """The backing store did not answer in time; the caller may retry later."""
-
-    retriable = True
+__all__ = [
+    "Claim",
+    "Fenced",
+    "SessionError",
+    "SessionInfo",
+    "SessionStore",
+    "StoreUnavailable",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,52 +13,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from services.session.api import Claim, Fenced, SessionInfo
+from services.session.api import Claim, SessionInfo
+from services.store.records import ClientRecord, ClientRecords, hlc_next
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry interval meaning "never"
 
 
-def hlc_next(previous: int, now_us: int) -> int:
-    return max(previous + 1, now_us)
-
-
-@dataclass(slots=True)
-class ClientRecord:
-    epoch: int = 0
-    version: int = 0
-    node: str | None = None
-    online: bool = False
-    expiry_s: int = 0
-    expires_at: float | None = None  # monotonic seconds while offline
-    queue: object | None = None  # owned by services.queue.memory
-
-
-class MemorySessionStore:
+class MemorySessionStore(ClientRecords):
     def __init__(
         self,
         clock: Callable[[], float] = time.monotonic,
         wall_us: Callable[[], int] = lambda: time.time_ns() // 1000,
     ) -> None:
-        self._clock = clock
+        super().__init__(clock)
         self._wall_us = wall_us
-        self._clients: dict[str, ClientRecord] = {}
         self._topic_versions: dict[str, int] = {}
-
-    def record(self, client_id: str) -> ClientRecord | None:
-        """The live record of a client (None if absent or expired)."""
-        rec = self._clients.get(client_id)
-        if rec is not None and rec.expires_at is not None and self._clock() >= rec.expires_at:
-            del self._clients[client_id]
-            return None
-        return rec
-
-    def check(self, client_id: str, epoch: int) -> ClientRecord:
-        rec = self.record(client_id)
-        if rec is None or rec.epoch != epoch:
-            raise Fenced(client_id)
-        return rec
 
     async def claim(self, client_id: str, node: str, clean_start: bool, expiry_s: int) -> Claim:
         rec = self.record(client_id)

@@ -51,9 +51,9 @@ import redis.asyncio as aioredis
 
 from services.event.embedded_kafka import EmbeddedKafka
 from services.queue.redis import RedisQueueStore
-from services.queue.serial import loads
 from services.session.redis import client_keys, connect
 from services.session.redis_server import RedisServer, free_port
+from services.store.serial import loads
 from tests.chaos.harness import (
     LEVEL,
     LEVEL_5,

@@ -18,11 +18,11 @@ from services.node.stores import TieredQueueStore, TieredSessionStore, Tiers
 from services.queue.api import DROP_OLDEST, REFUSE, EnqueueResult, IncomingMark, QueueStore
 from services.queue.memory import MemoryQueueStore
 from services.queue.redis import RedisQueueStore
-from services.queue.serial import SerialError, dumps, loads
 from services.session.api import Fenced, SessionStore, StoreUnavailable
 from services.session.memory import MemorySessionStore
 from services.session.redis import RedisSessionStore, client_keys, connect
 from services.session.redis_server import RedisServer
+from services.store.serial import SerialError, dumps, loads
 
 
 @dataclass

@@ -10,7 +10,7 @@
 -- ARGV: 1 queue limit, 2 at the bound: "1" refuse QoS 1/2, "0" drop the oldest,
 --   3 m marks, then m pairs (publisher epoch, packet id),
 --   then per group: epoch ("-" = enqueue only), window, n, then n serialized
---   messages (services/queue/serial.py: byte 2 holds the QoS in bits 0-1 and
+--   messages (services/store/serial.py: byte 2 holds the QoS in bits 0-1 and
 --   "has expiry" in bit 3, bytes 3-10 the expiry in ms)
 -- Returns: {accepted, dropped, then for each group whose epoch is not "-":
 --   -1 if fenced, else k followed by k pairs (packet id or 0 for QoS 0, message)}

@@ -1,0 +1,87 @@
+"""Redis plumbing the session and queue stores share.
+
+Keys of one client share the hash tag `{c:<client id>}` so every script
+touches a single slot (valid on Redis Cluster); `client_keys` lists them in
+the order every script expects. Every call is bounded (`bounded`) and any
+failure to get an answer (connection refused, reset, timeout, Redis loading)
+becomes `StoreUnavailable`; redis-py reconnects on the next call, so a store
+recovers by itself when Redis returns. Scripts are registered once
+(`load_script`); redis-py re-loads them when Redis answers NOSCRIPT.
+
+No automatic resend: redis-py's retry is off, because resending a script
+whose answer was lost (timeout, reset) could run it twice (an enqueue twice
+is a duplicate delivery). Such a call raises StoreUnavailable and its outcome
+is unknown; the caller decides. Dead pooled connections (after a Redis
+restart) are still replaced transparently when they are checked out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable
+from importlib import resources
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from services.store.errors import StoreUnavailable
+
+POOL_CONNECTIONS = 64  # concurrent calls per process; more only queue on one Redis thread
+DEFAULT_TIMEOUT_S = 2.0  # per call; a healthy local Redis answers in well under 1 ms
+FENCED = -1
+
+T = TypeVar("T")
+
+_POOL_OPTIONS: dict[str, Any] = {}
+try:  # redis-py >= 7: "auto" maintenance notifications skip the pool's dead-connection check
+    from redis.maint_notifications import MaintNotificationsConfig
+
+    _POOL_OPTIONS["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+except ImportError:  # pragma: no cover - older redis-py has no such mode
+    pass
+
+# s session hash; q queue hash; o queue order; z QoS 0 seqs; f inflight hash;
+# fo inflight order; x released ids; r incoming QoS 2 ids
+KEY_SUFFIXES = ("s", "q", "o", "z", "f", "fo", "x", "r")
+
+
+@functools.lru_cache(maxsize=8192)  # about 4 MB at most
+def client_keys(client_id: str) -> tuple[bytes, ...]:
+    tag = ("{c:" + client_id + "}:").encode()
+    return tuple(tag + suffix.encode() for suffix in KEY_SUFFIXES)
+
+
+def connect(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> aioredis.Redis:
+    """A client whose pool makes a call wait for a free connection (bounded by
+    `timeout`) instead of failing: redis-py's default pool raises at once past
+    its limit, which a burst of persistent sessions reaches."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=POOL_CONNECTIONS,
+        timeout=timeout,
+        socket_timeout=None,  # calls are bounded by `bounded`; socket timeouts cost 2 tasks a call
+        socket_connect_timeout=timeout,
+        health_check_interval=0,
+        retry=Retry(NoBackoff(), 0),  # never resend a script whose answer was lost
+        **_POOL_OPTIONS,
+    )
+    return aioredis.Redis(connection_pool=pool, decode_responses=False, **_POOL_OPTIONS)
+
+
+def load_script(client: aioredis.Redis, package: str, name: str) -> AsyncScript:
+    source = resources.files(package).joinpath("scripts", name).read_text()
+    return client.register_script(source)
+
+
+async def bounded(call: Awaitable[T], limit_s: float) -> T:
+    """Await one Redis call; any failure to answer becomes StoreUnavailable."""
+    try:
+        async with asyncio.timeout(limit_s):  # no task per call, unlike wait_for
+            return await call
+    except (RedisError, OSError, TimeoutError) as exc:
+        raise StoreUnavailable(f"redis did not answer: {type(exc).__name__}: {exc}") from exc

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from services.session.redis_server import RedisServer
 from tests.integration.conftest import Paho
-from tests.integration.test_durable_support import backend_settings, start_node
+from tests.support.backend_node import backend_settings, start_node
 
 # paho reports a 3.x CONNACK return code 3 ("server unavailable") as ReasonCode 0x88
 V3_SERVER_UNAVAILABLE = 0x88

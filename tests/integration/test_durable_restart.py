@@ -8,7 +8,8 @@ process.
 from __future__ import annotations
 
 from tests.integration.conftest import Paho
-from tests.integration.test_durable_support import backend_settings, start_node, wait_until
+from tests.support.backend_node import backend_settings, start_node
+from tests.support.wait import wait_until
 
 
 def test_persistent_session_survives_node_restart(

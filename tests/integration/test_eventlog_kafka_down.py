@@ -8,37 +8,15 @@ resumed, a granted SUBACK means the Subscribed event is already in the log.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 from services.event.embedded_kafka import EmbeddedKafka
-from services.event.kafka import KafkaEventLog, KafkaSettings
-from services.event.schema import Event, Subscribed
 from tests.integration.conftest import Paho
-from tests.integration.test_durable_support import backend_settings, start_node
+from tests.support.backend_node import backend_settings, start_node
+from tests.support.eventlog import subscribed_in_log
 
 APPEND_TIMEOUT_S = 1.5
-
-
-def log_events(bootstrap: str, prefix: str) -> list[Event]:
-    async def read() -> list[Event]:
-        reader = KafkaEventLog(KafkaSettings(bootstrap=bootstrap, topic_prefix=prefix))
-        events: list[Event] = []
-        try:
-            await reader.replay(events.append)
-        finally:
-            await reader.close()
-        return events
-
-    return asyncio.run(read())
-
-
-def subscribed_in_log(bootstrap: str, prefix: str, client_id: str, topic_filter: str) -> bool:
-    return any(
-        isinstance(e, Subscribed) and e.client_id == client_id and e.filter == topic_filter
-        for e in log_events(bootstrap, prefix)
-    )
 
 
 def codes(suback: Any) -> list[int]:

@@ -16,7 +16,7 @@ import pytest
 
 from services.mqtt.packets import Properties, Puback, Publish, Subscription
 from tests.integration.rawclient import V5, V311, Raw, opened
-from tests.integration.test_durable_support import BackendNode, backend_settings, start_node
+from tests.support.backend_node import BackendNode, backend_settings, start_node
 
 pytestmark = [pytest.mark.redis, pytest.mark.kafka]
 

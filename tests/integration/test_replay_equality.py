@@ -14,12 +14,8 @@ import random
 import pytest
 
 from tests.integration.conftest import Paho
-from tests.integration.test_durable_support import (
-    backend_settings,
-    node_state,
-    start_node,
-    wait_until,
-)
+from tests.support.backend_node import backend_settings, node_state, start_node
+from tests.support.wait import wait_until
 
 CLIENTS = ("c0", "c1", "c2", "c3")
 FILTERS = ("a/#", "a/b", "+/b", "x/y", "$share/g/a/+")

@@ -9,8 +9,9 @@ import pytest
 
 from services.event.schema import SessionExpired
 from tests.integration.conftest import Paho
-from tests.integration.test_durable_support import backend_settings, start_node, wait_until
-from tests.integration.test_eventlog_kafka_down import log_events
+from tests.support.backend_node import backend_settings, start_node
+from tests.support.eventlog import log_events
+from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.kafka]
 

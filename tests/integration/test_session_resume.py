@@ -17,7 +17,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from tests.integration.conftest import Paho
-from tests.integration.test_durable_support import BackendNode, backend_settings, start_node
+from tests.support.backend_node import BackendNode, backend_settings, start_node
 
 pytestmark = [pytest.mark.redis, pytest.mark.kafka]
 

@@ -17,7 +17,7 @@ from services.mqtt.codec import encode
 from services.mqtt.packets import Publish, Suback, Subscribe, Subscription, Unsuback, Unsubscribe
 from tests.integration.conftest import NodeRunner
 from tests.integration.rawclient import LEVELS, V5, Raw, opened
-from tests.integration.test_durable_support import backend_settings, start_node
+from tests.support.backend_node import backend_settings, start_node
 
 APPEND_TIMEOUT_S = 1.5
 

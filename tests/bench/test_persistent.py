@@ -6,7 +6,7 @@ import redis
 
 from bench import wire
 from bench.redisstats import figures, snapshot
-from tests.bench.test_runs import bench
+from tests.support.bench_cli import bench
 
 INNER = "redis.call('incr', KEYS[1]); redis.call('incr', KEYS[1]); return 1"
 

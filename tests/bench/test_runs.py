@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from typing import Any
-
 import pytest
+
+from tests.support.bench_cli import bench
 
 COMMON_KEYS = {
     "scenario",
@@ -24,19 +21,6 @@ COMMON_KEYS = {
     "publishers",
     "subscribers",
 }
-
-
-def bench(*args: str) -> list[dict[str, Any]]:
-    result = subprocess.run(
-        [sys.executable, "-m", "services", "bench", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
-    return [json.loads(line) for line in result.stdout.splitlines()]
 
 
 @pytest.mark.parametrize("scenario", ["fan-in", "pairs"])

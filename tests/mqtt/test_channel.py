@@ -1,14 +1,12 @@
 """Channel: CONNECT, the transition table, keep alive, and every way a connection ends.
 
-Pure tests: packets in, exact actions out. `plain()` blanks Close.detail (free
-log text) so whole action lists can be compared; a few tests check the
-detail where it is the point.
+Pure tests: packets in, exact actions out. `plain()` (tests/support/channel.py)
+blanks Close.detail (free log text) so whole action lists can be compared; a
+few tests check the detail where it is the point.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -36,7 +34,6 @@ from services.mqtt.packets import (
     NO_PROPERTIES,
     Auth,
     Connack,
-    Connect,
     Disconnect,
     Message,
     Packet,
@@ -56,52 +53,21 @@ from services.mqtt.packets import (
     Unsubscribe,
     Will,
 )
+from tests.support.channel import (
+    ASSIGNED,
+    CFG,
+    NOW,
+    V3,
+    V5,
+    V311,
+    closed,
+    connected,
+    make_connect,
+    new_channel,
+    plain,
+)
 
-NOW = 12_345.0  # the node's monotonic clock
-CFG = ChannelConfig()
-ASSIGNED = "weir-assigned-1"
 WILL = Will("wills/c1", b"gone", qos=1)
-V3, V311, V5 = 3, 4, 5
-
-# --- helpers shared by the other test_channel_* modules ------------------------------------
-
-
-def plain(actions: Iterable[Action]) -> list[Action]:
-    return [dataclasses.replace(a, detail="") if isinstance(a, Close) else a for a in actions]
-
-
-def make_connect(level: int = V5, client_id: str = "c1", **kw: Any) -> Connect:
-    return Connect(
-        client_id=client_id,
-        protocol_level=level,
-        protocol_name="MQIsdp" if level == V3 else "MQTT",
-        **kw,
-    )
-
-
-WALL_MS = 1_763_000_000_000
-
-
-def new_channel(cfg: ChannelConfig = CFG) -> Channel:
-    return Channel(cfg, "node-1", new_client_id=lambda: ASSIGNED, wall_ms=lambda: WALL_MS)
-
-
-def connected(
-    level: int = V5,
-    cfg: ChannelConfig = CFG,
-    session_present: bool = False,
-    qos2_ids: frozenset[int] = frozenset(),
-    **connect_kw: Any,
-) -> Channel:
-    ch = new_channel(cfg)
-    opened = ch.receive(make_connect(level, **connect_kw), NOW)
-    assert [type(a) for a in opened] == [OpenSession]
-    acts = ch.session_opened(session_present, qos2_ids)
-    assert isinstance(acts[0], Send)
-    assert isinstance(acts[0].packet, Connack)
-    assert acts[0].packet.reason_code == 0
-    assert ch.state is State.CONNECTED
-    return ch
 
 
 def v5_connack_props(**kw: Any) -> Properties:
@@ -116,10 +82,6 @@ def v5_connack_props(**kw: Any) -> Properties:
     }
     base.update(kw)
     return Properties(**base)
-
-
-def closed(reason: str, will: Will | None = None, delay: int = 0, **kw: Any) -> Close:
-    return Close(reason, will, delay, **kw)
 
 
 KA_CANCEL = CancelTimer(KEEPALIVE_TIMER)

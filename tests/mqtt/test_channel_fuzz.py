@@ -28,7 +28,7 @@ from services.mqtt.packets import (
     Subscription,
     Unsubscribe,
 )
-from tests.mqtt.test_channel import NOW, make_connect
+from tests.support.channel import NOW, make_connect
 
 CFG = ChannelConfig(receive_maximum=3, topic_alias_maximum=2, max_qos=2)
 

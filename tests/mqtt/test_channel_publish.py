@@ -20,7 +20,7 @@ from services.mqtt.packets import (
     Pubrel,
     Will,
 )
-from tests.mqtt.test_channel import NOW, V3, V5, V311, WALL_MS, closed, connected, plain
+from tests.support.channel import NOW, V3, V5, V311, WALL_MS, closed, connected, plain
 
 NOW_MS = WALL_MS
 WILL = Will("wills/c1", b"gone")

@@ -16,7 +16,7 @@ from services.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
-from tests.mqtt.test_channel import NOW, V3, V5, V311, closed, connected, plain
+from tests.support.channel import NOW, V3, V5, V311, closed, connected, plain
 
 
 def conn(level: int, cfg: ChannelConfig | None = None) -> Channel:

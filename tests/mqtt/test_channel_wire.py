@@ -40,7 +40,7 @@ from services.mqtt.packets import (
     Subscribe,
     Subscription,
 )
-from tests.mqtt.test_channel import NOW, V3, V5, V311, make_connect
+from tests.support.channel import NOW, V3, V5, V311, make_connect
 
 
 class Wire:

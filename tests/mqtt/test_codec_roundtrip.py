@@ -37,7 +37,7 @@ from services.mqtt.packets import (
     Will,
 )
 from services.mqtt.properties import encode_properties
-from tests.mqtt.test_codec_golden import GOLDEN
+from tests.support.codec_golden import GOLDEN
 
 LEVELS = (3, 4, 5)
 

@@ -26,13 +26,7 @@ from services.mqtt.packets import (
     Subscription,
     Unsubscribe,
 )
-
-
-def h(text: str) -> bytes:
-    return bytes.fromhex(text.replace("|", " "))
-
-
-MQTT = "00 04 4d 51 54 54"
+from tests.support.codec_golden import MQTT, h
 
 BAD: list[tuple[str, int, str, type[MQTTError]]] = [
     # fixed header

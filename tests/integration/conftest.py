@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from tests.integration.rawclient import Raw
 
 START_TIMEOUT_S = 10.0
+_SENTINELS = itertools.count(1)  # barrier payloads, unique in a test run
 
 
 class NodeRunner:
@@ -199,8 +201,30 @@ class Paho:
     def message(self, timeout: float = 5.0) -> Any:
         return self.messages.get(timeout=timeout)
 
+    def before_barrier(self, sender: Paho, topic: str, qos: int = 0) -> list[Any]:
+        """The messages this client gets before a barrier: `sender` publishes a sentinel
+        on `topic`, which this client is subscribed to, and everything that comes ahead
+        of the sentinel is returned (the sentinel is not). An absence check without a
+        timed wait: `assert c.before_barrier(pub, "t") == []`.
+
+        It proves what it should only if a message that must not come would have been
+        on its way to this client before the sentinel: the sentinel goes after it on the
+        same connection (or after whatever caused it), and at a QoS that does not let it
+        overtake: a QoS 0 copy is written at once, a QoS 1/2 copy goes through the
+        queue, and paho hands a QoS 2 message over only at PUBREL, so where a QoS 2
+        message could come, the sentinel is QoS 2 too."""
+        sentinel = b"barrier-%d" % next(_SENTINELS)
+        sender.publish(topic, sentinel, qos)
+        before: list[Any] = []
+        while (m := self.message()).payload != sentinel:
+            before.append(m)
+            assert len(before) < 1000
+        assert m.topic == topic
+        return before
+
     def no_message(self, within: float = 0.3) -> bool:
-        """True if no message arrives within `within` seconds (an absence check)."""
+        """True if no message arrives within `within` seconds (a timed absence check,
+        for where `before_barrier` cannot be used)."""
         import queue
 
         try:

@@ -8,6 +8,7 @@ closes every `Raw` a test opened lives in conftest.py.
 
 from __future__ import annotations
 
+import itertools
 import socket
 import time
 from typing import Any
@@ -33,6 +34,8 @@ WAIT_S = 5.0
 V311 = 4
 V5 = 5
 LEVELS = [pytest.param(V311, id="v311"), pytest.param(V5, id="v5")]
+BARRIER_PACKET_ID = 0xFEED  # the sentinel's packet id (tests use small ones)
+_SENTINELS = itertools.count(1)  # barrier payloads, unique in a test run
 
 
 class Closed(Exception):
@@ -89,8 +92,45 @@ class Raw:
             except TimeoutError:
                 raise TimeoutError("no packet") from None
 
+    def before_barrier(self, sender: Raw, topic: str, qos: int = 0) -> list[Packet]:
+        """The packets this client gets before a barrier: `sender` (maybe this client)
+        publishes a sentinel on `topic`, which this client is subscribed to, and every
+        packet ahead of the sentinel PUBLISH is returned (the sentinel's own PUBACK, when
+        this client sent it, is not). The sentinel is acknowledged. An absence check
+        without a timed wait: `assert sub.before_barrier(pub, "t") == []`.
+
+        It proves what it should only if a packet that must not come would have been on
+        its way to this client before the sentinel: the sentinel goes after it on the
+        same connection (or after whatever caused it), and at a QoS that does not let it
+        overtake: a QoS 0 copy is written at once, a QoS 1/2 copy goes through the
+        queue, so where a QoS 1/2 message could come, the sentinel is QoS 1."""
+        assert qos in (0, 1)
+        sentinel = b"barrier-%d" % next(_SENTINELS)
+        packet_id = BARRIER_PACKET_ID if qos else None
+        sender.send(Publish(topic, sentinel, qos=qos, packet_id=packet_id))
+        own_ack = qos == 1 and sender is self
+        if qos and not own_ack:
+            assert sender.expect(Puback).packet_id == packet_id
+        before: list[Packet] = []
+        while True:
+            packet = self.recv()
+            if isinstance(packet, Publish) and packet.payload == sentinel:
+                break
+            if own_ack and isinstance(packet, Puback) and packet.packet_id == packet_id:
+                own_ack = False
+                continue
+            before.append(packet)
+            assert len(before) < 1000
+        if packet.qos == 1:
+            assert packet.packet_id is not None
+            self.send(Puback(packet.packet_id))
+        if own_ack:
+            assert self.expect(Puback).packet_id == packet_id
+        return before
+
     def nothing(self, within: float = 0.3) -> bool:
-        """True if no packet arrives within `within` seconds (an absence check)."""
+        """True if no packet arrives within `within` seconds (a timed absence check, for
+        where `before_barrier` cannot be used)."""
         try:
             self.recv(within)
         except TimeoutError:

@@ -127,7 +127,7 @@ def test_qos2_not_delivered_twice_before_pubrel(
     again.send(Pubrel(5))
     again.expect(Pubcomp)
     assert sub.expect(Publish).payload == b"x"
-    assert sub.nothing()
+    assert sub.before_barrier(again, "q2d", 0) == []
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -309,7 +309,7 @@ def test_topic_levels_and_empty_levels(node: NodeRunner, raws: list[Raw], level:
         pub.send(Publish(t, t.encode(), qos=0))
     got = [sub.expect(Publish) for _ in range(4)]
     assert [p.topic for p in got] == ["/", "a//b", "//", "ü/€/𝄞"]
-    assert sub.nothing()
+    assert sub.before_barrier(pub, "barrier", 0) == []
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -363,7 +363,7 @@ def test_retained_message_expires(node: NodeRunner, raws: list[Raw]) -> None:
     assert p.payload == b"l"
     left = p.properties.message_expiry_interval
     assert left is not None and 55 <= left <= 58
-    assert sub.nothing()
+    assert sub.before_barrier(pub, "rx/barrier", 1) == []
 
 
 def test_v5_auth_method_unsupported(node: NodeRunner, raws: list[Raw]) -> None:
@@ -425,7 +425,7 @@ def test_disconnect_then_no_more_packets(node: NodeRunner, raws: list[Raw], leve
     r = opened(raws, node, "disc", level)
     r.send_bytes(encode(Disconnect(), level) + encode(Publish("dis", b"after", qos=0), level))
     r.closed()
-    assert sub.nothing()
+    assert sub.before_barrier(sub, "dis", 0) == []
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -255,7 +255,7 @@ def test_qos2_inbound_exactly_once_with_duplicate(
     sub.send(Pubrec(got.packet_id))
     assert sub.expect(Pubrel).packet_id == got.packet_id
     sub.send(Pubcomp(got.packet_id))
-    assert sub.nothing()
+    assert sub.before_barrier(pub, "q2/t", 1) == []
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -285,7 +285,7 @@ def test_qos_downgrade_and_overlapping_subscriptions(
     got = sub.expect(Publish)
     assert got.qos == 1
     sub.send(Puback(got.packet_id))
-    assert sub.nothing()
+    assert sub.before_barrier(pub, "ov/b", 1) == []
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -321,7 +321,7 @@ def test_sys_topics_not_publishable_or_matched(
     pub.send(Publish("plain/x", b"yes", qos=0))
     got = sub.expect(Publish)
     assert got.topic == "plain/x"
-    assert sub.nothing()
+    assert sub.before_barrier(pub, "plain/x", 0) == []
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -565,7 +565,7 @@ def test_v5_normal_disconnect_discards_will(node: NodeRunner, raws: list[Raw]) -
     w = opened(raws, node, "willer2", V5, will=Will("w6/dead", b"bye", 1))
     w.send(Disconnect(0x00))
     w.closed()
-    assert watcher.nothing(within=0.5)
+    assert watcher.before_barrier(watcher, "w6/barrier", 1) == []
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -644,4 +644,4 @@ def test_inflight_resent_with_dup_on_resume(node: NodeRunner, raws: list[Raw], l
     assert rel.packet_id == b.packet_id
     again.send(Puback(a.packet_id))
     again.send(Pubcomp(rel.packet_id))
-    assert again.nothing()
+    assert again.before_barrier(again, "dup/barrier", 1) == []

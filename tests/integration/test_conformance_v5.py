@@ -132,7 +132,7 @@ def test_message_expiry_offline_queue(node: NodeRunner, raws: list[Raw]) -> None
     assert got[1].properties.message_expiry_interval is None
     for p in got:
         again.send(Puback(p.packet_id))
-    assert again.nothing()
+    assert again.before_barrier(pub, "mx/barrier", 1) == []
 
 
 def test_properties_pass_through_unchanged(node: NodeRunner, raws: list[Raw]) -> None:
@@ -195,7 +195,7 @@ def test_no_local(node: NodeRunner, raws: list[Raw]) -> None:
     assert kinds == ["Puback", "Publish"]
     pub = next(p for p in got if isinstance(p, Publish))
     assert pub.qos == 0  # only the local-allowed subscription matched
-    assert me.nothing()
+    assert me.before_barrier(me, "nl/barrier", 1) == []
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -228,7 +228,7 @@ def test_retained_set_replace_clear(node: NodeRunner, raws: list[Raw], level: in
     late.subscribe(Subscription("rt/#", 0))
     left = {p.topic: p.payload for p in (late.expect(Publish) for _ in range(2))}
     assert left == {"rt/b": b"b", "rt/c": b"q0"}
-    assert late.nothing()
+    assert late.before_barrier(pub, "rt/barrier", 0) == []
 
 
 def test_retain_handling_1_only_new_subscription(node: NodeRunner, raws: list[Raw]) -> None:
@@ -238,7 +238,7 @@ def test_retain_handling_1_only_new_subscription(node: NodeRunner, raws: list[Ra
     sub.subscribe(Subscription("rh1/#", 0, retain_handling=1))
     assert sub.expect(Publish).payload == b"kept"
     sub.subscribe(Subscription("rh1/#", 0, retain_handling=1), packet_id=2)
-    assert sub.nothing()
+    assert sub.before_barrier(pub, "rh1/barrier", 0) == []
     sub.subscribe(Subscription("rh1/#", 0, retain_handling=0), packet_id=3)
     assert sub.expect(Publish).payload == b"kept"
 
@@ -305,7 +305,7 @@ def test_shared_subscription_retained_not_sent(node: NodeRunner, raws: list[Raw]
     publish1(pub, "shr/x", b"kept", 1, retain=True)
     m = opened(raws, node, "shr", V5)
     m.subscribe(Subscription("$share/g/shr/#", 0))
-    assert m.nothing()
+    assert m.before_barrier(pub, "shr/barrier", 0) == []
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -329,11 +329,8 @@ def test_persistent_session_queues_qos1_and_qos2(
     raws.append(again)
     assert again.connect("ps", **kw).session_present
     got = []
-    while True:
-        try:
-            p = again.expect(Publish, timeout=0.5)
-        except TimeoutError:
-            break
+    for p in again.before_barrier(pub, "ps/barrier", 1):
+        assert isinstance(p, Publish), p
         got.append((p.payload, p.qos))
         if p.qos == 1:
             again.send(Puback(p.packet_id))
@@ -402,7 +399,7 @@ def test_311_qos2_to_subscriber_resends_pubrel_state(
     rel = again.expect(Pubrel)
     assert rel.packet_id == p.packet_id
     again.send(Pubcomp(rel.packet_id))
-    assert again.nothing()
+    assert again.before_barrier(again, "rel", 1) == []
 
 
 def test_retained_on_subscribe_carry_subscription_identifier(
@@ -442,4 +439,4 @@ def test_qos0_retained_empty_payload_clears(node: NodeRunner, raws: list[Raw]) -
     pub.expect(Pingresp)
     sub = opened(raws, node, "r0s", V5)
     sub.subscribe(Subscription("r0/#", 1))
-    assert sub.nothing()
+    assert sub.before_barrier(pub, "r0/barrier", 1) == []

@@ -138,3 +138,15 @@ def test_streams_import_only_the_event_schema_and_settings(name: str) -> None:
         if t.startswith("services") and not t.startswith(STREAMS_MAY_IMPORT)
     ]
     assert bad == []
+
+
+MAX_MODULE_LINES = 500  # a module reads in one sitting (STYLE 4)
+
+
+def test_no_module_is_past_the_line_budget() -> None:
+    long = {
+        name: n
+        for name, path in SERVICES.items()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}

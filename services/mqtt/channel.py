@@ -4,8 +4,8 @@ Theory of operation. A `Channel` takes decoded packets (`receive`), timer
 firings (`timer`) and the results of work the node did for it
 (`session_opened`, `routed`, `subscribed`, `unsubscribed`), and returns the
 actions the node carries out in order (services/mqtt/actions.py). Which
-packet may arrive in which state is one table, `TRANSITIONS`; a pair that is
-not in it is a ProtocolError naming both.
+packet may arrive in which state is one table, `TRANSITIONS`
+(channel_states); a pair that is not in it is a ProtocolError naming both.
 
     AWAIT_CONNECT --CONNECT--> CONNECTING --session_opened(ok)--> CONNECTED
          any close, refusal or error ------------------------------> CLOSED
@@ -54,7 +54,6 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
-from enum import Enum
 
 from services.mqtt.actions import (
     Acked,
@@ -62,7 +61,6 @@ from services.mqtt.actions import (
     CancelTimer,
     Close,
     OpenSession,
-    Received,
     Send,
     StartTimer,
 )
@@ -74,17 +72,17 @@ from services.mqtt.channel_connect import (
     connack_properties,
     negotiate,
 )
-from services.mqtt.channel_errors import (
-    QuotaExceeded,
-)
+from services.mqtt.channel_errors import QuotaExceeded
 from services.mqtt.channel_inbound import InboundFlow
-from services.mqtt.channel_outbound import OutboundShaper
-from services.mqtt.channel_subscribe import SubscribeFlow
-from services.mqtt.errors import (
-    MQTTError,
-    ProtocolError,
-    UnsupportedProtocolVersion,
+from services.mqtt.channel_outbound import (
+    PUBACK_STAGE,
+    PUBCOMP_STAGE,
+    OutboundShaper,
+    OutboundStages,
 )
+from services.mqtt.channel_states import SERVER_DISCONNECT_CODES, TRANSITIONS, State
+from services.mqtt.channel_subscribe import SubscribeFlow
+from services.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
 from services.mqtt.packets import (
     NO_PROPERTIES,
     PACKET_TYPES,
@@ -118,41 +116,6 @@ CONNECT_TIMER = "connect"
 KEEPALIVE_FACTOR = 1.5  # MQTT 3.1.2.10: one and a half times the keep alive
 
 
-class State(Enum):
-    AWAIT_CONNECT = "await_connect"
-    CONNECTING = "connecting"
-    CONNECTED = "connected"
-    CLOSED = "closed"
-
-
-_FROM_CLIENT = (
-    T.PUBLISH,
-    T.PUBACK,
-    T.PUBREC,
-    T.PUBREL,
-    T.PUBCOMP,
-    T.SUBSCRIBE,
-    T.UNSUBSCRIBE,
-    T.PINGREQ,
-    T.DISCONNECT,
-)
-
-TRANSITIONS: dict[tuple[State, PacketType], State] = {
-    (State.AWAIT_CONNECT, T.CONNECT): State.CONNECTING,
-    **{(State.CONNECTING, t): State.CONNECTING for t in _FROM_CLIENT},  # held
-    **{(State.CONNECTED, t): State.CONNECTED for t in _FROM_CLIENT},
-    (State.CONNECTED, T.DISCONNECT): State.CLOSED,
-}
-"""(state, packet type from the client) -> next state. Not here: ProtocolError."""
-
-_SERVER_DISCONNECT_CODES = frozenset(
-    {0x00, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D, 0x8E, 0x8F, 0x90}
-    | set(range(0x93, 0xA3))
-)
-"""Reason codes a server may put in DISCONNECT (MQTT 5 3.14.2.1)."""
-
-_OUT_PUBACK, _OUT_PUBREC, _OUT_STORING, _OUT_PUBCOMP = 1, 2, 3, 4
-"""Outgoing stages; _OUT_STORING: PUBREC in, PUBREL waits for the node's store."""
 
 
 def _wall_ms() -> int:
@@ -188,7 +151,7 @@ class Channel:
         self._keepalive_armed = False
         self._held: list[tuple[Packet, float]] = []
         self._inbound = InboundFlow(config, False, "", self._wall_ms)
-        self._out: dict[int, int] = {}  # outgoing packet id -> _OUT_* stage
+        self._out = OutboundStages()
         self._subscriptions = SubscribeFlow(config, False)
         self._shaper = OutboundShaper(False, 0, None)
         self.outbound_aliases = False  # PUBLISHes to this client may carry topic aliases
@@ -217,7 +180,7 @@ class Channel:
     @property
     def send_quota(self) -> int:
         """How many more QoS 1/2 PUBLISHes may go out before an ack."""
-        return max(0, self.client_receive_maximum - len(self._out))
+        return max(0, self.client_receive_maximum - self._out.in_flight)
 
     @property
     def inbound_inflight(self) -> int:
@@ -268,13 +231,13 @@ class Channel:
             case Publish():
                 return self._inbound.on_publish(packet)
             case Puback(packet_id=pid):
-                return self._on_ack(pid, _OUT_PUBACK)
+                return self._out.on_ack(pid, PUBACK_STAGE)
             case Pubrec():
-                return self._on_pubrec(packet)
+                return self._out.on_pubrec(packet, self.v5)
             case Pubrel(packet_id=pid):
                 return self._inbound.on_pubrel(pid)
             case Pubcomp(packet_id=pid):
-                return self._on_ack(pid, _OUT_PUBCOMP)
+                return self._out.on_ack(pid, PUBCOMP_STAGE)
             case Subscribe():
                 return self._subscriptions.on_subscribe(packet)
             case Unsubscribe():
@@ -399,7 +362,7 @@ class Channel:
         if publish is None:
             return [] if packet_id is None else [Acked(packet_id)]
         if packet_id is not None and message.qos:
-            self._out[packet_id] = _OUT_PUBACK if message.qos == 1 else _OUT_PUBREC
+            self._out.sent(packet_id, message.qos)
         return [Send(publish)]
 
     def resend_pubrel(self, packet_id: int) -> list[Action]:
@@ -407,29 +370,8 @@ class Channel:
         (after `Received`, or when a resumed session's message was released)."""
         if self.state is not State.CONNECTED:
             return []
-        self._out[packet_id] = _OUT_PUBCOMP
+        self._out.released(packet_id)
         return [Send(Pubrel(packet_id))]
-
-    def _on_ack(self, pid: int, stage: int) -> list[Action]:
-        if self._out.get(pid) != stage:
-            return []
-        del self._out[pid]
-        return [Acked(pid)]
-
-    def _on_pubrec(self, p: Pubrec) -> list[Action]:
-        pid = p.packet_id
-        stage = self._out.get(pid)
-        if stage == _OUT_PUBREC:
-            if p.reason_code >= RC.UNSPECIFIED_ERROR:
-                del self._out[pid]
-                return [Acked(pid)]
-            self._out[pid] = _OUT_STORING
-            return [Received(pid)]
-        if stage == _OUT_STORING:
-            return []  # the PUBREL follows once the node has stored the first PUBREC
-        if stage == _OUT_PUBCOMP or not self.v5:
-            return [Send(Pubrel(pid))]
-        return [Send(Pubrel(pid, RC.PACKET_IDENTIFIER_NOT_FOUND))]
 
     # -- SUBSCRIBE / UNSUBSCRIBE --------------------------------------------
 
@@ -509,7 +451,7 @@ class Channel:
             return []
         if self.state is State.CONNECTED:
             code = err.reason_code
-            if code not in _SERVER_DISCONNECT_CODES:
+            if code not in SERVER_DISCONNECT_CODES:
                 code = RC.PROTOCOL_ERROR
             return self._server_close(code, "error", detail)
         if self.state is State.CONNECTING or self.protocol_level:

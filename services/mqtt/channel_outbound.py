@@ -21,7 +21,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.mqtt.packets import NO_PROPERTIES, Message, PacketType, Publish
+from services.mqtt.actions import Acked, Action, Received, Send
+from services.mqtt.packets import (
+    NO_PROPERTIES,
+    Message,
+    PacketType,
+    Publish,
+    Pubrec,
+    Pubrel,
+    ReasonCode,
+)
 from services.mqtt.properties import encode_properties
 
 
@@ -104,3 +113,49 @@ class OutboundShaper:
             self._aliases[message.topic] = alias
         return publish
 
+
+
+PUBACK_STAGE, PUBREC_STAGE, STORING_STAGE, PUBCOMP_STAGE = 1, 2, 3, 4
+"""Outgoing stages; STORING: PUBREC in, PUBREL waits for the node's store."""
+
+
+class OutboundStages:
+    """Each outgoing QoS 1/2 packet id's stage. PUBACK / PUBCOMP become
+    `Acked`; a PUBREC becomes `Received` only: the node sends the PUBREL once
+    its store holds the message as released (`released`)."""
+
+    __slots__ = ("_stages",)
+
+    def __init__(self) -> None:
+        self._stages: dict[int, int] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._stages)
+
+    def sent(self, packet_id: int, qos: int) -> None:
+        self._stages[packet_id] = PUBACK_STAGE if qos == 1 else PUBREC_STAGE
+
+    def released(self, packet_id: int) -> None:
+        self._stages[packet_id] = PUBCOMP_STAGE
+
+    def on_ack(self, pid: int, stage: int) -> list[Action]:
+        if self._stages.get(pid) != stage:
+            return []
+        del self._stages[pid]
+        return [Acked(pid)]
+
+    def on_pubrec(self, p: Pubrec, v5: bool) -> list[Action]:
+        pid = p.packet_id
+        stage = self._stages.get(pid)
+        if stage == PUBREC_STAGE:
+            if p.reason_code >= ReasonCode.UNSPECIFIED_ERROR:
+                del self._stages[pid]
+                return [Acked(pid)]
+            self._stages[pid] = STORING_STAGE
+            return [Received(pid)]
+        if stage == STORING_STAGE:
+            return []  # the PUBREL follows once the node has stored the first PUBREC
+        if stage == PUBCOMP_STAGE or not v5:
+            return [Send(Pubrel(pid))]
+        return [Send(Pubrel(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))]

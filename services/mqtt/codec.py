@@ -11,10 +11,8 @@ spec raises an `MQTTError` carrying the reason code the node should send.
 `protocol_level` is the level of the connection's CONNECT, or 0 before one:
 then only CONNECT is accepted, and every CONNECT is parsed at its own level.
 
-`encode` puts on the wire what the level can say: properties and reason
-codes exist only at level 5, and 5.0 short forms (PUBACK with only a packet
-id, DISCONNECT with nothing) are used whenever they say the same thing. A
-CONNECT is always encoded at its own `protocol_level`.
+`encode` and `encode_publish` (the other direction) live in
+`services.mqtt.encoding` and are re-exported here.
 
 PUBLISH is the hot path on both sides: its decoding is written out inline
 in `decode` and `encode_publish` takes pre-encoded topic and properties so
@@ -25,8 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, Final
+from typing import Final
 
+from services.mqtt import reasons
+from services.mqtt.encoding import FIXED_FLAGS, encode, encode_publish
 from services.mqtt.errors import (
     MalformedPacket,
     PacketTooLarge,
@@ -64,10 +64,7 @@ from services.mqtt.properties import (
     Buffer,
     add_subscription_identifiers,
     decode_properties,
-    encode_binary,
     encode_properties,
-    encode_utf8,
-    encode_varint,
     read_binary,
     read_u16,
     read_utf8,
@@ -88,81 +85,7 @@ MAX_PACKET_SIZE: Final = VARINT_MAX + 5
 """Largest packet MQTT can frame: 1 type byte, 4 length bytes, the body."""
 
 _PROTOCOLS: Final = {("MQIsdp", 3), ("MQTT", 4), ("MQTT", 5)}
-
-# Fixed-header flags each packet type must carry (PUBLISH is checked apart).
-_FLAGS: Final = (-1, 0, 0, -1, 0, 0, 2, 0, 2, 0, 2, 0, 0, 0, 0, 0)
-
 _T = PacketType
-_CONNACK_5: Final = frozenset(
-    {
-        0x00,
-        0x80,
-        0x81,
-        0x82,
-        0x83,
-        0x84,
-        0x85,
-        0x86,
-        0x87,
-        0x88,
-        0x89,
-        0x8A,
-        0x8C,
-        0x90,
-        0x95,
-        0x97,
-        0x99,
-        0x9A,
-        0x9B,
-        0x9C,
-        0x9D,
-        0x9F,
-    }
-)
-_CONNACK_3: Final = frozenset(range(6))
-_PUBACK_5: Final = frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99})
-_PUBREL_5: Final = frozenset({0x00, 0x92})
-_SUBACK_5: Final = frozenset(
-    {0x00, 0x01, 0x02, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2}
-)
-_SUBACK_3: Final = frozenset({0x00, 0x01, 0x02, 0x80})
-_UNSUBACK_5: Final = frozenset({0x00, 0x11, 0x80, 0x83, 0x87, 0x8F, 0x91})
-_DISCONNECT_5: Final = frozenset(
-    {
-        0x00,
-        0x04,
-        0x80,
-        0x81,
-        0x82,
-        0x83,
-        0x87,
-        0x89,
-        0x8B,
-        0x8D,
-        0x8E,
-        0x8F,
-        0x90,
-        0x93,
-        0x94,
-        0x95,
-        0x96,
-        0x97,
-        0x98,
-        0x99,
-        0x9A,
-        0x9B,
-        0x9C,
-        0x9D,
-        0x9E,
-        0x9F,
-        0xA0,
-        0xA1,
-        0xA2,
-    }
-)
-_AUTH_5: Final = frozenset({0x00, 0x18, 0x19})
-# A 5.0 CONNACK reason code said in 3.1.1's words, for a node that picked one.
-_CONNACK_TO_3: Final = {0x84: 1, 0x85: 2, 0x88: 3, 0x89: 3, 0x86: 4, 0x8C: 4, 0x87: 5, 0x8A: 5}
 
 
 # A decoded PUBLISH is built through its slots: the frozen __init__ spends
@@ -272,7 +195,7 @@ def _check_first_byte(first: int, ptype: int, level: int) -> None:
     elif ptype == _T.AUTH and level != 5:
         raise MalformedPacket(f"AUTH does not exist at protocol level {level}")
     flags = first & 0x0F
-    expected = _FLAGS[ptype]
+    expected = FIXED_FLAGS[ptype]
     if flags != expected and not (level == 3 and expected == 2 and flags == 0x0A):
         raise MalformedPacket(f"{_T(ptype).name} with fixed-header flags {flags:#06b}")
 
@@ -390,7 +313,7 @@ def _decode_connack(buf: Buffer, first: int, pos: int, end: int, level: int) -> 
         flags = 0
     elif flags & 0xFE:
         raise MalformedPacket("CONNACK reserved flags set")
-    code = _reason(buf, pos + 1, _CONNACK_5 if level == 5 else _CONNACK_3, "CONNACK")
+    code = _reason(buf, pos + 1, reasons.CONNACK_5 if level == 5 else reasons.CONNACK_3, "CONNACK")
     if flags and code:
         raise ProtocolError("CONNACK with session present and a failure code")
     props = NO_PROPERTIES
@@ -403,10 +326,10 @@ def _decode_connack(buf: Buffer, first: int, pos: int, end: int, level: int) -> 
 
 _AckClass = Callable[[int, int, Properties], Packet]
 _ACKS: Final[dict[int, tuple[_AckClass, frozenset[int]]]] = {
-    _T.PUBACK: (Puback, _PUBACK_5),
-    _T.PUBREC: (Pubrec, _PUBACK_5),
-    _T.PUBREL: (Pubrel, _PUBREL_5),
-    _T.PUBCOMP: (Pubcomp, _PUBREL_5),
+    _T.PUBACK: (Puback, reasons.PUBACK_5),
+    _T.PUBREC: (Pubrec, reasons.PUBACK_5),
+    _T.PUBREL: (Pubrel, reasons.PUBREL_5),
+    _T.PUBCOMP: (Pubcomp, reasons.PUBREL_5),
 }
 
 
@@ -480,7 +403,8 @@ def _decode_suback(buf: Buffer, first: int, pos: int, end: int, level: int) -> S
     props = NO_PROPERTIES
     if level == 5:
         props, pos = decode_properties(buf, pos, end, _T.SUBACK)
-    codes = _decode_codes(buf, pos, end, _SUBACK_5 if level == 5 else _SUBACK_3, "SUBACK")
+    allowed = reasons.SUBACK_5 if level == 5 else reasons.SUBACK_3
+    codes = _decode_codes(buf, pos, end, allowed, "SUBACK")
     return Suback(packet_id, codes, props)
 
 
@@ -505,7 +429,7 @@ def _decode_unsuback(buf: Buffer, first: int, pos: int, end: int, level: int) ->
         _expect_end(pos + 2, end, "UNSUBACK")
         return Unsuback(packet_id)
     props, pos = decode_properties(buf, pos + 2, end, _T.UNSUBACK)
-    return Unsuback(packet_id, _decode_codes(buf, pos, end, _UNSUBACK_5, "UNSUBACK"), props)
+    return Unsuback(packet_id, _decode_codes(buf, pos, end, reasons.UNSUBACK_5, "UNSUBACK"), props)
 
 
 def _decode_empty(buf: Buffer, first: int, pos: int, end: int, level: int) -> Packet:
@@ -525,7 +449,7 @@ def _decode_disconnect(
     code = 0
     props = NO_PROPERTIES
     if pos < end:
-        code = _reason(buf, pos, _AUTH_5 if ptype == _T.AUTH else _DISCONNECT_5, what)
+        code = _reason(buf, pos, reasons.AUTH_5 if ptype == _T.AUTH else reasons.DISCONNECT_5, what)
         if pos + 1 < end:
             props, pos = decode_properties(buf, pos + 1, end, ptype)
             _expect_end(pos, end, what)
@@ -570,197 +494,3 @@ def peek_connect_level(buf: Buffer) -> int | None:
         return None
     pos += 2 + ((buf[pos] << 8) | buf[pos + 1])
     return buf[pos] if pos < n else None
-
-
-# --- encoding ---------------------------------------------------------------
-
-
-def _frame(first: int, body: bytes | bytearray) -> bytes:
-    n = len(body)
-    if n < 0x80:
-        return bytes((first, n)) + body
-    return bytes((first,)) + encode_varint(n) + body
-
-
-def _empty(props: Properties) -> bool:
-    return props is NO_PROPERTIES or props == NO_PROPERTIES
-
-
-def encode_publish(
-    topic: bytes,
-    payload: bytes,
-    qos: int,
-    retain: bool,
-    dup: bool,
-    packet_id: int | None,
-    properties: bytes | None,
-) -> bytes:
-    """A PUBLISH from an encoded topic and (5.0) an encoded property block."""
-    first = 0x30 | (qos << 1) | (0x01 if retain else 0) | (0x08 if dup else 0)
-    tl = len(topic)
-    if tl > 0xFFFF:
-        raise ValueError("topic longer than 65535 bytes")
-    if qos:
-        if not packet_id:
-            raise ValueError("PUBLISH with QoS > 0 needs a packet id")
-        tail = topic + bytes((packet_id >> 8, packet_id & 0xFF))
-    else:
-        tail = topic
-    if properties is not None:
-        tail += properties
-    rl = 2 + len(tail) + len(payload)
-    if rl < 0x80:
-        return bytes((first, rl, tl >> 8, tl & 0xFF)) + tail + payload
-    return b"".join(
-        (bytes((first,)), encode_varint(rl), bytes((tl >> 8, tl & 0xFF)), tail, payload)
-    )
-
-
-def encode(packet: Packet, protocol_level: int) -> bytes:
-    """The bytes of `packet` as a connection at `protocol_level` says it."""
-    return _ENCODERS[type(packet)](packet, protocol_level)
-
-
-def _encode_publish(p: Publish, level: int) -> bytes:
-    props = encode_properties(p.properties, _T.PUBLISH) if level == 5 else None
-    return encode_publish(p.topic.encode(), p.payload, p.qos, p.retain, p.dup, p.packet_id, props)
-
-
-def _encode_connect(p: Connect, _: int) -> bytes:
-    level = p.protocol_level
-    flags = 0x02 if p.clean_start else 0
-    if p.will is not None:
-        flags |= 0x04 | (p.will.qos << 3) | (0x20 if p.will.retain else 0)
-    if p.username is not None:
-        flags |= 0x80
-    if p.password is not None:
-        if p.username is None and level != 5:
-            raise ValueError("MQTT 3.x CONNECT cannot carry a password without a user name")
-        flags |= 0x40
-    body = bytearray(encode_utf8("MQIsdp" if level == 3 else "MQTT"))
-    body += bytes((level, flags, p.keep_alive >> 8, p.keep_alive & 0xFF))
-    if level == 5:
-        body += encode_properties(p.properties, _T.CONNECT)
-    body += encode_utf8(p.client_id)
-    if p.will is not None:
-        if level == 5:
-            body += encode_properties(p.will.properties, WILL)
-        body += encode_utf8(p.will.topic)
-        body += encode_binary(p.will.payload)
-    if p.username is not None:
-        body += encode_utf8(p.username)
-    if p.password is not None:
-        body += encode_binary(p.password)
-    return _frame(0x10, body)
-
-
-def _encode_connack(p: Connack, level: int) -> bytes:
-    if level != 5:
-        code = _CONNACK_TO_3.get(p.reason_code, 3) if p.reason_code >= 0x80 else p.reason_code
-        present = p.session_present and level == 4
-        return bytes((0x20, 2, 1 if present else 0, code))
-    body = bytes((1 if p.session_present else 0, p.reason_code))
-    return _frame(0x20, body + encode_properties(p.properties, _T.CONNACK))
-
-
-def _encode_ack(p: Puback | Pubrec | Pubrel | Pubcomp, level: int) -> bytes:
-    ptype = _PACKET_TYPE[type(p)]
-    first = (ptype << 4) | _FLAGS[ptype]
-    pid = bytes((p.packet_id >> 8, p.packet_id & 0xFF))
-    if level != 5 or (not p.reason_code and _empty(p.properties)):
-        return bytes((first, 2)) + pid
-    if _empty(p.properties):
-        return bytes((first, 3)) + pid + bytes((p.reason_code,))
-    return _frame(first, pid + bytes((p.reason_code,)) + encode_properties(p.properties, ptype))
-
-
-def _encode_subscribe(p: Subscribe, level: int) -> bytes:
-    body = bytearray((p.packet_id >> 8, p.packet_id & 0xFF))
-    if level == 5:
-        body += encode_properties(p.properties, _T.SUBSCRIBE)
-    for s in p.subscriptions:
-        body += encode_utf8(s.topic_filter)
-        options = s.qos
-        if level == 5:
-            options |= (
-                (4 if s.no_local else 0)
-                | (8 if s.retain_as_published else 0)
-                | (s.retain_handling << 4)
-            )
-        body.append(options)
-    return _frame(0x82, body)
-
-
-def _encode_suback(p: Suback, level: int) -> bytes:
-    body = bytearray((p.packet_id >> 8, p.packet_id & 0xFF))
-    if level == 5:
-        body += encode_properties(p.properties, _T.SUBACK)
-        body += bytes(p.reason_codes)
-    else:
-        body += bytes(c if c < 0x80 else 0x80 for c in p.reason_codes)
-    return _frame(0x90, body)
-
-
-def _encode_unsubscribe(p: Unsubscribe, level: int) -> bytes:
-    body = bytearray((p.packet_id >> 8, p.packet_id & 0xFF))
-    if level == 5:
-        body += encode_properties(p.properties, _T.UNSUBSCRIBE)
-    for topic_filter in p.topic_filters:
-        body += encode_utf8(topic_filter)
-    return _frame(0xA2, body)
-
-
-def _encode_unsuback(p: Unsuback, level: int) -> bytes:
-    body = bytearray((p.packet_id >> 8, p.packet_id & 0xFF))
-    if level == 5:
-        body += encode_properties(p.properties, _T.UNSUBACK)
-        body += bytes(p.reason_codes)
-    return _frame(0xB0, body)
-
-
-def _encode_pingreq(p: Pingreq, level: int) -> bytes:
-    return b"\xc0\x00"
-
-
-def _encode_pingresp(p: Pingresp, level: int) -> bytes:
-    return b"\xd0\x00"
-
-
-def _encode_disconnect(p: Disconnect | Auth, level: int) -> bytes:
-    ptype = _PACKET_TYPE[type(p)]
-    first = ptype << 4
-    if level != 5:
-        if ptype == _T.AUTH:
-            raise ValueError(f"AUTH does not exist at protocol level {level}")
-        return b"\xe0\x00"
-    if _empty(p.properties):
-        return bytes((first, 0)) if not p.reason_code else bytes((first, 1, p.reason_code))
-    return _frame(first, bytes((p.reason_code,)) + encode_properties(p.properties, ptype))
-
-
-_PACKET_TYPE: Final[dict[type[Any], int]] = {
-    Puback: _T.PUBACK,
-    Pubrec: _T.PUBREC,
-    Pubrel: _T.PUBREL,
-    Pubcomp: _T.PUBCOMP,
-    Disconnect: _T.DISCONNECT,
-    Auth: _T.AUTH,
-}
-
-_ENCODERS: Final[dict[type[Any], Callable[[Any, int], bytes]]] = {
-    Connect: _encode_connect,
-    Connack: _encode_connack,
-    Publish: _encode_publish,
-    Puback: _encode_ack,
-    Pubrec: _encode_ack,
-    Pubrel: _encode_ack,
-    Pubcomp: _encode_ack,
-    Subscribe: _encode_subscribe,
-    Suback: _encode_suback,
-    Unsubscribe: _encode_unsubscribe,
-    Unsuback: _encode_unsuback,
-    Pingreq: _encode_pingreq,
-    Pingresp: _encode_pingresp,
-    Disconnect: _encode_disconnect,
-    Auth: _encode_disconnect,
-}

@@ -144,9 +144,7 @@ class Broker:
 
     def mark_durable(self, client_id: str) -> None:
         """A persistent session found in the log: its state is in the durable tier."""
-        mark = getattr(self.store, "mark_durable", None)
-        if mark is not None:
-            mark(client_id)
+        self.store.mark_durable(client_id)
 
     def _expire(self, session: Session, epoch: int) -> None:
         self.cm._expire(session, epoch)

@@ -66,5 +66,10 @@ class SessionStore(Protocol):
     async def get(self, client_id: str) -> SessionInfo | None:
         ...
 
+    def mark_durable(self, client_id: str) -> None:
+        """A persistent session found in the event log: a store made of tiers
+        keeps this client's later calls in its durable tier; others ignore it."""
+        ...
+
     async def close(self) -> None:
         ...

@@ -67,5 +67,8 @@ class MemorySessionStore(ClientRecords):
             return None
         return SessionInfo(client_id, rec.node, rec.epoch, rec.expiry_s, rec.online)
 
+    def mark_durable(self, client_id: str) -> None:
+        return None  # one tier: nothing to choose
+
     async def close(self) -> None:
         return None

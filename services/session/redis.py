@@ -85,5 +85,8 @@ class RedisSessionStore:
         owner = node.decode() if isinstance(node, bytes) and is_online else None
         return SessionInfo(client_id, owner, int(epoch), int(expiry or 0), is_online)
 
+    def mark_durable(self, client_id: str) -> None:
+        return None  # one tier: nothing to choose
+
     async def close(self) -> None:
         await self._client.aclose()

@@ -8,8 +8,9 @@ is down. A persistent session (expiry > 0) is claimed in the durable store
 the tier from (clean_start, expiry_s) and remembers it per client id
 (`durable`); `mark_durable` does the same for sessions found in the event
 log at node start. Epochs are per tier; a client that switches tier is
-claimed afresh in the new one (its durable state, if any, is discarded in
-the background: best effort, since Redis may be down).
+claimed afresh in the new one (its durable state, if any, is discarded first, so the claim
+can name the node that had it; if Redis is down, in the background, best
+effort).
 
 `enqueue_and_take` splits a batch by tier. The memory part is stored first
 and always delivered; if the durable part fails, `DurablePartFailed`
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -81,12 +83,20 @@ class TieredSessionStore:
             claim = await self.durable.claim(client_id, node, clean_start, expiry_s)
             self.tiers.durable.add(client_id)
             return claim
+        previous: str | None = None
         if client_id in self.tiers.durable:
             self.tiers.durable.discard(client_id)
-            task = asyncio.get_running_loop().create_task(self._discard_durable(client_id, node))
-            self._cleanup.add(task)
-            task.add_done_callback(self._cleanup.discard)
-        return await self.memory.claim(client_id, node, clean_start, expiry_s)
+            try:  # the durable claim says which node had it (a takeover to announce)
+                previous = await self._discard_durable(client_id, node)
+            except SessionError as exc:  # Redis down: discard later, best effort
+                log.warning("durable session of %s not discarded yet: %s", client_id, exc)
+                task = asyncio.get_running_loop().create_task(self._discard_later(client_id, node))
+                self._cleanup.add(task)
+                task.add_done_callback(self._cleanup.discard)
+        claim = await self.memory.claim(client_id, node, clean_start, expiry_s)
+        if previous is not None and claim.previous_node is None:
+            claim = dataclasses.replace(claim, previous_node=previous)
+        return claim
 
     async def _durable_exists(self, client_id: str) -> bool:
         """Whether Clean Start 0 with expiry 0 has a durable session to resume
@@ -99,10 +109,15 @@ class TieredSessionStore:
         except StoreUnavailable:
             return False
 
-    async def _discard_durable(self, client_id: str, node: str) -> None:
+    async def _discard_durable(self, client_id: str, node: str) -> str | None:
+        """End the client's durable session; the node that had it online, if any."""
+        claim = await self.durable.claim(client_id, node, True, 0)
+        await self.durable.release(client_id, claim.epoch, 0)
+        return claim.previous_node
+
+    async def _discard_later(self, client_id: str, node: str) -> None:
         try:
-            claim = await self.durable.claim(client_id, node, True, 0)
-            await self.durable.release(client_id, claim.epoch, 0)
+            await self._discard_durable(client_id, node)
         except SessionError as exc:
             log.warning("could not discard the durable session of %s: %s", client_id, exc)
 

@@ -12,17 +12,27 @@ import pytest
 from services.session.api import Fenced, SessionStore, StoreUnavailable
 from services.session.memory import MemorySessionStore
 from services.session.redis import RedisSessionStore
+from services.node.stores import TieredSessionStore, Tiers
 from services.session.redis_server import RedisServer
 from tests.support.wait import until
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("tiered", marks=pytest.mark.redis),  # what a node runs: memory + Redis
+    ]
+)
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
     s: SessionStore
     if request.param == "memory":
         s = MemorySessionStore()
-    else:
+    elif request.param == "redis":
         s = RedisSessionStore.from_url(request.getfixturevalue("redis_url"))
+    else:
+        durable = RedisSessionStore.from_url(request.getfixturevalue("redis_url"))
+        s = TieredSessionStore(MemorySessionStore(), durable, Tiers())
     yield s
     await s.close()
 

@@ -34,7 +34,6 @@ ENV_VARS: frozenset[str] = frozenset(
         "WEIR_MQTT_HOST",
         "WEIR_MQTT_PORT",
         "WEIR_WS_PORT",
-        "WEIR_HTTP_PORT",
         "WEIR_DATA_DIR",
         "WEIR_REDIS_URL",
         "WEIR_KAFKA_BOOTSTRAP",
@@ -48,7 +47,6 @@ ENV_VARS: frozenset[str] = frozenset(
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_MQTT_PORT = 1883  # IANA port for MQTT
 DEFAULT_WS_PORT = 8083  # EMQX's WebSocket port
-DEFAULT_HTTP_PORT = 18083  # EMQX's dashboard / REST port
 
 # Limits.
 MAX_CONNECTIONS = 19_000  # connections; the process may open 20,000 files (DESIGN 11)
@@ -82,6 +80,14 @@ DEFAULT_DATA_DIR = "./weir-data"
 MAX_PORT = 65_535
 
 
+NOT_BUILT_ENV = {
+    "WEIR_HTTP_PORT": "Weir has no HTTP API or dashboard yet, so nothing would listen there; "
+    "unset it",
+}
+"""Settings a user may expect that nothing implements yet: naming one is an error,
+never silently ignored (a config file naming one gets "unknown option")."""
+
+
 class SettingsError(Exception):
     """A configuration value is missing, malformed or out of range."""
 
@@ -91,7 +97,6 @@ class Listeners:
     host: str = DEFAULT_HOST
     mqtt_port: int = DEFAULT_MQTT_PORT
     ws_port: int | None = DEFAULT_WS_PORT  # None: no WebSocket listener
-    http_port: int = DEFAULT_HTTP_PORT
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +212,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("listeners.host", _text, "WEIR_MQTT_HOST"),
     Option("listeners.mqtt_port", _int(0, MAX_PORT), "WEIR_MQTT_PORT"),
     Option("listeners.ws_port", _optional_port, "WEIR_WS_PORT"),
-    Option("listeners.http_port", _int(0, MAX_PORT), "WEIR_HTTP_PORT"),
     Option("limits.max_connections", _int(1)),
     Option("limits.max_packet_size", _int(64, 268_435_460)),
     Option("limits.receive_maximum", _int(1, 65_535)),
@@ -262,6 +266,9 @@ def load(
     """Settings from CLI values (dotted paths; None = not given), env, file, defaults."""
     cli = {k: v for k, v in (cli or {}).items() if v is not None}
     env = os.environ if env is None else env
+    for name, why in NOT_BUILT_ENV.items():
+        if name in env:
+            raise SettingsError(f"{name}: {why}")
     values: dict[str, Any] = {}
     config_path = cli.pop("config", None) or env.get("WEIR_CONFIG") or None
     if config_path:

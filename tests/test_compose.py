@@ -98,11 +98,11 @@ def test_node_env_loads_into_settings(compose: dict[str, Any]) -> None:
         assert urlsplit(s.redis_url or "").hostname == "redis"
         assert s.kafka_topic_prefix == "weir."
         published = {container for _, container in port_pairs(compose["services"][name])}
-        assert {s.listeners.mqtt_port, s.listeners.ws_port, s.listeners.http_port} <= published
+        assert {s.listeners.mqtt_port, s.listeners.ws_port} <= published
     assert len(ids) == len(NODES)
 
 
 def test_host_ports_do_not_collide(compose: dict[str, Any]) -> None:
     host_ports = [h for svc in compose["services"].values() for h, _ in port_pairs(svc)]
     assert len(host_ports) == len(set(host_ports))
-    assert {1883, 1884, 8083, 8084, 18083, 18084} <= set(host_ports)
+    assert {1883, 1884, 8083, 8084} <= set(host_ports)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from services.node.stores import TieredSessionStore, Tiers
 from services.session.api import Fenced, SessionStore, StoreUnavailable
 from services.session.memory import MemorySessionStore
 from services.session.redis import RedisSessionStore
-from services.node.stores import TieredSessionStore, Tiers
 from services.session.redis_server import RedisServer
 from tests.support.wait import until
 

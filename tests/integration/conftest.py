@@ -102,7 +102,7 @@ def node_settings(**limits: Any) -> Settings:
     return replace(
         base,
         node_id="test-node",
-        listeners=Listeners(host="127.0.0.1", mqtt_port=0, ws_port=0, http_port=0),
+        listeners=Listeners(host="127.0.0.1", mqtt_port=0, ws_port=0),
         limits=replace(base.limits, shutdown_grace_s=2.0, **limits),
     )
 

@@ -12,7 +12,6 @@ def test_defaults() -> None:
     s = load({}, env={})
     assert s.listeners.mqtt_port == 1883
     assert s.listeners.ws_port == 8083
-    assert s.listeners.http_port == 18083
     assert s.listeners.host == "0.0.0.0"
     assert s.limits.queue_limit == 1000
     assert s.kafka_topic_prefix == "weir."
@@ -25,7 +24,6 @@ def test_env_vars_are_the_fixed_names() -> None:
         "WEIR_MQTT_HOST",
         "WEIR_MQTT_PORT",
         "WEIR_WS_PORT",
-        "WEIR_HTTP_PORT",
         "WEIR_DATA_DIR",
         "WEIR_REDIS_URL",
         "WEIR_KAFKA_BOOTSTRAP",
@@ -42,7 +40,6 @@ def test_env_values_are_read() -> None:
         "WEIR_MQTT_HOST": "127.0.0.1",
         "WEIR_MQTT_PORT": "2883",
         "WEIR_WS_PORT": "off",
-        "WEIR_HTTP_PORT": "28083",
         "WEIR_DATA_DIR": "/tmp/x",
         "WEIR_REDIS_URL": "redis://127.0.0.1:6379/0",
         "WEIR_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
@@ -53,7 +50,6 @@ def test_env_values_are_read() -> None:
     assert s.listeners.host == "127.0.0.1"
     assert s.listeners.mqtt_port == 2883
     assert s.listeners.ws_port is None
-    assert s.listeners.http_port == 28083
     assert s.data_dir == "/tmp/x"
     assert s.redis_url == "redis://127.0.0.1:6379/0"
     assert s.kafka_bootstrap == "127.0.0.1:9092"
@@ -98,4 +94,13 @@ def test_unknown_file_key_and_bad_toml(tmp_path: Path) -> None:
         load({"config": str(config)}, env={})
     config.write_text("[limits\n")
     with pytest.raises(SettingsError, match="config file"):
+        load({"config": str(config)}, env={})
+
+
+def test_settings_nothing_implements_fail_clearly(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="WEIR_HTTP_PORT: Weir has no HTTP API"):
+        load({}, env={"WEIR_HTTP_PORT": "18083"})
+    config = tmp_path / "weir.toml"
+    config.write_text("[listeners]\nhttp_port = 18083\n")
+    with pytest.raises(SettingsError, match="unknown option 'listeners.http_port'"):
         load({"config": str(config)}, env={})

@@ -126,7 +126,7 @@ def test_subscriber_on_b_gets_qos0_and_qos1_from_a(
         m = sub.message(timeout=5.0)
         got[m.topic] = (m.payload, m.qos)
     assert got == {"x/zero": (b"q0", 0), "x/one": (b"q1", 1)}
-    assert sub.no_message(within=0.3)
+    assert sub.before_barrier(pub, "x/barrier", 1) == []
 
 
 def test_persistent_session_moves_from_a_to_b(

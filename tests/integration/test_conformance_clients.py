@@ -38,16 +38,6 @@ def connect(clients: list[Paho], node: NodeRunner, cid: str, **kw: Any) -> Paho:
     return c
 
 
-def drain(c: Paho, within: float = 0.4) -> list[Any]:
-    got: list[Any] = []
-    while True:
-        try:
-            got.append(c.messages.get(timeout=within))
-        except queue.Empty:
-            return got
-        assert len(got) < 1000
-
-
 @pytest.mark.parametrize("v5", VERSIONS)
 def test_basic_all_qos(node: NodeRunner, clients: list[Paho], v5: bool) -> None:
     c = connect(clients, node, "basic", v5=v5)
@@ -79,10 +69,10 @@ def test_retained_messages(node: NodeRunner, clients: list[Paho], v5: bool) -> N
     }
     for qos in (0, 1, 2):
         pub.publish(f"ret/{qos}", b"", 1, retain=True)
-    assert len(drain(sub)) == 3
+    assert len(sub.before_barrier(pub, "ret/x", 2)) == 3
     late = connect(clients, node, "rlate", v5=v5)
     late.subscribe("ret/+", 2)
-    assert late.no_message()
+    assert late.before_barrier(pub, "ret/x", 2) == []
 
 
 @pytest.mark.parametrize("v5", VERSIONS)
@@ -100,7 +90,7 @@ def test_offline_message_queueing(node: NodeRunner, clients: list[Paho], v5: boo
     clients.append(again)
     flags, rc = again.connack()
     assert rc == 0 and flags.session_present
-    got = [(m.payload, m.qos) for m in drain(again, 0.8)]
+    got = [(m.payload, m.qos) for m in again.before_barrier(pub, "off/x", 2)]
     assert [g for g in got if g[1]] == [(b"qos 1", 1), (b"qos 2", 2)]
     assert len(got) in (2, 3)  # QoS 0 may or may not be queued
 
@@ -111,7 +101,7 @@ def test_overlapping_subscriptions(node: NodeRunner, clients: list[Paho], v5: bo
     c.subscribe("Topic/#", 2)
     c.subscribe("Topic/+", 1)
     c.publish("Topic/C", b"overlapping", 2)
-    got = drain(c, 0.6)
+    got = c.before_barrier(c, "Topic/barrier/x", 2)  # matches Topic/# only
     assert got, "no delivery"
     if len(got) == 1:
         assert got[0].qos == 2
@@ -139,7 +129,7 @@ def test_redelivery_on_reconnect(node: NodeRunner, clients: list[Paho], v5: bool
     clients.append(again)
     flags, _ = again.connack()
     assert flags.session_present
-    got = sorted((m.payload, m.qos) for m in drain(again, 0.8))
+    got = sorted((m.payload, m.qos) for m in again.before_barrier(pub, "redel/x", 2))
     assert got == [(b"r1", 1), (b"r2", 2)]
 
 
@@ -158,7 +148,7 @@ def test_dollar_topics(node: NodeRunner, clients: list[Paho], v5: bool) -> None:
     c.subscribe("#", 0)
     c.publish("$nottobeused/here", b"x", 1)
     c.publish("ok/here", b"y", 1)
-    got = drain(c, 0.5)
+    got = c.before_barrier(c, "barrier/x", 1)
     assert [m.topic for m in got] == ["ok/here"]
 
 
@@ -175,7 +165,7 @@ def test_unsubscribe(node: NodeRunner, clients: list[Paho], v5: bool) -> None:
         assert [int(r.value) for r in rcs] == [0]
     c.publish("unA", b"gone", 1)
     c.publish("unB/x", b"here", 1)
-    assert [m.topic for m in drain(c)] == ["unB/x"]
+    assert [m.topic for m in c.before_barrier(c, "unB/barrier", 1)] == ["unB/x"]
 
 
 @pytest.mark.parametrize("v5", VERSIONS)
@@ -195,7 +185,7 @@ def test_wildcards(node: NodeRunner, clients: list[Paho], v5: bool) -> None:
     c.subscribe("+/+", 0)
     for t in ("sport/tennis", "sport/tennis/player1/ranking", "/finance", "a/b/c"):
         c.publish(t, t.encode(), 1)
-    assert sorted(m.topic for m in drain(c)) == [
+    assert sorted(m.topic for m in c.before_barrier(c, "barrier/x", 1)) == [
         "/finance",
         "sport/tennis",
         "sport/tennis/player1/ranking",

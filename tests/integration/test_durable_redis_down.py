@@ -8,6 +8,7 @@ from pathlib import Path
 from services.session.redis_server import RedisServer
 from tests.integration.conftest import Paho
 from tests.support.backend_node import backend_settings, start_node
+from tests.support.wait import wait_until
 
 # paho reports a 3.x CONNACK return code 3 ("server unavailable") as ReasonCode 0x88
 V3_SERVER_UNAVAILABLE = 0x88
@@ -54,9 +55,11 @@ def test_redis_down_refuses_persistent_keeps_clean(
         assert late.subscribe("r/#", qos=0)[0] == 0
 
         redis = RedisServer(tmp_path / "redis", port=redis.port).start()
-        deadline = time.monotonic() + 15.0
-        while connect_code(node.mqtt_port, "p3", v5=False) != 0:
-            assert time.monotonic() < deadline, "persistent sessions did not recover"
+        wait_until(
+            lambda: connect_code(node.mqtt_port, "p3", v5=False) == 0,
+            "persistent sessions to recover",
+            timeout=15.0,
+        )
         assert connect_code(node.mqtt_port, "p5", v5=True) == 0
     finally:
         for c in clients:

@@ -102,5 +102,5 @@ def test_settings_nothing_implements_fail_clearly(tmp_path: Path) -> None:
         load({}, env={"WEIR_HTTP_PORT": "18083"})
     config = tmp_path / "weir.toml"
     config.write_text("[listeners]\nhttp_port = 18083\n")
-    with pytest.raises(SettingsError, match="unknown option 'listeners.http_port'"):
+    with pytest.raises(SettingsError, match=r"unknown option 'listeners.http_port'"):
         load({"config": str(config)}, env={})

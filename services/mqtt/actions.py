@@ -5,6 +5,7 @@ firings and the results of work it did for the channel; every call returns a
 list of actions that the node carries out in order. The node answers the
 actions that need an answer through the channel's explicit methods:
 
+- `Authenticate` -> `channel.authenticated(ok, reason_code)` (then OpenSession)
 - `OpenSession`  -> `channel.session_opened(...)` (CONNACK follows)
 - `Route` with a token -> `channel.routed(token, ok)` (PUBACK / PUBREC follow)
 - `SubscribeRequest` -> `channel.subscribed(packet_id, codes)` (SUBACK)
@@ -49,6 +50,16 @@ class Close:
     """Free text for logs: what exactly ended the connection."""
     session_expiry_s: int | None = None
     """A new session expiry the client set in its DISCONNECT (5.0); None: unchanged."""
+
+
+@dataclass(frozen=True, slots=True)
+class Authenticate:
+    """CONNECT was valid and the node authenticates clients: may this one in?
+    Answer with `channel.authenticated(ok, reason_code)`."""
+
+    client_id: str
+    username: str | None
+    password: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +141,7 @@ class CancelTimer:
 Action = (
     Send
     | Close
+    | Authenticate
     | OpenSession
     | Route
     | SubscribeRequest

@@ -23,18 +23,11 @@ The work per packet family lives beside this module: CONNECT negotiation
 PUBLISH shaping (channel_outbound). This module owns the states, the
 table, the outbound QoS stages and every way a connection ends.
 
-When routing fails a 5.0 client gets the failure reason code on its
-PUBACK / PUBREC; a 3.x client cannot be told, so the connection is closed
-and the client resends after reconnecting (a "not authorized" failure is
-acknowledged and dropped instead, as Mosquitto and EMQX do).
-
-Outbound QoS: the node owns the inflight window and calls `deliver`; the
-channel remembers each outgoing packet id's stage and turns PUBACK / PUBCOMP
-into `Acked`. A PUBREC becomes `Received` only: the node sends the PUBREL
-(`resend_pubrel`) once its store holds the message as released, so a crash
-in between resends the PUBLISH, never a message the client already
-completed. `client_receive_maximum` is the window size the node must
-respect (3.x: config.inflight_window_3x).
+Outbound QoS: the node owns the inflight window and calls `deliver`; each
+outgoing packet id's stage is in `channel_outbound.OutboundStages`.
+`client_receive_maximum` is the window the node must respect (3.x:
+config.inflight_window_3x). With `config.authenticate`, a valid CONNECT
+first asks the node to `Authenticate` (answer: `authenticated`).
 
 Keep alive: one timer, "keepalive". The channel records when the last
 packet arrived; when the timer fires early relative to that, it restarts
@@ -50,14 +43,13 @@ The will is published on every close except a DISCONNECT with reason 0x00
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 
 from services.mqtt.actions import (
     Acked,
     Action,
+    Authenticate,
     CancelTimer,
     Close,
     OpenSession,
@@ -71,6 +63,10 @@ from services.mqtt.channel_connect import (
     connack_code,
     connack_properties,
     negotiate,
+    random_client_id,
+)
+from services.mqtt.channel_connect import (
+    wall_ms as default_wall_ms,
 )
 from services.mqtt.channel_errors import QuotaExceeded
 from services.mqtt.channel_inbound import InboundFlow
@@ -116,16 +112,6 @@ CONNECT_TIMER = "connect"
 KEEPALIVE_FACTOR = 1.5  # MQTT 3.1.2.10: one and a half times the keep alive
 
 
-
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _random_client_id(prefix: str) -> Callable[[], str]:
-    return lambda: f"{prefix}{secrets.token_hex(8)}"
-
-
 class Channel:
     """One connection's MQTT state machine; see the module docstring."""
 
@@ -144,8 +130,8 @@ class Channel:
         self.client_id: str | None = None
         self.will: Will | None = None
         self.session_expiry_s = 0
-        self._new_client_id = new_client_id or _random_client_id(config.assign_client_id_prefix)
-        self._wall_ms = wall_ms or _wall_ms
+        self._new_client_id = new_client_id or random_client_id(config.assign_client_id_prefix)
+        self._wall_ms = wall_ms or default_wall_ms
         self._neg: Negotiated | None = None
         self._last_rx = 0.0
         self._keepalive_armed = False
@@ -156,6 +142,7 @@ class Channel:
         self._shaper = OutboundShaper(False, 0, None)
         self.outbound_aliases = False  # PUBLISHes to this client may carry topic aliases
         self._refusal: int | None = None  # a reason code every CONNECT is refused with
+        self._opening: OpenSession | None = None  # while the node authenticates
 
     # -- what the node reads ------------------------------------------------
 
@@ -268,9 +255,24 @@ class Channel:
         aliases = result.client_topic_alias_maximum if self.config.outbound_topic_aliases else 0
         self._shaper = OutboundShaper(self.v5, aliases, result.client_max_packet_size)
         self.outbound_aliases = self.v5 and aliases > 0
-        return [
-            OpenSession(connect, result.client_id, connect.clean_start, result.session_expiry_s)
-        ]
+        opening = OpenSession(
+            connect, result.client_id, connect.clean_start, result.session_expiry_s
+        )
+        if not self.config.authenticate:
+            return [opening]
+        self._opening = opening
+        return [Authenticate(result.client_id, connect.username, connect.password)]
+
+    def authenticated(self, ok: bool, reason_code: int = RC.NOT_AUTHORIZED) -> list[Action]:
+        """The node's answer to Authenticate: open the session, or refuse the
+        CONNECT with `reason_code` (3.x: its return code, else "not authorized")."""
+        opening, self._opening = self._opening, None
+        if self.state is not State.CONNECTING or opening is None:
+            return []
+        if ok:
+            return [opening]
+        v3 = ConnackCode311.NOT_AUTHORIZED
+        return self._refuse(reason_code, f"not authenticated: 0x{reason_code:02X}", v3_default=v3)
 
     def session_opened(
         self,

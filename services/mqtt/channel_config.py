@@ -44,6 +44,9 @@ class ChannelConfig:
     """Use topic aliases on PUBLISHes to 5.0 clients that allow them."""
     max_packets_before_connack: int = 1000
     """Packets a client may pipeline after CONNECT while its session is being opened."""
+    authenticate: bool = False
+    """Ask the node to authenticate each valid CONNECT (`Authenticate`) before
+    its session is opened."""
     connect_timeout_s: float = 10.0
     """Seconds a new network connection may take to send CONNECT (MQTT 5 3.1.4:
     the server SHOULD close it otherwise); 0 disables the limit."""

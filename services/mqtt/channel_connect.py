@@ -7,6 +7,8 @@ or returns the values the connection runs with.
 
 from __future__ import annotations
 
+import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -70,6 +72,16 @@ _V5_CONNACK = frozenset(
     | {0x90, 0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F}
 )
 """Reason codes a 5.0 CONNACK may carry (MQTT 5 3.2.2.2)."""
+
+
+def wall_ms() -> int:
+    """Wall-clock milliseconds: message expiry means the same on every node."""
+    return time.time_ns() // 1_000_000
+
+
+def random_client_id(prefix: str) -> Callable[[], str]:
+    """Client ids the server assigns (MQTT 5 3.2.2.3.7)."""
+    return lambda: f"{prefix}{secrets.token_hex(8)}"
 
 
 def connack_code(reason_code: int, protocol_level: int) -> int | None:

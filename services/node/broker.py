@@ -30,7 +30,13 @@ from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from services.event.api import EventLog
-from services.mqtt.actions import OpenSession, Route, SubscribeRequest, UnsubscribeRequest
+from services.mqtt.actions import (
+    Authenticate,
+    OpenSession,
+    Route,
+    SubscribeRequest,
+    UnsubscribeRequest,
+)
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import Message, Will
 from services.mqtt.trie import TopicTrie
@@ -41,6 +47,7 @@ from services.node.logstate import LogState
 from services.node.ports import ConnectionPort, Session, SubOptions
 from services.node.remote import Remote
 from services.node.routes import Routes
+from services.node.seams import Seams
 from services.node.subscriptions import Subscriptions
 from services.node.timers import TimerWheel
 from services.queue.api import QueueStore
@@ -67,6 +74,7 @@ class Broker:
         wheel: TimerWheel,
         events: EventLog,
         shared_strategy: str = "round_robin",
+        seams: Seams | None = None,
     ) -> None:
         self.node_id = node_id
         self.channel_config = channel_config
@@ -77,6 +85,7 @@ class Broker:
         self.loop = loop
         self.wheel = wheel
         self.qos0_dropped = 0
+        self.seams = seams if seams is not None else Seams()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.routes = Routes(node_id, loop, self.mark_durable, self._expire)
         self.logstate = LogState(self.routes, events, retain, sessions, self.spawn)
@@ -87,15 +96,15 @@ class Broker:
         self.delivery.on_stored = self.remote.notify_stored
         self.dispatch = Dispatch(
             node_id, self.routes, self.delivery, self.remote, sessions, queue,
-            self.logstate, loop, self.spawn, shared_strategy,
+            self.logstate, loop, self.spawn, shared_strategy, self.seams,
         )  # fmt: skip
         self.subscriptions = Subscriptions(
             node_id, channel_config, self.routes, self.dispatch, self.delivery,
-            self.logstate, sessions, retain, self.spawn,
+            self.logstate, sessions, retain, self.spawn, self.seams,
         )  # fmt: skip
         self.cm = ConnectionManager(
             node_id, limits, self.routes, self.dispatch, self.remote, self.delivery,
-            self.logstate, sessions, queue, loop, self.spawn,
+            self.logstate, sessions, queue, loop, self.spawn, self.seams,
         )  # fmt: skip
 
     # -- state the parts share, as tests and tools read it -----------------------
@@ -188,6 +197,9 @@ class Broker:
         session_expiry_s: int | None = None,
     ) -> None:
         self.cm.connection_ended(conn, will, will_delay_s, session_expiry_s)
+
+    async def authenticate(self, conn: ConnectionPort, action: Authenticate) -> None:
+        await self.seams.authenticate(conn, action)
 
     async def open_session(self, conn: ConnectionPort, action: OpenSession) -> None:
         await self.cm.open_session(conn, action)

@@ -37,6 +37,7 @@ from services.node.logstate import LogState
 from services.node.ports import ConnectionPort, Session, SubOptions
 from services.node.remote import Remote
 from services.node.routes import Routes
+from services.node.seams import Seams
 from services.queue.api import Inflight, QueueStore
 from services.session.api import Fenced, SessionError, SessionStore
 from services.settings import Limits
@@ -62,6 +63,7 @@ class ConnectionManager:
         queue: QueueStore,
         loop: asyncio.AbstractEventLoop,
         spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
+        seams: Seams,
     ) -> None:
         self.node_id = node_id
         self.limits = limits
@@ -74,6 +76,7 @@ class ConnectionManager:
         self.queue = queue
         self.loop = loop
         self.spawn = spawn
+        self.seams = seams
         self.connections: set[ConnectionPort] = set()
         self._dirty: list[ConnectionPort] = []
         self._flush_scheduled = False
@@ -100,9 +103,13 @@ class ConnectionManager:
             conn.flush()
 
     def connection_made(self, conn: ConnectionPort) -> bool:
+        metrics = self.seams.metrics
         if len(self.connections) >= self.limits.max_connections:
+            metrics.inc("connections.refused")
             return False
         self.connections.add(conn)
+        metrics.inc("connections.accepted")
+        metrics.set("connections.current", len(self.connections))
         return True
 
     def connection_lost(self, conn: ConnectionPort) -> None:
@@ -219,6 +226,10 @@ class ConnectionManager:
             conn.resume_processing()
             return
         conn.carry_out(conn.channel.session_opened(claim.session_present, incoming))
+        opened = "session.resumed" if claim.session_present else "session.created"
+        self.seams.metrics.inc(f"sessions.{opened.partition('.')[2]}")
+        self.seams.hooks.run(opened, client_id)
+        self.seams.hooks.run("client.connected", client_id, conn.client)
         try:
             pending = await self.queue.pending(client_id, claim.epoch)
         except SessionError as exc:  # after CONNACK: close; the client resumes later
@@ -259,6 +270,7 @@ class ConnectionManager:
     ) -> None:
         """The connection closed (normally, by error, or taken over)."""
         self._resend.pop(conn, None)
+        self.seams.hooks.run("client.disconnected", conn.channel.client_id, conn.client)
         session = conn.session
         if session is not None and session_expiry_s is not None:
             session.expiry_s = session_expiry_s
@@ -355,6 +367,8 @@ class ConnectionManager:
             )
             what = "the event log"
             await self.logstate.append_and_apply(event)
+            self.seams.metrics.inc("sessions.expired")
+            self.seams.hooks.run("session.terminated", client_id, "expired")
         except Fenced:
             return  # claimed again between the read and the write
         except (SessionError, EventLogError) as exc:

@@ -22,10 +22,12 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+from services.auth.api import ClientInfo
 from services.mqtt import codec
 from services.mqtt.actions import (
     Acked,
     Action,
+    Authenticate,
     CancelTimer,
     Close,
     OpenSession,
@@ -66,6 +68,7 @@ class Connection(asyncio.Protocol):
         "_write_paused",
         "broker",
         "channel",
+        "client",
         "closed",
         "dirty",
         "dropped",
@@ -80,6 +83,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.BaseTransport | None = None
         self.channel = Channel(broker.channel_config, broker.node_id)
         self.session: Session | None = None
+        self.client: ClientInfo | None = None
         self._buf: bytearray | None = None
         self._out: list[bytes] | None = None
         self._out_bytes = 0
@@ -262,8 +266,14 @@ class Connection(asyncio.Protocol):
                     broker.received(self, action.packet_id)
                 case Released():
                     broker.released(self, action.packet_id)
+                case Authenticate():
+                    self._busy = True
+                    broker.spawn(broker.authenticate(self, action))
                 case OpenSession():
                     self._busy = True
+                    if self.client is None:  # no authenticator asked who it is
+                        username, level = action.connect.username, self.channel.protocol_level
+                        self.client = ClientInfo(action.client_id, username, self.peer, level)
                     broker.spawn(broker.open_session(self, action))
                 case SubscribeRequest():
                     self._busy = True

@@ -35,13 +35,14 @@ from services.event.api import EventLogError
 from services.event.schema import Event, RetainedCleared, RetainedSet
 from services.mqtt import codec
 from services.mqtt.actions import Route
-from services.mqtt.packets import Message, PacketType
+from services.mqtt.packets import Message, PacketType, ReasonCode
 from services.mqtt.topics import matches, parse_shared
 from services.node.delivery import Delivery
 from services.node.logstate import LogState
 from services.node.ports import ConnectionPort, Session, SubOptions
 from services.node.remote import Remote
 from services.node.routes import PlanEntry, Routes, adjusted, for_subscriber
+from services.node.seams import Seams
 from services.queue.api import IncomingMark, QueueStore
 from services.session.api import Fenced, SessionError, SessionStore
 
@@ -61,6 +62,7 @@ class Dispatch:
         loop: asyncio.AbstractEventLoop,
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
         shared_strategy: str,
+        seams: Seams,
     ) -> None:
         self.node_id = node_id
         self.routes = routes
@@ -72,6 +74,7 @@ class Dispatch:
         self.loop = loop
         self.spawn = spawn
         self.shared_strategy = shared_strategy
+        self.seams = seams
         self.work = 0  # deliveries made; connections budget their processing by it
         self.publisher: ConnectionPort | None = None  # whose packets are in hand
         self._round_robin: dict[tuple[str, str], int] = {}
@@ -125,6 +128,10 @@ class Dispatch:
             if held is not None:  # a QoS 2 ahead is still being stored: keep the order
                 held.append(route)
                 return
+        admitted = self._admitted(conn, route)
+        if admitted is None:
+            return
+        route = admitted
         message = route.message
         if route.qos2_packet_id is not None and conn.session is not None:
             self._held_routes[conn] = []
@@ -140,6 +147,26 @@ class Dispatch:
         delivered = self.publish_message(message)
         if route.token is not None:
             self.delivery.token(conn, route.token, delivered == 0, since=since)
+
+    def _admitted(self, conn: ConnectionPort, route: Route) -> Route | None:
+        """Authorization and the message.publish hook (which may replace the
+        message or stop it: a stopped QoS 1/2 message is still acknowledged).
+        A denied one: 5.0 PUBACK / PUBREC 0x87; 3.x acknowledged and dropped."""
+        message = route.message
+        if not self.seams.may_publish(conn, message.topic, message.qos, message.retain):
+            if route.token is not None:
+                conn.routed(route.token, False, False, ReasonCode.NOT_AUTHORIZED)
+            return None
+        hooks = self.seams.hooks
+        if hooks.has("message.publish"):
+            changed = hooks.fold("message.publish", message, conn.client)
+            if changed is None:
+                if route.token is not None:
+                    conn.routed(route.token, True, True)
+                return None
+            if changed is not message:
+                return dataclasses.replace(route, message=changed)
+        return route
 
     async def _retain_gate(self, message: Message, gate: asyncio.Future[bool]) -> None:
         ok = False

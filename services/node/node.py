@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.cluster.router import ClusterRouter
 from services.event.api import EventLog
@@ -23,6 +23,7 @@ from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import ReasonCode
 from services.node.broker import Broker
 from services.node.connection import Connection
+from services.node.seams import Seams
 from services.node.timers import TimerWheel
 from services.node.websocket import WebSocketProtocol
 from services.queue.api import QueueStore
@@ -42,14 +43,16 @@ class Services:
     retain: RetainStore
     events: EventLog
     cluster: ClusterRouter | None = None  # None: a node on its own (memory backends)
+    seams: Seams = field(default_factory=Seams)  # auth, hooks, metrics: allow-all, no-op
 
 
-def channel_config(settings: Settings) -> ChannelConfig:
+def channel_config(settings: Settings, authenticate: bool = False) -> ChannelConfig:
     limits = settings.limits
     return ChannelConfig(
         receive_maximum=limits.receive_maximum,
         max_packet_size=limits.max_packet_size,
         max_keep_alive=limits.max_keep_alive_s,
+        authenticate=authenticate,
     )
 
 
@@ -72,7 +75,7 @@ class Node:
         self.wheel = TimerWheel(loop)
         broker = Broker(
             node_id=settings.node_id,
-            channel_config=channel_config(settings),
+            channel_config=channel_config(settings, self.services.seams.authenticates),
             limits=settings.limits,
             sessions=self.services.sessions,
             queue=self.services.queue,
@@ -81,6 +84,7 @@ class Node:
             wheel=self.wheel,
             shared_strategy=settings.shared_strategy,
             events=self.services.events,
+            seams=self.services.seams,
         )
         self.broker = broker
         self.replayed = await broker.logstate.replay()

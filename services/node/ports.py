@@ -20,8 +20,10 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from services.auth.api import ClientInfo
 from services.mqtt.actions import (
     Action,
+    Authenticate,
     OpenSession,
     Route,
     SubscribeRequest,
@@ -95,8 +97,12 @@ class ConnectionPort(Protocol):
 
     channel: Channel
     session: Session | None
+    client: ClientInfo | None  # who it is, once its CONNECT was read
     closed: bool
     max_outgoing_packet: int | None  # the client's Maximum Packet Size
+
+    @property
+    def peer(self) -> str: ...
 
     @property
     def transport(self) -> asyncio.BaseTransport | None: ...
@@ -165,6 +171,8 @@ class BrokerPort(Protocol):
         will_delay_s: int,
         session_expiry_s: int | None = None,
     ) -> None: ...
+
+    async def authenticate(self, conn: ConnectionPort, action: Authenticate) -> None: ...
 
     async def open_session(self, conn: ConnectionPort, action: OpenSession) -> None: ...
 

@@ -34,6 +34,7 @@ from services.node.dispatch import Dispatch
 from services.node.logstate import LogState
 from services.node.ports import ConnectionPort, Session, SubOptions
 from services.node.routes import Routes, for_subscriber
+from services.node.seams import Seams
 from services.retain.api import RetainStore
 from services.session.api import SessionError, SessionStore
 
@@ -55,6 +56,7 @@ class Subscriptions:
         store: SessionStore,
         retained: RetainStore,
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
+        seams: Seams,
     ) -> None:
         self.node_id = node_id
         self.channel_config = channel_config
@@ -65,6 +67,7 @@ class Subscriptions:
         self.store = store
         self.retained = retained
         self.spawn = spawn
+        self.seams = seams
 
     @staticmethod
     def now_ms() -> int:
@@ -87,6 +90,9 @@ class Subscriptions:
                 validate_topic_filter(sub.topic_filter)
             except TopicFilterInvalid:
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else V3_SUBACK_FAILURE)
+                continue
+            if not self.seams.may_subscribe(conn, sub.topic_filter, sub.qos):
+                codes.append(ReasonCode.NOT_AUTHORIZED if v5 else V3_SUBACK_FAILURE)
                 continue
             granted = min(sub.qos, max_qos)
             options = SubOptions.of(
@@ -126,7 +132,8 @@ class Subscriptions:
         retained: list[tuple[str, SubOptions]],
         undo: list[tuple[str, SubOptions | None]],
     ) -> None:
-        if events and not await self._log_client_events(session, events):
+        logged = not events or await self._log_client_events(session, events)
+        if not logged:
             v5 = conn.channel.protocol_level >= 5
             failure = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR if v5 else V3_SUBACK_FAILURE
             codes = [c if c >= 0x80 else failure for c in codes]
@@ -135,6 +142,8 @@ class Subscriptions:
         if conn.closed:
             return
         conn.carry_out(conn.channel.subscribed(packet_id, codes))
+        for event in events if logged else ():
+            self.seams.hooks.run("session.subscribed", session.client_id, event.filter)
         now_ms = self.now_ms()
         for topic_filter, options in retained:
             for message in self.retained.match(topic_filter, now_ms):

@@ -50,6 +50,9 @@ async def test_clients_count_exactly_once_without_kills(memory_node: NodeProcess
     pub = QoS2Publisher("h-pub", TOPIC, TOTAL, rate=4000.0)
     await pub.run(memory_node.port, deadline)
     await until(lambda: not any(s.missing(TOTAL) for s in subs), timeout=10)
+    # A QoS 2 message reaches the application at PUBLISH; its PUBREL follows
+    # once the node stored the PUBREC: wait for the last ones, bounded.
+    await until(lambda: subs[1].awaiting_rel == set(), timeout=10)
     for s in subs:
         s.stop.set()
     await asyncio.gather(*tasks)

@@ -1,0 +1,54 @@
+"""The node's seams for authentication and authorization, hooks and metrics.
+
+Theory of operation. The composition root gives the broker one `Seams`: an
+authenticator and an authorizer (`services.auth.api`; `AllowAll` by
+default), the hook chain (`services.hooks.api`; empty by default) and a
+metrics recorder (`services.metrics.api`; `NullRecorder` by default). The
+broker's parts call them here and only here:
+
+- `authenticate`: the channel's `Authenticate` action (asked only when an
+  authenticator other than `AllowAll` is configured); the decision opens the
+  session or refuses the CONNECT;
+- `may_publish` / `may_subscribe`: per PUBLISH topic and SUBSCRIBE filter;
+  with `AllowAll` no call is made at all (the hot path stays as it was).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.auth.api import Action, AllowAll, Authenticator, Authorizer, ClientInfo
+from services.hooks.api import Hooks
+from services.metrics.api import NullRecorder, Recorder
+from services.mqtt.actions import Authenticate
+from services.node.ports import ConnectionPort
+
+
+@dataclass
+class Seams:
+    authenticator: Authenticator = field(default_factory=AllowAll)
+    authorizer: Authorizer = field(default_factory=AllowAll)
+    hooks: Hooks = field(default_factory=Hooks)
+    metrics: Recorder = field(default_factory=NullRecorder)
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether CONNECTs wait for the authenticator (the channel's `authenticate`)."""
+        return not isinstance(self.authenticator, AllowAll)
+
+    async def authenticate(self, conn: ConnectionPort, action: Authenticate) -> None:
+        info = ClientInfo(action.client_id, action.username, conn.peer, conn.channel.protocol_level)
+        conn.client = info
+        decision = await self.authenticator.authenticate(info, action.password)
+        if not conn.closed:
+            conn.carry_out(conn.channel.authenticated(decision.ok, decision.reason_code))
+
+    def may_publish(self, conn: ConnectionPort, topic: str, qos: int, retain: bool) -> bool:
+        if isinstance(self.authorizer, AllowAll) or conn.client is None:
+            return True
+        return self.authorizer.allowed(conn.client, Action.PUBLISH, topic, qos, retain)
+
+    def may_subscribe(self, conn: ConnectionPort, topic_filter: str, qos: int) -> bool:
+        if isinstance(self.authorizer, AllowAll) or conn.client is None:
+            return True
+        return self.authorizer.allowed(conn.client, Action.SUBSCRIBE, topic_filter, qos, False)

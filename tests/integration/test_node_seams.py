@@ -1,0 +1,98 @@
+"""The node's seams over real sockets: an authenticator refuses CONNECTs, an
+authorizer denies topics, a message.publish hook rewrites a message, and the
+metrics recorder counts connections and sessions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from services.auth.api import ALLOW, Action, ClientInfo, Decision
+from services.hooks.api import Continue, Hooks
+from services.metrics.api import MemoryRecorder
+from services.mqtt.packets import Connect, Message, Puback, Publish, Subscription
+from services.node.seams import Seams
+from tests.integration.conftest import NodeRunner, node_settings
+from tests.integration.rawclient import V5, V311, Raw, opened
+
+
+class PasswordCheck:
+    async def authenticate(self, client: ClientInfo, password: bytes | None) -> Decision:
+        await asyncio.sleep(0)  # a real backend awaits something
+        return ALLOW if password == b"secret" else Decision(False, 0x86)
+
+
+class NoSecrets:
+    def allowed(self, client: ClientInfo, action: Action, topic: str, qos: int, retain: bool) -> (
+        bool
+    ):
+        return not topic.startswith("secret/")
+
+
+class SeamsNode(NodeRunner):
+    def __init__(self, seams: Seams) -> None:
+        super().__init__(node_settings())
+        self.seams = seams
+
+    async def _main(self) -> None:
+        from services.node.app import build_services
+        from services.node.node import Node
+
+        self.loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        services = replace(build_services(self.settings), seams=self.seams)
+        self.node = Node(self.settings, services)
+        await self.node.start()
+        self._ready.set()
+        await self._stop.wait()
+        await self.node.stop()
+
+
+def _shout(client: ClientInfo | None, message: Message) -> Continue:
+    return Continue(replace(message, payload=message.payload.upper()))
+
+
+@pytest.fixture
+def seams() -> Seams:
+    hooks = Hooks()
+    hooks.add("message.publish", _shout)
+    return Seams(PasswordCheck(), NoSecrets(), hooks, MemoryRecorder())
+
+
+@pytest.fixture
+def node(seams: Seams) -> Iterator[NodeRunner]:
+    runner = SeamsNode(seams).start()
+    try:
+        yield runner
+    finally:
+        runner.stop()
+
+
+@pytest.mark.parametrize(("level", "code"), [(V5, 0x86), (V311, 4)])
+def test_authenticator_refuses_a_bad_password(
+    node: NodeRunner, raws: list[Raw], level: int, code: int
+) -> None:
+    bad = Raw(node.mqtt_port, level)
+    raws.append(bad)
+    bad.send(Connect("intruder", protocol_level=level, username="u", password=b"guess"))
+    assert [p.reason_code for p in bad.closed()] == [code]
+
+
+def test_authorizer_hooks_and_metrics(node: NodeRunner, raws: list[Raw], seams: Seams) -> None:
+    login = {"username": "u", "password": b"secret"}
+    sub = opened(raws, node, "s-sub", V5, **login)
+    ack = sub.subscribe(Subscription("secret/#", 1), Subscription("open/#", 1))
+    assert ack.reason_codes == (0x87, 1)
+    pub = opened(raws, node, "s-pub", V5, **login)
+    pub.send(Publish("secret/x", b"no", qos=1, packet_id=1))
+    assert pub.expect(Puback).reason_code == 0x87
+    pub.send(Publish("open/x", b"quiet", qos=1, packet_id=2))
+    assert pub.expect(Puback).reason_code == 0
+    assert sub.expect(Publish).payload == b"QUIET"  # the hook rewrote it
+    metrics = seams.metrics
+    assert isinstance(metrics, MemoryRecorder)
+    assert metrics.counters["connections.accepted"] == 2
+    assert metrics.counters["sessions.created"] == 2

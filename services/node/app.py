@@ -8,7 +8,7 @@
   existing ones; whichever is not named is started here, embedded, on a
   free loopback port: a redis-server with its data under `--data-dir`
   (AOF profile `--durability default|durable`, see
-  `services.session.redis_server`) and the embedded Kafka-protocol broker
+  `services.embedded.redis_server`) and the embedded Kafka-protocol broker
   (Tansu, memory only). Clean sessions use memory stores, persistent ones
   Redis (`services.node.stores`); every node uses the Kafka event log.
   Embedded services stop after the node.
@@ -34,8 +34,8 @@ from services.settings import Settings, SettingsError, load
 
 if TYPE_CHECKING:
     from services.cluster.router import ClusterRouter
+    from services.embedded.redis_server import RedisServer
     from services.node.node import Services
-    from services.session.redis_server import RedisServer
 
 EXIT_OK = 0
 EXIT_START_FAILED = 1
@@ -167,7 +167,7 @@ class BackendError(Exception):
 
 def _start_redis(settings: Settings) -> RedisServer:
     """The embedded redis-server, its data under <data-dir>/redis."""
-    from services.session.redis_server import RedisServer, RedisServerError
+    from services.embedded.redis_server import RedisServer, RedisServerError
 
     data = Path(settings.data_dir).resolve() / "redis"  # it runs in that directory
     try:
@@ -185,7 +185,8 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
     if settings.backend == "memory":
         yield build_services(settings), "memory backends"
         return
-    from services.event.embedded_kafka import EmbeddedKafka, EmbeddedKafkaError
+    from services.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError
+    from services.embedded.redis_server import RedisServer
     from services.event.kafka import KafkaEventLog, KafkaSettings
     from services.node.node import Services
     from services.node.stores import TieredQueueStore, TieredSessionStore, Tiers
@@ -196,7 +197,6 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
     from services.session.api import SessionError
     from services.session.memory import MemorySessionStore
     from services.session.redis import RedisSessionStore, bounded, connect
-    from services.session.redis_server import RedisServer
 
     started: list[Any] = []
     closers: list[Any] = []

@@ -109,8 +109,8 @@ class _StartFailed(Exception):
 
 
 def _backends(settings: Settings, started: list[Any]) -> tuple[str, str]:
-    from services.event.embedded_kafka import EmbeddedKafka, EmbeddedKafkaError
-    from services.session.redis_server import RedisServer, RedisServerError
+    from services.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError
+    from services.embedded.redis_server import RedisServer, RedisServerError
 
     redis_url = settings.redis_url
     if redis_url is None:

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from bench.replay import fleet_events, run_node
-from services.event.embedded_kafka import EmbeddedKafkaError, broker_binary
+from services.embedded.kafka import EmbeddedKafkaError, broker_binary
 from services.event.schema import SessionClosed, SessionOpened, Subscribed
 from services.mqtt.topics import validate_topic_filter
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from services.embedded.redis_server import free_port
 from services.mqtt.packets import (
     Connect,
     Message,
@@ -30,7 +31,6 @@ from services.mqtt.packets import (
 from services.queue.redis import RedisQueueStore
 from services.session.api import Fenced
 from services.session.redis import RedisSessionStore
-from services.session.redis_server import free_port
 from tests.chaos.harness import Link, NodeProcess
 
 pytestmark = pytest.mark.redis

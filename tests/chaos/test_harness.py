@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.session.redis_server import free_port
+from services.embedded.redis_server import free_port
 from tests.chaos.harness import (
     LEVEL,
     LEVEL_5,

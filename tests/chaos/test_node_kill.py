@@ -49,10 +49,10 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from services.event.embedded_kafka import EmbeddedKafka
+from services.embedded.kafka import EmbeddedKafka
+from services.embedded.redis_server import RedisServer, free_port
 from services.queue.redis import RedisQueueStore
 from services.session.redis import client_keys, connect
-from services.session.redis_server import RedisServer, free_port
 from services.store.serial import loads
 from tests.chaos.harness import (
     LEVEL,

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.embedded.kafka import EmbeddedKafka
 from services.event.api import (
     EventLog,
     EventLogBackpressure,
     EventLogCorrupt,
     EventLogUnavailable,
 )
-from services.event.embedded_kafka import EmbeddedKafka
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.event.memory import MemoryEventLog, MemoryLog
 from services.event.schema import (

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.embedded.redis_server import RedisServer
 from services.mqtt.packets import Message, Properties
 from services.node.stores import TieredQueueStore, TieredSessionStore, Tiers
 from services.queue.api import DROP_OLDEST, REFUSE, EnqueueResult, IncomingMark, QueueStore
@@ -21,7 +22,6 @@ from services.queue.redis import RedisQueueStore
 from services.session.api import Fenced, SessionStore, StoreUnavailable
 from services.session.memory import MemorySessionStore
 from services.session.redis import RedisSessionStore, client_keys, connect
-from services.session.redis_server import RedisServer
 from services.store.serial import SerialError, dumps, loads
 from tests.support.wait import until
 

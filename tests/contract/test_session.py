@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from services.embedded.redis_server import RedisServer
 from services.node.stores import TieredSessionStore, Tiers
 from services.session.api import Fenced, SessionStore, StoreUnavailable
 from services.session.memory import MemorySessionStore
 from services.session.redis import RedisSessionStore
-from services.session.redis_server import RedisServer
 from tests.support.wait import until
 
 
@@ -207,7 +207,7 @@ def test_durable_profile_keeps_writes_across_a_kill(tmp_path: Path) -> None:
 def test_missing_redis_server_is_one_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from services.session.redis_server import RedisServerError
+    from services.embedded.redis_server import RedisServerError
 
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(RedisServerError, match="redis-server not found"):

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from services.session.redis_server import free_port
+from services.embedded.redis_server import free_port
 
 START_S = 30.0
 

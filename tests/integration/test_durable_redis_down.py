@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from services.session.redis_server import RedisServer
+from services.embedded.redis_server import RedisServer
 from tests.integration.conftest import Paho
 from tests.support.backend_node import backend_settings, start_node
 from tests.support.wait import wait_until

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from services.event.embedded_kafka import EmbeddedKafka
+from services.embedded.kafka import EmbeddedKafka
 from tests.integration.conftest import Paho
 from tests.support.backend_node import backend_settings, start_node
 from tests.support.eventlog import subscribed_in_log

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.event.embedded_kafka import EmbeddedKafka
+from services.embedded.kafka import EmbeddedKafka
 from services.mqtt.codec import encode
 from services.mqtt.packets import Publish, Suback, Subscribe, Subscription, Unsuback, Unsubscribe
 from tests.integration.conftest import NodeRunner

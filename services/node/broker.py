@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from services.event.api import EventLog
@@ -44,7 +44,7 @@ from services.node.cm import ConnectionManager
 from services.node.delivery import Delivery
 from services.node.dispatch import Dispatch
 from services.node.logstate import LogState
-from services.node.ports import ConnectionPort, Session, SubOptions
+from services.node.ports import ConnectionPort, Session, SubOptions, Turn
 from services.node.remote import Remote
 from services.node.routes import Routes
 from services.node.seams import Seams
@@ -85,6 +85,7 @@ class Broker:
         self.loop = loop
         self.wheel = wheel
         self.qos0_dropped = 0
+        self.turn = Turn()
         self.seams = seams if seams is not None else Seams()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.routes = Routes(node_id, loop, self.mark_durable, self._expire)
@@ -96,7 +97,7 @@ class Broker:
         self.delivery.on_stored = self.remote.notify_stored
         self.dispatch = Dispatch(
             node_id, self.routes, self.delivery, self.remote, sessions, queue,
-            self.logstate, loop, self.spawn, shared_strategy, self.seams,
+            self.logstate, loop, self.spawn, shared_strategy, self.seams, self.turn,
         )  # fmt: skip
         self.subscriptions = Subscriptions(
             node_id, channel_config, self.routes, self.dispatch, self.delivery,
@@ -106,6 +107,10 @@ class Broker:
             node_id, limits, self.routes, self.dispatch, self.remote, self.delivery,
             self.logstate, sessions, queue, loop, self.spawn, self.seams,
         )  # fmt: skip
+        # The per-packet calls go straight to their part (no facade hop).
+        self.publish: Callable[[ConnectionPort, Route], None] = self.dispatch.publish
+        self.acked: Callable[[ConnectionPort, int], None] = self.cm.acked
+        self.mark_dirty: Callable[[ConnectionPort], None] = self.cm.mark_dirty
 
     # -- state the parts share, as tests and tools read it -----------------------
 
@@ -129,24 +134,8 @@ class Broker:
     def cluster(self, router: ClusterRouter | None) -> None:
         self.remote.cluster = router
 
-    @property
-    def work(self) -> int:
-        return self.dispatch.work
-
-    @work.setter
-    def work(self, value: int) -> None:
-        self.dispatch.work = value
-
-    @property
-    def publisher(self) -> ConnectionPort | None:
-        return self.dispatch.publisher
-
-    @publisher.setter
-    def publisher(self, conn: ConnectionPort | None) -> None:
-        self.dispatch.publisher = conn
-
     def _publisher(self) -> ConnectionPort | None:
-        return self.dispatch.publisher
+        return self.turn.publisher
 
     def invalidate_plans(self) -> None:
         self.routes.invalidate_plans()
@@ -180,9 +169,6 @@ class Broker:
 
     # -- what a connection asks (ports.BrokerPort) -------------------------------------
 
-    def mark_dirty(self, conn: ConnectionPort) -> None:
-        self.cm.mark_dirty(conn)
-
     def connection_made(self, conn: ConnectionPort) -> bool:
         return self.cm.connection_made(conn)
 
@@ -209,12 +195,6 @@ class Broker:
 
     def unsubscribe(self, conn: ConnectionPort, request: UnsubscribeRequest) -> None:
         self.subscriptions.unsubscribe(conn, request)
-
-    def publish(self, conn: ConnectionPort, route: Route) -> None:
-        self.dispatch.publish(conn, route)
-
-    def acked(self, conn: ConnectionPort, packet_id: int) -> None:
-        self.cm.acked(conn, packet_id)
 
     def received(self, conn: ConnectionPort, packet_id: int) -> None:
         self.cm.received(conn, packet_id)

@@ -171,11 +171,12 @@ class Connection(asyncio.Protocol):
         broker = self.broker
         max_size = broker.limits.max_packet_size
         channel = self.channel
-        budget = broker.work + WORK_BUDGET
-        outer, broker.publisher = broker.publisher, self
+        turn = broker.turn
+        budget = turn.work + WORK_BUDGET
+        outer, turn.publisher = turn.publisher, self
         try:
             while not self._busy and not self.closed and self._blocked_on is None:
-                if broker.work > budget:
+                if turn.work > budget:
                     self._defer()
                     break
                 result = codec.decode(view[used:], channel.protocol_level, max_size)
@@ -183,17 +184,17 @@ class Connection(asyncio.Protocol):
                     break
                 packet, size = result
                 used += size
-                broker.work += 1
+                turn.work += 1
                 self._carry_out(channel.receive(packet, broker.loop.time()))
         except MQTTError as err:
-            broker.publisher = outer
+            turn.publisher = outer
             view.release()
             self._buf = None
             self._carry_out(channel.protocol_error(err))
             if not self.closed:
                 self.close()
             return
-        broker.publisher = outer
+        turn.publisher = outer
         view.release()
         if self._buf is not None:
             if used == len(buf):
@@ -340,7 +341,7 @@ class Connection(asyncio.Protocol):
                 self.dropped += 1
                 broker.qos0_dropped += 1
                 return False
-            publisher = broker.publisher
+            publisher = broker.turn.publisher
             if publisher is not None and publisher is not self:
                 publisher.block_on(self)
         self.write(data)

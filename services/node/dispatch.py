@@ -39,7 +39,7 @@ from services.mqtt.packets import Message, PacketType, ReasonCode
 from services.mqtt.topics import matches, parse_shared
 from services.node.delivery import Delivery
 from services.node.logstate import LogState
-from services.node.ports import ConnectionPort, Session, SubOptions
+from services.node.ports import ConnectionPort, Session, SubOptions, Turn
 from services.node.remote import Remote
 from services.node.routes import PlanEntry, Routes, adjusted, for_subscriber
 from services.node.seams import Seams
@@ -63,6 +63,7 @@ class Dispatch:
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
         shared_strategy: str,
         seams: Seams,
+        turn: Turn,
     ) -> None:
         self.node_id = node_id
         self.routes = routes
@@ -75,8 +76,7 @@ class Dispatch:
         self.spawn = spawn
         self.shared_strategy = shared_strategy
         self.seams = seams
-        self.work = 0  # deliveries made; connections budget their processing by it
-        self.publisher: ConnectionPort | None = None  # whose packets are in hand
+        self.turn = turn
         self._round_robin: dict[tuple[str, str], int] = {}
         self._held_routes: dict[ConnectionPort, list[Route]] = {}  # behind a QoS 2 being stored
 
@@ -128,10 +128,12 @@ class Dispatch:
             if held is not None:  # a QoS 2 ahead is still being stored: keep the order
                 held.append(route)
                 return
-        admitted = self._admitted(conn, route)
-        if admitted is None:
-            return
-        route = admitted
+        seams = self.seams
+        if seams.authorizes or seams.hooks.has("message.publish"):
+            admitted = self._admitted(conn, route)
+            if admitted is None:
+                return
+            route = admitted
         message = route.message
         if route.qos2_packet_id is not None and conn.session is not None:
             self._held_routes[conn] = []
@@ -223,7 +225,7 @@ class Dispatch:
         """Route one message to every matching subscription; returns how many."""
         if message.retain and store_retained:
             self.spawn(self.set_retained(message))
-        plan = self.routes.plan(message.topic)
+        plan = self.routes.plans.get(message.topic) or self.routes.plan(message.topic)
         plain, shared, remote = plan
         count = self.deliver_plain(message, plain) if plain else 0
         for group_filter, members in shared:
@@ -231,7 +233,7 @@ class Dispatch:
                 count += 1
         if remote:
             count += self.remote.deliver(message, remote)
-        self.work += count
+        self.turn.work += count
         self.delivery.schedule()
         return count
 
@@ -348,5 +350,5 @@ class Dispatch:
             if opts:
                 plan.append((session, opts[0] if len(opts) == 1 else opts))
         if plan:
-            self.work += self.deliver_plain(message, plan)
+            self.turn.work += self.deliver_plain(message, plan)
             self.delivery.schedule()

@@ -92,6 +92,18 @@ class Session:
         self.ops: list[tuple[str, int]] = []  # ("received" | "released", packet id)
 
 
+class Turn:
+    """What one loop turn's processing shares: the deliveries made so far (a
+    connection budgets its processing per turn by it) and the connection whose
+    packets are being handled (a subscriber that cannot keep up holds it back)."""
+
+    __slots__ = ("publisher", "work")
+
+    def __init__(self) -> None:
+        self.work = 0
+        self.publisher: ConnectionPort | None = None
+
+
 class ConnectionPort(Protocol):
     """What a connection offers the broker's parts."""
 
@@ -146,8 +158,7 @@ class BrokerPort(Protocol):
     limits: Limits
     loop: asyncio.AbstractEventLoop
     qos0_dropped: int
-    work: int  # deliveries made; a connection budgets its processing per loop turn by it
-    publisher: ConnectionPort | None  # the connection whose packets are being handled
+    turn: Turn
 
     @property
     def wheel(self) -> Any: ...

@@ -24,17 +24,18 @@ from services.mqtt.actions import Authenticate
 from services.node.ports import ConnectionPort
 
 
-@dataclass
+@dataclass(frozen=True)
 class Seams:
     authenticator: Authenticator = field(default_factory=AllowAll)
     authorizer: Authorizer = field(default_factory=AllowAll)
-    hooks: Hooks = field(default_factory=Hooks)
+    hooks: Hooks = field(default_factory=Hooks)  # callbacks come and go; the chain stays
     metrics: Recorder = field(default_factory=NullRecorder)
+    authenticates: bool = field(init=False)  # CONNECTs wait for the authenticator
+    authorizes: bool = field(init=False)  # PUBLISH / SUBSCRIBE ask the authorizer
 
-    @property
-    def authenticates(self) -> bool:
-        """Whether CONNECTs wait for the authenticator (the channel's `authenticate`)."""
-        return not isinstance(self.authenticator, AllowAll)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "authenticates", not isinstance(self.authenticator, AllowAll))
+        object.__setattr__(self, "authorizes", not isinstance(self.authorizer, AllowAll))
 
     async def authenticate(self, conn: ConnectionPort, action: Authenticate) -> None:
         info = ClientInfo(action.client_id, action.username, conn.peer, conn.channel.protocol_level)
@@ -44,11 +45,11 @@ class Seams:
             conn.carry_out(conn.channel.authenticated(decision.ok, decision.reason_code))
 
     def may_publish(self, conn: ConnectionPort, topic: str, qos: int, retain: bool) -> bool:
-        if isinstance(self.authorizer, AllowAll) or conn.client is None:
+        if not self.authorizes or conn.client is None:
             return True
         return self.authorizer.allowed(conn.client, Action.PUBLISH, topic, qos, retain)
 
     def may_subscribe(self, conn: ConnectionPort, topic_filter: str, qos: int) -> bool:
-        if isinstance(self.authorizer, AllowAll) or conn.client is None:
+        if not self.authorizes or conn.client is None:
             return True
         return self.authorizer.allowed(conn.client, Action.SUBSCRIBE, topic_filter, qos, False)

@@ -90,7 +90,9 @@ class Broker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.routes = Routes(node_id, loop, self.mark_durable, self._expire)
         self.logstate = LogState(self.routes, events, retain, sessions, self.spawn)
-        self.delivery = Delivery(queue, loop, self.spawn, limits.queue_limit, self._publisher)
+        self.delivery = Delivery(
+            queue, loop, self.spawn, limits.queue_limit, self._publisher, self.seams.metrics
+        )
         self.remote = Remote(
             node_id, self.routes, self.delivery, lambda: self.logstate.view, self.mark_durable
         )

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from services.metrics.api import NullRecorder, Recorder
 from services.mqtt.packets import Message, ReasonCode
 from services.node.ports import ConnectionPort, Session
 from services.node.stores import DurablePartFailed
@@ -67,8 +68,10 @@ class Delivery:
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
         queue_limit: int,
         publisher: Callable[[], ConnectionPort | None],
+        metrics: Recorder | None = None,
     ) -> None:
         self.queue = queue
+        self.metrics: Recorder = metrics if metrics is not None else NullRecorder()
         self.loop = loop
         self.spawn = spawn
         self.publisher = publisher
@@ -231,7 +234,9 @@ class Delivery:
         if result is not None:
             if self.on_stored is not None:
                 self.on_stored(items)
-            self.dropped += result.dropped
+            if result.dropped:
+                self.dropped += result.dropped
+                self.metrics.inc("messages.dropped", result.dropped)
             if result.refused:
                 self._refused(items, result.refused)
             for session in ready:
@@ -246,6 +251,7 @@ class Delivery:
     def _refused(self, items: list[tuple[str, Message]], refused: frozenset[int]) -> None:
         """Count what full queues refused; warn now and then, naming the clients."""
         self.refused += len(refused)
+        self.metrics.inc("messages.refused", len(refused))
         now = time.monotonic()
         if now - self._refused_logged >= REFUSED_LOG_EVERY_S:
             self._refused_logged = now

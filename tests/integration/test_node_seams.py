@@ -13,7 +13,7 @@ import pytest
 from services.auth.api import ALLOW, Action, ClientInfo, Decision
 from services.hooks.api import Continue, Hooks
 from services.metrics.api import MemoryRecorder
-from services.mqtt.packets import Connect, Message, Puback, Publish, Subscription
+from services.mqtt.packets import Connect, Message, Properties, Puback, Publish, Subscription
 from services.node.seams import Seams
 from tests.integration.conftest import NodeRunner, node_settings
 from tests.integration.rawclient import V5, V311, Raw, opened
@@ -32,9 +32,12 @@ class NoSecrets:
         return not topic.startswith("secret/")
 
 
+QUEUE_LIMIT = 2
+
+
 class SeamsNode(NodeRunner):
     def __init__(self, seams: Seams) -> None:
-        super().__init__(node_settings())
+        super().__init__(node_settings(queue_limit=QUEUE_LIMIT))
         self.seams = seams
 
     async def _main(self) -> None:
@@ -96,3 +99,20 @@ def test_authorizer_hooks_and_metrics(node: NodeRunner, raws: list[Raw], seams: 
     assert isinstance(metrics, MemoryRecorder)
     assert metrics.counters["connections.accepted"] == 2
     assert metrics.counters["sessions.created"] == 2
+
+
+def test_refused_messages_are_counted(node: NodeRunner, raws: list[Raw], seams: Seams) -> None:
+    login = {"username": "u", "password": b"secret"}
+    persistent = {"clean_start": False, "properties": Properties(session_expiry_interval=60)}
+    sub = opened(raws, node, "s-away", V5, **login, **persistent)
+    assert sub.subscribe(Subscription("away/#", 1)).reason_codes == (1,)
+    sub.close()
+    pub = opened(raws, node, "s-pub2", V5, **login)
+    codes = []
+    for i in range(1, QUEUE_LIMIT + 2):
+        pub.send(Publish("away/x", b"%d" % i, qos=1, packet_id=i))
+        codes.append(pub.expect(Puback).reason_code)
+    assert codes == [0] * QUEUE_LIMIT + [0x97]
+    metrics = seams.metrics
+    assert isinstance(metrics, MemoryRecorder)
+    assert metrics.counters["messages.refused"] == 1

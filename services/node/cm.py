@@ -135,12 +135,15 @@ class ConnectionManager:
         ending = self._ending.get(client_id)
         if ending is not None:  # the previous connection's end comes first
             await asyncio.wait({ending}, timeout=ENDING_WAIT_S)
+        hooks = self.seams.hooks
+        hooks.run("client.connect", client_id, conn.client)
         old = self.routes.sessions.get(client_id)
         if old is not None and old.conn is not None and old.conn is not conn:
             old_conn = old.conn
             self._detach(old)
             old_conn.carry_out(old_conn.channel.taken_over())
             old_conn.session = None
+            hooks.run("session.takenover", client_id)
         try:
             claim = await self.store.claim(
                 client_id, self.node_id, action.clean_start, action.session_expiry_s
@@ -183,6 +186,7 @@ class ConnectionManager:
             self._detach(session)
         if session is None or not claim.session_present:
             if session is not None:
+                hooks.run("session.discarded", client_id)
                 self.routes.drop_subscriptions(session)
             session = Session(client_id)
             self.routes.sessions[client_id] = session
@@ -228,8 +232,9 @@ class ConnectionManager:
         conn.carry_out(conn.channel.session_opened(claim.session_present, incoming))
         opened = "session.resumed" if claim.session_present else "session.created"
         self.seams.metrics.inc(f"sessions.{opened.partition('.')[2]}")
-        self.seams.hooks.run(opened, client_id)
-        self.seams.hooks.run("client.connected", client_id, conn.client)
+        hooks.run("client.connack", client_id, 0)
+        hooks.run(opened, client_id)
+        hooks.run("client.connected", client_id, conn.client)
         try:
             pending = await self.queue.pending(client_id, claim.epoch)
         except SessionError as exc:  # after CONNACK: close; the client resumes later
@@ -429,8 +434,10 @@ class ConnectionManager:
         self.dispatch.publish_message(message)
 
     def acked(self, conn: ConnectionPort, packet_id: int) -> None:
-        if conn.session is not None:
-            self.delivery.acked(conn.session, packet_id)
+        session = conn.session
+        if session is not None:
+            self.delivery.acked(session, packet_id)
+            self.seams.hooks.run("message.acked", session.client_id, packet_id)
         if conn in self._resend:
             self._resend_some(conn)
 

@@ -128,8 +128,7 @@ class Dispatch:
             if held is not None:  # a QoS 2 ahead is still being stored: keep the order
                 held.append(route)
                 return
-        seams = self.seams
-        if seams.authorizes or seams.hooks.has("message.publish"):
+        if self.seams.gates_publish:
             admitted = self._admitted(conn, route)
             if admitted is None:
                 return

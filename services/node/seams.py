@@ -41,15 +41,30 @@ class Seams:
         info = ClientInfo(action.client_id, action.username, conn.peer, conn.channel.protocol_level)
         conn.client = info
         decision = await self.authenticator.authenticate(info, action.password)
+        decision = self.hooks.fold("client.authenticate", decision, info)
         if not conn.closed:
             conn.carry_out(conn.channel.authenticated(decision.ok, decision.reason_code))
 
     def may_publish(self, conn: ConnectionPort, topic: str, qos: int, retain: bool) -> bool:
-        if not self.authorizes or conn.client is None:
-            return True
-        return self.authorizer.allowed(conn.client, Action.PUBLISH, topic, qos, retain)
+        return self._check(conn, Action.PUBLISH, topic, qos, retain)
 
     def may_subscribe(self, conn: ConnectionPort, topic_filter: str, qos: int) -> bool:
-        if not self.authorizes or conn.client is None:
+        return self._check(conn, Action.SUBSCRIBE, topic_filter, qos, False)
+
+    def _check(self, conn: ConnectionPort, action: Action, topic: str, qos: int, retain: bool) -> (
+        bool
+    ):
+        """The authorizer's answer, then the client.check_acl hook's (which may change it)."""
+        client = conn.client
+        if client is None:
             return True
-        return self.authorizer.allowed(conn.client, Action.SUBSCRIBE, topic_filter, qos, False)
+        allowed = not self.authorizes or self.authorizer.allowed(client, action, topic, qos, retain)
+        if self.hooks.has("client.check_acl"):
+            allowed = bool(self.hooks.fold("client.check_acl", allowed, client, action, topic))
+        return allowed
+
+    @property
+    def gates_publish(self) -> bool:
+        """Whether a PUBLISH needs the authorizer or a hook (else: one flag check)."""
+        hooks = self.hooks
+        return self.authorizes or hooks.has("message.publish") or hooks.has("client.check_acl")

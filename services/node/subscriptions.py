@@ -79,6 +79,9 @@ class Subscriptions:
         session = conn.session
         if session is None or conn.closed:
             return
+        if self.seams.hooks.has("client.subscribe"):
+            filters = [sub.topic_filter for sub in request.subscriptions]
+            self.seams.hooks.run("client.subscribe", session.client_id, filters)
         v5 = conn.channel.protocol_level >= 5
         codes: list[int] = []
         retained: list[tuple[str, SubOptions]] = []
@@ -157,6 +160,7 @@ class Subscriptions:
         session = conn.session
         if session is None or conn.closed:
             return
+        self.seams.hooks.run("client.unsubscribe", session.client_id, request.topic_filters)
         codes: list[int] = []
         events: list[Unsubscribed] = []
         undo: list[tuple[str, SubOptions | None]] = []
@@ -187,7 +191,8 @@ class Subscriptions:
         events: list[Unsubscribed],
         undo: list[tuple[str, SubOptions | None]],
     ) -> None:
-        if events and not await self._log_client_events(session, events):
+        logged = not events or await self._log_client_events(session, events)
+        if not logged:
             self.routes.undo(session, undo)
             if conn.channel.protocol_level < 5:
                 conn.close()  # a 3.x UNSUBACK cannot say it failed
@@ -196,6 +201,8 @@ class Subscriptions:
         if conn.closed:
             return
         conn.carry_out(conn.channel.unsubscribed(packet_id, codes))
+        for event in events if logged else ():
+            self.seams.hooks.run("session.unsubscribed", session.client_id, event.filter)
         conn.resume_processing()
 
     async def _log_client_events(

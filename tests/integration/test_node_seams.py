@@ -11,12 +11,21 @@ from dataclasses import replace
 import pytest
 
 from services.auth.api import ALLOW, Action, ClientInfo, Decision
-from services.hooks.api import Continue, Hooks
+from services.hooks.api import HOOK_POINTS, Continue, Hooks
 from services.metrics.api import MemoryRecorder
-from services.mqtt.packets import Connect, Message, Properties, Puback, Publish, Subscription
+from services.mqtt.packets import (
+    Connect,
+    Message,
+    Properties,
+    Puback,
+    Publish,
+    Subscription,
+    Unsuback,
+    Unsubscribe,
+)
 from services.node.seams import Seams
 from tests.integration.conftest import NodeRunner, node_settings
-from tests.integration.rawclient import V5, V311, Raw, opened
+from tests.integration.rawclient import V5, V311, Raw, opened, v5_disconnect_code
 
 
 class PasswordCheck:
@@ -116,3 +125,35 @@ def test_refused_messages_are_counted(node: NodeRunner, raws: list[Raw], seams: 
     metrics = seams.metrics
     assert isinstance(metrics, MemoryRecorder)
     assert metrics.counters["messages.refused"] == 1
+
+
+def test_hook_points_fire_where_the_node_reaches_them(raws: list[Raw]) -> None:
+    hooks, seen = Hooks(), []
+    for point in HOOK_POINTS:
+        hooks.add(point, lambda *args, point=point: seen.append(point))
+    hooks.add("client.check_acl", lambda client, action, topic, ok: Continue(topic != "h/deny"))
+    runner = SeamsNode(Seams(PasswordCheck(), hooks=hooks)).start()
+    try:
+        login = {"username": "u", "password": b"secret"}
+        persistent = {"clean_start": False, "properties": Properties(session_expiry_interval=60)}
+        sub = opened(raws, runner, "h-sub", V5, **login, **persistent)
+        assert sub.subscribe(Subscription("h/#", 1)).reason_codes == (1,)
+        pub = opened(raws, runner, "h-pub", V5, **login)
+        pub.send(Publish("h/deny", b"x", qos=1, packet_id=1))
+        assert pub.expect(Puback).reason_code == 0x87  # the check_acl hook said no
+        pub.send(Publish("h/x", b"y", qos=1, packet_id=2))
+        assert pub.expect(Puback).reason_code == 0
+        got = sub.expect(Publish)
+        sub.send(Puback(got.packet_id))
+        sub.send(Unsubscribe(2, ("h/#",)))
+        sub.expect(Unsuback)
+        again = opened(raws, runner, "h-sub", V5, **login, **persistent)  # takes it over
+        assert v5_disconnect_code(sub.closed()) == 0x8E
+        opened(raws, runner, "h-sub", V5, **login)  # Clean Start 1: discards it
+        assert v5_disconnect_code(again.closed()) == 0x8E
+        pub.send(Publish("h/x", b"barrier", qos=1, packet_id=3))
+        pub.expect(Puback)
+    finally:
+        runner.stop()
+    expected = set(HOOK_POINTS) - {"message.delivered", "message.dropped", "session.terminated"}
+    assert expected <= set(seen), expected - set(seen)

@@ -359,14 +359,9 @@ class ConnectionManager:
             return  # ended or reclaimed in the log already, or another node's to log
         what = "the session store"
         try:
-            info = await self.store.get(client_id)
-            if info is not None and (info.online or (epoch and info.epoch != epoch)):
+            version = await self._expiry_version(client_id, epoch, entry.version)
+            if version is None:
                 return  # claimed again meanwhile: not expired
-            if info is None:  # Redis's own expiry was first: the keys are gone
-                version = max(entry.version + 1, time.time_ns() // 1000)
-            else:
-                version = await self.store.next_version(client_id, info.epoch)
-                await self.queue.discard(client_id, info.epoch)
             event = SessionExpired(
                 client_id=client_id, version=version, node=self.node_id, ts_ms=self.now_ms()
             )
@@ -374,8 +369,6 @@ class ConnectionManager:
             await self.logstate.append_and_apply(event)
             self.seams.metrics.inc("sessions.expired")
             self.seams.hooks.run("session.terminated", client_id, "expired")
-        except Fenced:
-            return  # claimed again between the read and the write
         except (SessionError, EventLogError) as exc:
             log.warning(
                 "expiry of session %s not logged yet (%s failed: %s); retrying in %.0f s",
@@ -384,6 +377,24 @@ class ConnectionManager:
             self.loop.call_later(
                 EXPIRY_RETRY_S, lambda: self.spawn(self._expired(client_id, epoch))
             )
+
+    async def _expiry_version(self, client_id: str, epoch: int, logged: int) -> int | None:
+        """The SessionExpired event's version, ending the session in the store;
+        None if someone claimed it again. Redis expires the keys itself at the
+        same moment, so a fenced write is looked at again: gone is expired."""
+        for _ in range(2):
+            info = await self.store.get(client_id)
+            if info is not None and (info.online or (epoch and info.epoch != epoch)):
+                return None
+            if info is None:  # Redis's own expiry came first: the keys are gone
+                return max(logged + 1, time.time_ns() // 1000)
+            try:
+                version = await self.store.next_version(client_id, info.epoch)
+                await self.queue.discard(client_id, info.epoch)
+            except Fenced:
+                continue  # expired by Redis, or claimed, between the read and the write
+            return version
+        return None
 
     async def _redistribute_shared(self, session: Session) -> None:
         """A leaving clean member's unacknowledged shared messages go to another member."""

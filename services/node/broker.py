@@ -88,13 +88,13 @@ class Broker:
         self.turn = Turn()
         self.seams = seams if seams is not None else Seams()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.routes = Routes(node_id, loop, self.mark_durable, self._expire)
+        self.routes = Routes(node_id, loop, sessions.mark_durable, self._expire)
         self.logstate = LogState(self.routes, events, retain, sessions, self.spawn)
         self.delivery = Delivery(
             queue, loop, self.spawn, limits.queue_limit, self._publisher, self.seams.metrics
         )
         self.remote = Remote(
-            node_id, self.routes, self.delivery, lambda: self.logstate.view, self.mark_durable
+            node_id, self.routes, self.delivery, lambda: self.logstate.view, sessions.mark_durable
         )
         self.delivery.on_stored = self.remote.notify_stored
         self.dispatch = Dispatch(
@@ -141,10 +141,6 @@ class Broker:
 
     def invalidate_plans(self) -> None:
         self.routes.invalidate_plans()
-
-    def mark_durable(self, client_id: str) -> None:
-        """A persistent session found in the log: its state is in the durable tier."""
-        self.store.mark_durable(client_id)
 
     def _expire(self, session: Session, epoch: int) -> None:
         self.cm._expire(session, epoch)

@@ -34,7 +34,7 @@ from services.mqtt.topics import matches, parse_shared
 from services.node.delivery import Delivery
 from services.node.dispatch import Dispatch
 from services.node.logstate import LogState
-from services.node.ports import ConnectionPort, Session, SubOptions
+from services.node.ports import ConnectionPort, Session, SubOptions, now_ms
 from services.node.remote import Remote
 from services.node.routes import Routes
 from services.node.seams import Seams
@@ -85,10 +85,6 @@ class ConnectionManager:
         self._resend: dict[ConnectionPort, list[Inflight]] = {}  # newest last: pop() is next
         self._resending: set[ConnectionPort] = set()
         self._ending: dict[str, asyncio.Task[Any]] = {}  # client -> its session's end_session
-
-    @staticmethod
-    def now_ms() -> int:
-        return time.time_ns() // 1_000_000
 
     def mark_dirty(self, conn: ConnectionPort) -> None:
         self._dirty.append(conn)
@@ -164,7 +160,7 @@ class ConnectionManager:
                     client_id=client_id,
                     version=version,
                     node=self.node_id,
-                    ts_ms=self.now_ms(),
+                    ts_ms=now_ms(),
                     epoch=claim.epoch,
                     clean_start=fresh,
                     expiry_s=action.session_expiry_s,
@@ -311,7 +307,7 @@ class ConnectionManager:
                 client_id=client_id,
                 version=await self.store.next_version(client_id, epoch),
                 node=self.node_id,
-                ts_ms=self.now_ms(),
+                ts_ms=now_ms(),
                 reason="normal",
                 expiry_s=expiry_s,
             )
@@ -363,7 +359,7 @@ class ConnectionManager:
             if version is None:
                 return  # claimed again meanwhile: not expired
             event = SessionExpired(
-                client_id=client_id, version=version, node=self.node_id, ts_ms=self.now_ms()
+                client_id=client_id, version=version, node=self.node_id, ts_ms=now_ms()
             )
             what = "the event log"
             await self.logstate.append_and_apply(event)
@@ -429,7 +425,7 @@ class ConnectionManager:
             if props is not NO_PROPERTIES
             else props,
             sender=client_id,
-            expires_at_ms=None if expiry is None else self.now_ms() + expiry * 1000,
+            expires_at_ms=None if expiry is None else now_ms() + expiry * 1000,
         )
         if delay_s <= 0:
             self.dispatch.publish_message(message)
@@ -461,14 +457,14 @@ class ConnectionManager:
             return
         self._resending.add(conn)
         try:
-            now_ms = self.now_ms()
+            now = now_ms()
             channel = conn.channel
             while backlog and channel.send_quota > 0 and not conn.closed:
                 item = backlog.pop()
                 if item.released:
                     conn.carry_out(channel.resend_pubrel(item.packet_id))
                 else:
-                    conn.carry_out(channel.deliver(item.message, item.packet_id, True, now_ms))
+                    conn.carry_out(channel.deliver(item.message, item.packet_id, True, now))
         finally:
             self._resending.discard(conn)
         if not backlog or conn.closed:

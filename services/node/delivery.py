@@ -42,7 +42,7 @@ from typing import Any
 
 from services.metrics.api import NullRecorder, Recorder
 from services.mqtt.packets import Message, ReasonCode
-from services.node.ports import ConnectionPort, Session
+from services.node.ports import ConnectionPort, Session, now_ms
 from services.node.stores import DurablePartFailed
 from services.queue.api import IncomingMark, Inflight, QueueStore, TakeResult
 from services.session.api import Fenced, SessionError
@@ -270,10 +270,10 @@ class Delivery:
         conn = session.conn
         if conn is None:
             return
-        now_ms = time.time_ns() // 1_000_000
+        now = now_ms()
         for item in taken:
             pid = item.packet_id if item.message.qos > 0 else None
-            conn.carry_out(conn.channel.deliver(item.message, pid, item.dup, now_ms))
+            conn.carry_out(conn.channel.deliver(item.message, pid, item.dup, now))
         session.backlog = max(0, session.backlog - len(taken))
         if session.backlog <= self._backlog_low:
             conn.wake_waiters()

@@ -27,7 +27,6 @@ import asyncio
 import dataclasses
 import logging
 import random
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -39,7 +38,7 @@ from services.mqtt.packets import Message, PacketType, ReasonCode
 from services.mqtt.topics import matches, parse_shared
 from services.node.delivery import Delivery
 from services.node.logstate import LogState
-from services.node.ports import ConnectionPort, Session, SubOptions, Turn
+from services.node.ports import ConnectionPort, Session, SubOptions, Turn, now_ms
 from services.node.remote import Remote
 from services.node.routes import PlanEntry, Routes, adjusted, for_subscriber
 from services.node.seams import Seams
@@ -80,10 +79,6 @@ class Dispatch:
         self._round_robin: dict[tuple[str, str], int] = {}
         self._held_routes: dict[ConnectionPort, list[Route]] = {}  # behind a QoS 2 being stored
 
-    @staticmethod
-    def now_ms() -> int:
-        return time.time_ns() // 1_000_000
-
     async def set_retained(self, message: Message) -> bool:
         """Seam: a retained message was set (or cleared by an empty payload).
         True once the log holds it and it is applied; False if it could not."""
@@ -100,7 +95,7 @@ class Dispatch:
                 topic=topic,
                 version=version,
                 node=self.node_id,
-                ts_ms=self.now_ms(),
+                ts_ms=now_ms(),
                 payload=message.payload,
                 qos=message.qos,
                 expires_at_ms=message.expires_at_ms,
@@ -113,7 +108,7 @@ class Dispatch:
             )
         else:
             event = RetainedCleared(
-                topic=topic, version=version, node=self.node_id, ts_ms=self.now_ms()
+                topic=topic, version=version, node=self.node_id, ts_ms=now_ms()
             )
         try:
             await self.logstate.append_and_apply(event)
@@ -327,7 +322,7 @@ class Dispatch:
         """The general path: through the channel (QoS 0) or the queue (QoS 1/2, offline)."""
         conn = session.conn
         if message.qos == 0 and conn is not None and session.ready:
-            conn.carry_out(conn.channel.deliver(message, None, False, self.now_ms()))
+            conn.carry_out(conn.channel.deliver(message, None, False, now_ms()))
             return
         if message.qos == 0 and session.expiry_s == 0:
             return  # a clean session that is not connected yet: nothing to keep it for

@@ -39,17 +39,13 @@ from services.event.schema import (
     Unsubscribed,
 )
 from services.mqtt.packets import Message, Properties
-from services.node.ports import RoutingTable, Session, SubOptions
+from services.node.ports import RoutingTable, Session, SubOptions, now_ms
 from services.retain.api import RetainStore
 from services.session.api import SessionError, SessionStore
 
 log = logging.getLogger("weir.logstate")
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry meaning "never"
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 _SUB_OPTIONS: dict[tuple[int, bool, bool, int | None], SubOptions] = {}

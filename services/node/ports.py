@@ -16,6 +16,7 @@ per-client state they all read; each part changes only the fields it owns
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -34,6 +35,12 @@ from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import Will
 from services.mqtt.trie import TopicTrie
 from services.settings import Limits
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds: event timestamps and message expiry mean the
+    same on every node."""
+    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -32,7 +31,7 @@ from services.mqtt.topics import parse_shared, validate_topic_filter
 from services.node.delivery import Delivery
 from services.node.dispatch import Dispatch
 from services.node.logstate import LogState
-from services.node.ports import ConnectionPort, Session, SubOptions
+from services.node.ports import ConnectionPort, Session, SubOptions, now_ms
 from services.node.routes import Routes, for_subscriber
 from services.node.seams import Seams
 from services.retain.api import RetainStore
@@ -68,10 +67,6 @@ class Subscriptions:
         self.retained = retained
         self.spawn = spawn
         self.seams = seams
-
-    @staticmethod
-    def now_ms() -> int:
-        return time.time_ns() // 1_000_000
 
     def subscribe(self, conn: ConnectionPort, request: SubscribeRequest) -> None:
         """Seam: apply a SUBSCRIBE, answer SUBACK, send retained messages.
@@ -147,9 +142,9 @@ class Subscriptions:
         conn.carry_out(conn.channel.subscribed(packet_id, codes))
         for event in events if logged else ():
             self.seams.hooks.run("session.subscribed", session.client_id, event.filter)
-        now_ms = self.now_ms()
+        now = now_ms()
         for topic_filter, options in retained:
-            for message in self.retained.match(topic_filter, now_ms):
+            for message in self.retained.match(topic_filter, now):
                 self.dispatch.deliver(session, for_subscriber(message, options, True))
         self.delivery.schedule()
         conn.resume_processing()
@@ -214,7 +209,7 @@ class Subscriptions:
         epoch = session.epoch
         try:
             stamped: list[Event] = []
-            ts_ms = self.now_ms()
+            ts_ms = now_ms()
             for unstamped in events:
                 version = await self.store.next_version(client_id, epoch)
                 stamped.append(dataclasses.replace(unstamped, version=version, ts_ms=ts_ms))

@@ -32,6 +32,7 @@ LAYERS = {
     "auth": 2,
     "hooks": 2,
     "metrics": 2,
+    "statestore": 2,  # the Spark job's projection of the log, as a starting node reads it
     "node": 3,
     "admin": 4,  # REST API, CLI, dashboard: over the node
     "__main__": 5,

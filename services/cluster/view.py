@@ -39,8 +39,9 @@ call on_subscribe again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.event.schema import (
     Event,
@@ -205,8 +206,29 @@ class ClusterView:
         return self._session_event(event)
 
     def _subscribed(self, e: Subscribed) -> bool:
+        return self._subscribe(
+            e.client_id,
+            e.filter,
+            e.version,
+            e.qos,
+            e.no_local,
+            e.retain_as_published,
+            e.retain_handling,
+            e.subscription_id,
+        )
+
+    def _subscribe(
+        self,
+        client_id: str,
+        filter_: str,
+        version: int,
+        qos: int,
+        no_local: bool,
+        retain_as_published: bool,
+        retain_handling: int,
+        subscription_id: int | None,
+    ) -> bool:
         # subs.held() inlined: replay runs this a million times
-        client_id, filter_, version = e.client_id, e.filter, e.version
         subs = self._subs.get(client_id)
         if subs is None:
             subs = self._subs[client_id] = _ClientSubs()
@@ -222,23 +244,50 @@ class ClusterView:
                 return False
             subs.gone.pop(filter_, None)
         opts = SubscriptionOptions(
-            e.qos, e.no_local, e.retain_as_published, e.retain_handling, e.subscription_id, version
+            qos, no_local, retain_as_published, retain_handling, subscription_id, version
         )
         live[filter_] = opts
         self.on_subscribe(client_id, filter_, opts)
         return True
 
     def _unsubscribed(self, e: Unsubscribed) -> bool:
-        subs = self._subs.get(e.client_id)
+        return self._unsubscribe(e.client_id, e.filter, e.version)
+
+    def _unsubscribe(self, client_id: str, filter_: str, version: int) -> bool:
+        subs = self._subs.get(client_id)
         if subs is None:
-            subs = self._subs[e.client_id] = _ClientSubs()
-        if e.version <= subs.floor or e.version <= subs.held(e.filter):
+            subs = self._subs[client_id] = _ClientSubs()
+        if version <= subs.floor or version <= subs.held(filter_):
             return False
-        was_live = subs.live.pop(e.filter, None) is not None
-        subs.gone[e.filter] = e.version
+        was_live = subs.live.pop(filter_, None) is not None
+        subs.gone[filter_] = version
         if was_live:
-            self.on_unsubscribe(e.client_id, e.filter)
+            self.on_unsubscribe(client_id, filter_)
         return True
+
+    # -- loading a snapshot (the state store) ---------------------------------
+
+    def load_floor(self, client_id: str, version: int) -> bool:
+        """A session end at `version` (its event may be older than the
+        client's newest session event, so `apply` cannot carry it)."""
+        changed = self._clear_below(client_id, version)
+        self.applied += changed
+        return changed
+
+    def load_subscriptions(self, rows: Iterable[Sequence[Any]]) -> int:
+        """The bulk form of applying Subscribed / Unsubscribed events, for a
+        snapshot's rows: (client, filter, version, live, qos, no_local,
+        retain_as_published, retain_handling, subscription_id, ...).
+        Same rules as `apply`; returns how many changed the view."""
+        subscribe, unsubscribe = self._subscribe, self._unsubscribe
+        changed = 0
+        for client_id, filter_, version, live, qos, nl, rap, rh, sid, *_ in rows:
+            if live:
+                changed += subscribe(client_id, filter_, version, qos, nl, rap, rh, sid)
+            else:
+                changed += unsubscribe(client_id, filter_, version)
+        self.applied += changed
+        return changed
 
     def _clear_below(self, client_id: str, version: int) -> bool:
         subs = self._subs.get(client_id)

@@ -65,6 +65,11 @@ class EventLog(Protocol):
         number of events read."""
         ...
 
+    async def is_empty(self) -> bool:
+        """True if no partition holds a record (a restarted in-memory Kafka).
+        Found by consuming from the beginning: a record or partition EOF."""
+        ...
+
     async def tail(self, handler: Handler) -> None:
         """After replay: feed new events as they arrive, until closed
         (returns then). Without a replay first, starts at the beginning."""

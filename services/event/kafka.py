@@ -31,6 +31,7 @@ import ctypes
 import inspect
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -275,6 +276,54 @@ class KafkaEventLog:
         count = await self._consume(handler, until_eof=True)
         _trim_heap()
         return count
+
+    async def is_empty(self) -> bool:
+        await self.ensure_topics()
+        return await asyncio.to_thread(self._probe_empty)
+
+    def _probe_empty(self) -> bool:
+        """Read from the beginning of every partition until one yields a
+        record (not empty) or all report EOF (empty); bounded by replay_stall_s."""
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.settings.bootstrap,
+                "group.id": "weir-event-probe",  # required by the client; assign never joins
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": 100,
+                "logger": log,
+                **self.settings.consumer_config,
+            }
+        )
+        try:
+            parts: list[_TP] = []
+            for topic in self.topics:
+                meta = consumer.list_topics(topic, timeout=ADMIN_TIMEOUT_S).topics[topic]
+                if meta.error is not None:
+                    raise EventLogUnavailable(f"event log: topic {topic}: {meta.error}")
+                parts.extend(_TP(topic, p, OFFSET_BEGINNING) for p in sorted(meta.partitions))
+            consumer.assign(parts)
+            pending = {(tp.topic, tp.partition) for tp in parts}
+            deadline = time.monotonic() + self.settings.replay_stall_s
+            while pending:
+                if time.monotonic() > deadline:
+                    raise EventLogUnavailable(
+                        f"event log: no record and no partition end within "
+                        f"{self.settings.replay_stall_s} s: {sorted(pending)}"
+                    )
+                for msg in consumer.consume(len(pending), REPLAY_POLL_S):
+                    err = msg.error()
+                    if err is None:
+                        return False
+                    if _is_eof(err):
+                        pending.discard((str(msg.topic()), int(msg.partition() or 0)))
+                    elif err.fatal() or not err.retriable():
+                        raise EventLogUnavailable(f"event log: consume failed: {err}")
+            return True
+        except KafkaException as exc:
+            raise EventLogUnavailable(f"event log: cannot probe the log: {exc}") from None
+        finally:
+            consumer.close()
 
     async def tail(self, handler: Handler) -> None:
         if self._consumer is None:

@@ -137,6 +137,9 @@ class MemoryEventLog:
                 count += 1
         return count
 
+    async def is_empty(self) -> bool:
+        return not any(self.log.records.values())
+
     async def tail(self, handler: Handler) -> None:
         while not self._closed:
             grew = self.log.grew()

@@ -197,6 +197,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
     from services.session.api import SessionError
     from services.session.memory import MemorySessionStore
     from services.session.redis import RedisSessionStore, bounded, connect
+    from services.statestore.redis import RedisStateStore
 
     started: list[Any] = []
     closers: list[Any] = []
@@ -245,6 +246,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
             retain=MemoryRetainStore(),
             events=events,
             cluster=cluster_router(settings, client),
+            state=RedisStateStore(client, settings.kafka_topic_prefix),
         )
         what = f"redis {redis_url}, kafka {bootstrap}"
         if started:
@@ -288,6 +290,7 @@ async def _serve(
 ) -> int:
     from services.event.api import EventLogError
     from services.node.node import Node
+    from services.statestore.api import StateStoreError
 
     node = Node(settings, services, reuse_port=reuse_port)
     try:
@@ -301,7 +304,7 @@ async def _serve(
         )
         await node.stop()
         return EXIT_START_FAILED
-    except EventLogError as exc:
+    except (EventLogError, StateStoreError) as exc:
         print(f"weir: cannot read the event log: {exc}", file=sys.stderr)
         await node.stop()
         return EXIT_START_FAILED

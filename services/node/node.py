@@ -21,6 +21,7 @@ from services.cluster.router import ClusterRouter
 from services.event.api import EventLog
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import ReasonCode
+from services.node import bootstrap
 from services.node.broker import Broker
 from services.node.connection import Connection
 from services.node.seams import Seams
@@ -30,6 +31,7 @@ from services.queue.api import QueueStore
 from services.retain.api import RetainStore
 from services.session.api import SessionStore
 from services.settings import Settings
+from services.statestore.api import StateStore
 
 LISTEN_BACKLOG = 4096  # pending accepts; a reconnect storm of thousands must not be refused
 
@@ -44,6 +46,7 @@ class Services:
     events: EventLog
     cluster: ClusterRouter | None = None  # None: a node on its own (memory backends)
     seams: Seams = field(default_factory=Seams)  # auth, hooks, metrics: allow-all, no-op
+    state: StateStore | None = None  # the Spark job's state store: start from it (DESIGN 6)
 
 
 def channel_config(settings: Settings, authenticate: bool = False) -> ChannelConfig:
@@ -87,7 +90,9 @@ class Node:
             seams=self.services.seams,
         )
         self.broker = broker
-        self.replayed = await broker.logstate.replay()
+        self.replayed = await bootstrap.start(
+            broker.logstate, self.services.state, settings.node_id
+        )
         broker.logstate.after_replay()
         if self.services.cluster is not None:
             await self.services.cluster.start(broker)  # join: peers link to us from now on

@@ -1,0 +1,121 @@
+"""Node start from the state store: snapshot, then the log's tail (DESIGN 6).
+
+Theory of operation. Without a state store (or when it cannot be read) a
+node replays the whole log (`LogState.replay`). With one, it loads the
+snapshot into its view through the same rules as replay (`load_snapshot`:
+sessions as events, clearing floors, subscriptions in bulk, retained as
+events), then replays the log from the offsets the snapshot reflects to the
+end of every partition. The view is a newest-version-per-key fold, so the
+order and the overlap (the store may be newer than its offsets) do not
+matter: snapshot + tail equals a full replay, which a test checks.
+
+When the log is empty and the store is not, the log was lost (the embedded
+Kafka keeps it in memory): one node claims the re-seed, appends the
+snapshot's events to the log, and tells the store its offsets are void (a
+new log generation); every node then replays the re-seeded log. A node
+that loses the claim waits for the re-seed to land.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import Callable
+from typing import Final
+
+from services.cluster.view import ClusterView
+from services.event.api import EventLog
+from services.event.schema import Event
+from services.node.logstate import LogState
+from services.statestore.api import StateSnapshot, StateStore, StateStoreError
+
+log = logging.getLogger("weir.bootstrap")
+
+RESEED_WINDOW: Final = 2000  # appends in flight while re-seeding; the log bounds its queue
+RESEED_CLAIM_S: Final = 300.0  # a claim outlives a crashed re-seeder by this much at most
+RESEED_WAIT_S: Final = 300.0  # how long a node waits for another node's re-seed
+
+
+def load_snapshot(
+    view: ClusterView, apply: Callable[[Event], object], snapshot: StateSnapshot
+) -> int:
+    """Fold the snapshot into `view`; events go through `apply` (the node's
+    one path, which also feeds the routing table and the retained index)."""
+    for event in snapshot.sessions:
+        apply(event)
+    for client_id, version in snapshot.floors.items():
+        view.load_floor(client_id, version)
+    view.load_subscriptions(snapshot.subscriptions)
+    for retained in snapshot.retained:
+        apply(retained)
+    return len(snapshot.sessions) + len(snapshot.subscriptions) + len(snapshot.retained)
+
+
+async def reseed(events: EventLog, snapshot: StateSnapshot) -> int:
+    """Append the snapshot's events to the log; returns how many."""
+    items: list[Event] = snapshot.events()
+    for start in range(0, len(items), RESEED_WINDOW):
+        await asyncio.gather(*(events.append(e) for e in items[start : start + RESEED_WINDOW]))
+    return len(items)
+
+
+async def start(logstate: LogState, state: StateStore | None, node_id: str) -> int:
+    """Bring the view up to the end of the log; returns the events read
+    (snapshot entries plus log records)."""
+    events = logstate.events
+    await events.start()
+    snapshot = None
+    if state is not None:
+        try:
+            snapshot = await state.load()
+        except StateStoreError as exc:
+            log.warning("%s; replaying the whole log instead", exc)
+    if snapshot is None or snapshot.empty:
+        return await logstate.replay()
+    if await events.is_empty():
+        await _reseed_once(events, state, snapshot, node_id)
+        return await logstate.replay()
+    started = time.monotonic()
+    collecting = gc.isenabled()
+    gc.disable()  # as in LogState.replay: millions of objects built, few freed
+    try:
+        loaded = load_snapshot(logstate.view, logstate.apply, snapshot)
+        loaded_s = time.monotonic() - started
+        tail = await events.replay(logstate.apply, snapshot.offsets)
+        gc.freeze()
+    finally:
+        if collecting:
+            gc.enable()
+    log.info(
+        "loaded %d state store entries in %.2f s, then replayed %d events of the log's tail "
+        "in %.2f s",
+        loaded,
+        loaded_s,
+        tail,
+        time.monotonic() - started - loaded_s,
+    )
+    return loaded + tail
+
+
+async def _reseed_once(
+    events: EventLog, state: StateStore | None, snapshot: StateSnapshot, node_id: str
+) -> None:
+    assert state is not None
+    if await state.claim_reseed(node_id, RESEED_CLAIM_S):
+        started = time.monotonic()
+        count = await reseed(events, snapshot)
+        await state.reseeded(node_id)
+        log.warning(
+            "the event log was empty (an embedded Kafka restart?): re-seeded it with %d "
+            "events from the state store in %.1f s",
+            count,
+            time.monotonic() - started,
+        )
+        return
+    deadline = time.monotonic() + RESEED_WAIT_S
+    while await events.is_empty():  # another node is re-seeding: wait for its first events
+        if time.monotonic() > deadline:
+            raise StateStoreError("another node claimed the log's re-seed and never wrote it")
+        await asyncio.sleep(0.5)

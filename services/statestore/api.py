@@ -1,0 +1,109 @@
+"""The state store as a node reads it: a snapshot of the log's state and its offsets.
+
+The Spark job in `streams/statestore.py` writes the store (newest version
+per key, DESIGN 7); a starting node loads it, replays the log from the
+offsets it reflects (DESIGN 6), and re-seeds an empty log from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+from services.event.schema import Event, RetainedEvent, SessionEvent
+
+
+class StateStoreError(Exception):
+    retriable = True
+
+
+class StateStoreUnavailable(StateStoreError):
+    """The store did not answer; a node starts from the log alone."""
+
+
+class StoredSubscription(NamedTuple):
+    """A subscription as the store keeps it: live, or a tombstone (live False)
+    that keeps an older event seen later from bringing it back."""
+
+    client_id: str
+    filter: str
+    version: int
+    live: bool
+    qos: int
+    no_local: bool
+    retain_as_published: bool
+    retain_handling: int
+    subscription_id: int | None
+    ts_ms: int
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class StateSnapshot:
+    """What the store held when read. `offsets` were read first, so the
+    state is at least as new as them (newer is harmless: replay ignores
+    what it already holds by version)."""
+
+    offsets: dict[tuple[str, int], int]
+    generation: str
+    sessions: list[SessionEvent] = field(default_factory=list)  # newest per client
+    floors: dict[str, int] = field(default_factory=dict)  # client -> clearing version
+    subscriptions: list[StoredSubscription] = field(default_factory=list)
+    retained: list[RetainedEvent] = field(default_factory=list)  # newest per topic
+    bad: int = 0  # entries that could not be read (logged and skipped)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.sessions or self.subscriptions or self.retained)
+
+    def events(self) -> list[Event]:
+        """The snapshot as events that rebuild it when applied to an empty
+        view: what a re-seeded log holds."""
+        from services.event.schema import Subscribed, Unsubscribed
+
+        out: list[Event] = [*self.sessions]
+        for s in self.subscriptions:
+            if s.live:
+                out.append(
+                    Subscribed(
+                        client_id=s.client_id,
+                        version=s.version,
+                        node=s.node,
+                        ts_ms=s.ts_ms,
+                        filter=s.filter,
+                        qos=s.qos,
+                        no_local=s.no_local,
+                        retain_as_published=s.retain_as_published,
+                        retain_handling=s.retain_handling,
+                        subscription_id=s.subscription_id,
+                    )
+                )
+            else:
+                out.append(
+                    Unsubscribed(
+                        client_id=s.client_id,
+                        version=s.version,
+                        node=s.node,
+                        ts_ms=s.ts_ms,
+                        filter=s.filter,
+                    )
+                )
+        out.extend(self.retained)
+        return out
+
+
+class StateStore(Protocol):
+    async def load(self) -> StateSnapshot | None:
+        """The store's content, or None when it was never written."""
+        ...
+
+    async def claim_reseed(self, owner: str, ttl_s: float) -> bool:
+        """Take the right to re-seed the log (one node of many); False if another holds it."""
+        ...
+
+    async def reseeded(self, owner: str) -> str:
+        """After a re-seed: forget the offsets (they belonged to the old log),
+        start a new log generation (returned), release the claim."""
+        ...
+
+    async def close(self) -> None: ...

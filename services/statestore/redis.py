@@ -1,0 +1,178 @@
+"""The state store in Redis, read side (the Spark job writes it: streams/statestore.py).
+
+Theory of operation. The store is a handful of hashes under one hash tag,
+`{<topic prefix>state}:` (`state_keys`; the same names as the writer's,
+which a test keeps in step). `load` reads the offsets first, then the
+rest with HSCAN in large pages (a million subscriptions are a hundred
+round trips, not a million), and parses subscriptions from their compact
+form without JSON. Sessions and retained messages are stored as the log's
+own event JSON and decoded by the event catalogue; an entry that does not
+decode is counted and skipped, never a failed start.
+
+Re-seeding (DESIGN 6): a node that finds the log empty and the store not
+claims the re-seed with SET NX (one node of several), writes the store's
+events to the log, then `reseeded` drops the old offsets and starts a new
+log generation, which tells the Spark job its checkpoint is void.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, Final, cast
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from services.event.schema import (
+    RETAINED,
+    SESSIONS,
+    EventSchemaError,
+    RetainedEvent,
+    SessionEvent,
+    decode,
+)
+from services.statestore.api import StateSnapshot, StateStoreUnavailable, StoredSubscription
+
+log = logging.getLogger("weir.statestore")
+
+STATE_KEYS: Final = (
+    "sessions",
+    "session_v",
+    "session_node",
+    "floors",
+    "subs",
+    "client_subs",
+    "routes",
+    "retained",
+    "retained_v",
+    "offsets",
+    "meta",
+)
+SCAN_PAGE: Final = 20_000  # hash fields per HSCAN call: ~1 MiB replies, few round trips
+SEP: Final = "\0"
+
+
+def state_keys(topic_prefix: str) -> dict[str, str]:
+    tag = "{" + topic_prefix + "state}:"
+    return {name: tag + name for name in STATE_KEYS}
+
+
+def parse_subscription(field: bytes, value: bytes) -> StoredSubscription:
+    client_id, _, filter_ = field.decode().partition(SEP)
+    v, live, qos, nl, rap, rh, sid, ts, node = value.decode().split("|", 8)
+    return StoredSubscription(
+        client_id,
+        filter_,
+        int(v),
+        live == "1",
+        int(qos),
+        nl == "1",
+        rap == "1",
+        int(rh),
+        int(sid) if sid else None,
+        int(ts),
+        node,
+    )
+
+
+class RedisStateStore:
+    def __init__(self, client: aioredis.Redis, topic_prefix: str) -> None:
+        self.client = client
+        self.keys = state_keys(topic_prefix)
+        self.topic_prefix = topic_prefix
+
+    async def _scan(self, key: str) -> dict[bytes, bytes]:
+        out: dict[bytes, bytes] = {}
+        cursor = 0
+        while True:
+            cursor, page = await self.client.hscan(key, cursor, count=SCAN_PAGE)
+            out.update(cast(dict[bytes, bytes], page))
+            if cursor == 0:
+                return out
+
+    async def load(self) -> StateSnapshot | None:
+        try:
+            return await self._load()
+        except (RedisError, OSError) as exc:
+            raise StateStoreUnavailable(f"state store unreadable: {exc}") from exc
+
+    async def _load(self) -> StateSnapshot | None:
+        keys = self.keys
+        # The offsets first: the state read after them is at least as new.
+        offsets_raw = cast(dict[bytes, bytes], await self.client.hgetall(keys["offsets"]))
+        generation = cast(bytes | None, await self.client.hget(keys["meta"], "generation"))
+        offsets: dict[tuple[str, int], int] = {}
+        for f, v in offsets_raw.items():
+            topic, _, partition = f.decode().rpartition(":")
+            offsets[(topic, int(partition))] = int(v)
+        bad = 0
+        sessions: list[SessionEvent] = []
+        for raw in (await self._scan(keys["sessions"])).values():
+            try:
+                event = decode(SESSIONS, raw)
+            except EventSchemaError as exc:
+                bad += 1
+                log.warning("state store: skipped a session entry: %s", exc)
+                continue
+            sessions.append(event)  # type: ignore[arg-type]
+        retained: list[RetainedEvent] = []
+        for raw in (await self._scan(keys["retained"])).values():
+            try:
+                event = decode(RETAINED, raw)
+            except EventSchemaError as exc:
+                bad += 1
+                log.warning("state store: skipped a retained entry: %s", exc)
+                continue
+            retained.append(event)  # type: ignore[arg-type]
+        floors = {f.decode(): int(v) for f, v in (await self._scan(keys["floors"])).items()}
+        subscriptions: list[StoredSubscription] = []
+        for f, v in (await self._scan(keys["subs"])).items():
+            try:
+                subscriptions.append(parse_subscription(f, v))
+            except (ValueError, UnicodeDecodeError) as exc:
+                bad += 1
+                log.warning("state store: skipped a subscription entry %r: %s", f[:200], exc)
+        if not (offsets or sessions or subscriptions or retained or floors):
+            return None
+        return StateSnapshot(
+            offsets=offsets,
+            generation=generation.decode() if generation is not None else "",
+            sessions=sessions,
+            floors=floors,
+            subscriptions=subscriptions,
+            retained=retained,
+            bad=bad,
+        )
+
+    async def routes(self) -> dict[str, dict[str, int]]:
+        """filter -> node -> live subscriptions (the drift check compares it)."""
+        out: dict[str, dict[str, int]] = {}
+        for f, v in (await self._scan(self.keys["routes"])).items():
+            filter_, _, node = f.decode().partition(SEP)
+            out.setdefault(filter_, {})[node] = int(v)
+        return out
+
+    async def claim_reseed(self, owner: str, ttl_s: float) -> bool:
+        lock = self.keys["meta"] + ":reseed"
+        try:
+            return bool(await self.client.set(lock, owner, nx=True, px=int(ttl_s * 1000)))
+        except (RedisError, OSError) as exc:
+            raise StateStoreUnavailable(f"state store unreachable: {exc}") from exc
+
+    async def reseeded(self, owner: str) -> str:
+        generation = uuid.uuid4().hex
+        lock = self.keys["meta"] + ":reseed"
+        try:
+            pipe: Any = self.client.pipeline(transaction=True)
+            pipe.delete(self.keys["offsets"])
+            pipe.hset(self.keys["meta"], "generation", generation)
+            pipe.delete(lock)
+            await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise StateStoreUnavailable(f"state store unreachable: {exc}") from exc
+        log.info("log re-seeded by %s; state store generation %s", owner, generation)
+        return generation
+
+    async def close(self) -> None:
+        pass

@@ -1,0 +1,406 @@
+"""The state-store job: the event log folded into Redis, newest version per key.
+
+Theory of operation. Each micro-batch of log records is parsed
+(`streams.events.parse`) and folded set-based (`fold`, Spark SQL: the
+newest event per key with `max_by`, the newest session end per client with
+`max`), so no Python runs per event. The folded rows, a few per key, are
+collected on the driver and written by `state_apply.lua` in chunks: a row
+lands only when its version is above the one the store holds (DESIGN 3),
+so a batch that Spark re-runs after a crash, or a chunk written twice,
+changes nothing. The batch's log offsets are written last, in their own
+call: the store always reflects at least the offsets it claims, which is
+what a starting node needs (it replays the log from those offsets; events
+it already holds are ignored by version).
+
+What the store holds (`state_keys`; read by services.statestore):
+sessions (the newest session event per client, as the log has it),
+per-client clearing floors, subscriptions per client and filter (live or
+tombstone, with options), routes (live subscriptions per filter and node),
+retained (the newest retained event per topic), offsets, and meta (the
+last batch, and the log generation the offsets belong to).
+
+The log generation: the embedded Kafka keeps its log in memory, so after a
+restart a node re-seeds the log from this store and sets a new generation
+(services.statestore). A checkpoint made on an older generation is then
+ahead of the log; `run` discards it and starts from the offsets the store
+records instead, rather than failing with a data-loss error.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from services.event.schema import RETAINED, SESSIONS, SUBSCRIPTIONS, topic_names
+from streams.config import JobConfig
+from streams.events import bad_records, parse
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from redis import Redis
+
+log = logging.getLogger("weir.streams.state")
+
+STATE_KEYS: Final = (
+    "sessions",
+    "session_v",
+    "session_node",
+    "floors",
+    "subs",
+    "client_subs",
+    "routes",
+    "retained",
+    "retained_v",
+    "offsets",
+    "meta",
+)
+CHUNK_ROWS: Final = 2000  # rows per script call: ~1 ms of Redis time, no long stalls
+PIPELINE_CALLS: Final = 16  # script calls in flight per round trip
+BAD_LOGGED_PER_BATCH: Final = 20  # offsets of invalid records logged per batch; all are counted
+RETRY_BACKOFF_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)  # restarts after a failed query
+GENERATION_FILE: Final = "weir-log-generation"
+
+
+def state_keys(topic_prefix: str) -> tuple[str, ...]:
+    """The store's keys, in state_apply.lua's KEYS order, under one hash tag."""
+    tag = "{" + topic_prefix + "state}:"
+    return tuple(tag + k for k in STATE_KEYS)
+
+
+# -- the fold: pure DataFrame functions ------------------------------------------
+
+
+def fold(parsed: DataFrame) -> DataFrame:
+    """The newest-per-key rows of one batch, one DataFrame:
+    (kind, k1, k2, version, node, text) where kind is
+    - "session":  k1 client, node, text the event's JSON;
+    - "floor":    k1 client, version the newest session end's;
+    - "sub":      k1 client, k2 filter, text the stored value;
+    - "retained": k1 topic, text the event's JSON;
+    - "offset":   k1 topic, k2 partition, version the next offset;
+    - "bad":      an invalid record: k1 topic, k2 partition, version its offset.
+    Valid rows only, except for offsets (every record read counts) and bad."""
+    from pyspark.sql import functions as F
+
+    valid = parsed.where(parsed["valid"])
+    newest = F.struct("version", "e.node", "value", "ending", "filter")
+
+    def top(df: DataFrame, kind: str, *keys: str) -> DataFrame:
+        best = df.groupBy(*keys).agg(F.max_by(newest, F.col("version")).alias("n"))
+        return best.select(
+            F.lit(kind).alias("kind"),
+            F.col(keys[0]).alias("k1"),
+            (F.col(keys[1]) if len(keys) > 1 else F.lit(None).cast("string")).alias("k2"),
+            F.col("n.version").alias("version"),
+            F.col("n.node").alias("node"),
+            F.col("n.value").cast("string").alias("text"),
+        )
+
+    sessions = top(valid.where(F.col("suffix") == SESSIONS), "session", "ekey")
+    retained = top(valid.where(F.col("suffix") == RETAINED), "retained", "ekey")
+    subs_in = valid.where(F.col("suffix") == SUBSCRIPTIONS).withColumn("value", sub_value())
+    subs = top(subs_in, "sub", "ekey", "filter")
+    floors = (
+        valid.where(F.col("ending"))
+        .groupBy("ekey")
+        .agg(F.max("version").alias("version"))
+        .select(
+            F.lit("floor").alias("kind"),
+            F.col("ekey").alias("k1"),
+            F.lit(None).cast("string").alias("k2"),
+            "version",
+            F.lit(None).cast("string").alias("node"),
+            F.lit(None).cast("string").alias("text"),
+        )
+    )
+    offsets = (
+        parsed.groupBy("topic", "partition")
+        .agg((F.max("offset") + 1).alias("version"))
+        .select(
+            F.lit("offset").alias("kind"),
+            F.col("topic").alias("k1"),
+            F.col("partition").cast("string").alias("k2"),
+            "version",
+            F.lit(None).cast("string").alias("node"),
+            F.lit(None).cast("string").alias("text"),
+        )
+    )
+    bad = bad_records(parsed).select(
+        F.lit("bad").alias("kind"),
+        F.col("topic").alias("k1"),
+        F.col("partition").cast("string").alias("k2"),
+        F.col("offset").alias("version"),
+        F.lit(None).cast("string").alias("node"),
+        F.lit(None).cast("string").alias("text"),
+    )
+    return (
+        sessions.unionByName(floors)
+        .unionByName(subs)
+        .unionByName(retained)
+        .unionByName(offsets)
+        .unionByName(bad)
+    )
+
+
+def sub_value() -> Any:
+    """A subscription as the store keeps it (services.statestore reads it back):
+    "version|live|qos|no_local|rap|rh|sid|ts_ms|node", sid empty for none."""
+    from pyspark.sql import functions as F
+
+    def flag(c: Any) -> Any:
+        return F.when(F.coalesce(c, F.lit(False)), F.lit("1")).otherwise(F.lit("0"))
+
+    live = F.when(F.col("type") == "subscribed", F.lit("1")).otherwise(F.lit("0"))
+    return F.concat_ws(
+        "|",
+        F.col("version").cast("string"),
+        live,
+        F.coalesce(F.col("e.qos"), F.lit(0)).cast("string"),
+        flag(F.col("e.no_local")),
+        flag(F.col("e.retain_as_published")),
+        F.coalesce(F.col("e.retain_handling"), F.lit(0)).cast("string"),
+        F.coalesce(F.col("e.subscription_id").cast("string"), F.lit("")),
+        F.coalesce(F.col("e.ts_ms"), F.lit(0)).cast("string"),
+        F.coalesce(F.col("e.node"), F.lit("")),
+    ).cast("binary")
+
+
+# -- writing a batch ----------------------------------------------------------------
+
+
+class StateWriter:
+    """Writes folded rows with state_apply.lua; one per job (driver side)."""
+
+    def __init__(self, redis: Redis, topic_prefix: str) -> None:
+        self.redis = redis
+        self.keys = state_keys(topic_prefix)
+        source = resources.files("streams").joinpath("scripts", "state_apply.lua").read_text()
+        self.script = redis.register_script(source)
+        self.bad_total = 0
+        self.rows_written = 0
+
+    def write(self, rows: dict[str, list[Any]], batch_id: int | str) -> list[int]:
+        """Apply one batch's folded rows (columns of `fold`); returns the
+        changed counts (sessions, floors, subs, retained)."""
+        kinds = rows["kind"]
+        by_kind: dict[str, list[int]] = {}
+        for index, kind in enumerate(kinds):
+            by_kind.setdefault(kind, []).append(index)
+        k1, k2, version, node, text = (rows[c] for c in ("k1", "k2", "version", "node", "text"))
+        self._report_bad(by_kind.get("bad", []), k1, k2, version, batch_id)
+        subs = sorted(by_kind.get("sub", []), key=lambda r: k1[r])  # one client's rows together
+        changed = [0, 0, 0, 0]
+        calls: list[list[Any]] = []
+        groups: list[list[tuple[Any, ...]]] = [
+            [(k1[r], version[r], node[r] or "", text[r]) for r in by_kind.get("session", [])],
+            [(k1[r], version[r]) for r in by_kind.get("floor", [])],
+            [(k1[r], k2[r], version[r], text[r]) for r in subs],
+            [(k1[r], version[r], text[r]) for r in by_kind.get("retained", [])],
+        ]
+        for position, group in enumerate(groups):
+            for start in range(0, len(group), CHUNK_ROWS):
+                chunk = group[start : start + CHUNK_ROWS]
+                counts = [0, 0, 0, 0, 0]
+                counts[position] = len(chunk)
+                args: list[Any] = [*counts, "", 0]
+                for row in chunk:
+                    args.extend(row)
+                calls.append(args)
+        offsets = by_kind.get("offset", [])
+        self._run(calls, changed)
+        # Last, alone: the store reflects at least the offsets it records.
+        final: list[Any] = [0, 0, 0, 0, len(offsets), str(batch_id), int(time.time() * 1000)]
+        for r in offsets:
+            final.extend((f"{k1[r]}:{k2[r]}", version[r]))
+        self._run([final], changed)
+        self.rows_written += len(kinds)
+        return changed
+
+    def _run(self, calls: list[list[Any]], changed: list[int]) -> None:
+        for start in range(0, len(calls), PIPELINE_CALLS):
+            pipe = self.redis.pipeline(transaction=False)
+            for args in calls[start : start + PIPELINE_CALLS]:
+                self.script(keys=self.keys, args=args, client=pipe)
+            for result in pipe.execute():
+                for i, n in enumerate(result):
+                    changed[i] += int(n)
+
+    def _report_bad(
+        self, indexes: list[int], k1: list[Any], k2: list[Any], version: list[Any], batch: Any
+    ) -> None:
+        if not indexes:
+            return
+        self.bad_total += len(indexes)
+        for r in indexes[:BAD_LOGGED_PER_BATCH]:
+            log.warning(
+                "skipped a record that is not a Weir event: %s[%s] offset %s",
+                k1[r],
+                k2[r],
+                version[r],
+            )
+        log.warning(
+            "batch %s: %d invalid records skipped (%d in all since start)",
+            batch,
+            len(indexes),
+            self.bad_total,
+        )
+
+
+def collect(df: DataFrame) -> dict[str, list[Any]]:
+    """A small DataFrame's columns as Python lists (through Arrow)."""
+    table = df.toArrow()
+    return {name: table.column(name).to_pylist() for name in table.column_names}
+
+
+def apply_batch(writer: StateWriter, raw: DataFrame, batch_id: int, topic_prefix: str) -> None:
+    """foreachBatch: parse, fold and write one micro-batch of raw log rows."""
+    parsed = parse(raw, topic_prefix).persist()  # fold reads it six times; the source once
+    try:
+        rows = collect(fold(parsed))
+    finally:
+        parsed.unpersist()
+    started = time.monotonic()
+    changed = writer.write(rows, batch_id)
+    log.info(
+        "batch %d: %d folded rows written in %.2f s (changed: %d sessions, %d floors, "
+        "%d subscriptions, %d retained)",
+        batch_id,
+        len(rows["kind"]),
+        time.monotonic() - started,
+        *changed,
+    )
+
+
+# -- the job ----------------------------------------------------------------------
+
+
+def stored_offsets(redis: Redis, topic_prefix: str) -> dict[str, dict[str, int]] | None:
+    """The offsets the store reflects, in the Kafka connector's JSON shape."""
+    raw = cast(
+        dict[bytes, bytes], redis.hgetall(state_keys(topic_prefix)[STATE_KEYS.index("offsets")])
+    )
+    if not raw:
+        return None
+    offsets: dict[str, dict[str, int]] = {}
+    for field, value in raw.items():
+        topic, _, partition = field.decode().rpartition(":")
+        offsets.setdefault(topic, {})[partition] = int(value)
+    return offsets
+
+
+def log_generation(redis: Redis, topic_prefix: str) -> str:
+    meta = state_keys(topic_prefix)[STATE_KEYS.index("meta")]
+    value = cast(bytes | None, redis.hget(meta, "generation"))
+    return value.decode() if value is not None else ""
+
+
+def prepare_checkpoint(path: Path, generation: str) -> bool:
+    """Keep the checkpoint if it belongs to the log's generation, else
+    remove it. True if a checkpoint is kept (Spark resumes from it)."""
+    marker = path / GENERATION_FILE
+    if path.exists():
+        held = marker.read_text() if marker.exists() else ""
+        if held == generation:
+            return True
+        log.warning(
+            "checkpoint %s was made on another log (generation %r, the log is now %r: "
+            "re-seeded after an embedded Kafka restart); starting from the offsets the "
+            "state store records instead",
+            path,
+            held,
+            generation,
+        )
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    marker.write_text(generation)
+    return False
+
+
+def start_query(spark: SparkSession, config: JobConfig, redis: Redis) -> Any:
+    from streams.source import read_log
+
+    checkpoint = Path(config.checkpoint("state"))
+    kept = prepare_checkpoint(checkpoint, log_generation(redis, config.topic_prefix))
+    starting = None if kept else stored_offsets(redis, config.topic_prefix)
+    raw = read_log(
+        spark,
+        config.bootstrap,
+        topic_names(config.topic_prefix),
+        starting_offsets=starting,
+        max_records_per_trigger=config.max_records_per_trigger,
+    )
+    writer = StateWriter(redis, config.topic_prefix)
+    prefix = config.topic_prefix
+
+    def each(batch: DataFrame, batch_id: int) -> None:
+        apply_batch(writer, batch, batch_id, prefix)
+
+    stream = raw.writeStream.foreachBatch(each).option("checkpointLocation", str(checkpoint))
+    if config.available_now:
+        stream = stream.trigger(availableNow=True)
+    else:
+        stream = stream.trigger(processingTime=f"{int(config.trigger_s * 1000)} milliseconds")
+    return stream.queryName("weir-state").start()
+
+
+def run(config: JobConfig) -> int:
+    """Run the state-store job until stopped (or, with available_now, until
+    the log as it is now is folded). A failed query (Redis or Kafka down)
+    restarts from its checkpoint after a back-off, and says so."""
+    from redis import Redis
+
+    from streams.spark import session
+
+    spark = session("weir-state")
+    redis = Redis.from_url(config.redis_url, socket_timeout=10, socket_connect_timeout=5)
+    stopping = threading.Event()
+    query: Any = None
+
+    def stop(signum: int, _frame: object) -> None:
+        stopping.set()
+        if query is not None:
+            query.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    failures = 0
+    try:
+        while not stopping.is_set():
+            try:
+                query = start_query(spark, config, redis)
+                query.awaitTermination()
+                if config.available_now or stopping.is_set():
+                    return 0
+            except Exception as exc:
+                if stopping.is_set():
+                    return 0
+                if is_data_loss(exc):
+                    log.error("%s", exc)
+                    return 1
+                delay = RETRY_BACKOFF_S[min(failures, len(RETRY_BACKOFF_S) - 1)]
+                failures += 1
+                log.warning(
+                    "state-store query failed (%s); retrying from its checkpoint in %.0f s",
+                    one_line(exc),
+                    delay,
+                )
+                stopping.wait(delay)
+        return 0
+    finally:
+        redis.close()
+        spark.stop()
+
+
+def is_data_loss(exc: BaseException) -> bool:
+    return "data loss" in str(exc).lower() or "dataloss" in str(exc).lower()
+
+
+def one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(exc).__name__

@@ -53,7 +53,6 @@ STATE_KEYS: Final = (
     "session_node",
     "floors",
     "subs",
-    "client_subs",
     "routes",
     "retained",
     "retained_v",
@@ -65,6 +64,9 @@ PIPELINE_CALLS: Final = 16  # script calls in flight per round trip
 BAD_LOGGED_PER_BATCH: Final = 20  # offsets of invalid records logged per batch; all are counted
 RETRY_BACKOFF_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)  # restarts after a failed query
 GENERATION_FILE: Final = "weir-log-generation"
+WAIT_STEP_S: Final = 1.0  # how often a running query checks for a stop request
+RESEED_GRACE_S: Final = 60.0  # after a data-loss error, how long to wait for a re-seed
+RESEED_POLL_S: Final = 2.0
 
 
 def state_keys(topic_prefix: str) -> tuple[str, ...]:
@@ -322,7 +324,8 @@ def prepare_checkpoint(path: Path, generation: str) -> bool:
     return False
 
 
-def start_query(spark: SparkSession, config: JobConfig, redis: Redis) -> Any:
+def start_query(spark: SparkSession, config: JobConfig, redis: Redis, *, once: bool) -> Any:
+    """Start the streaming query; `once`: fold what the log holds now, then stop."""
     from streams.source import read_log
 
     checkpoint = Path(config.checkpoint("state"))
@@ -342,17 +345,30 @@ def start_query(spark: SparkSession, config: JobConfig, redis: Redis) -> Any:
         apply_batch(writer, batch, batch_id, prefix)
 
     stream = raw.writeStream.foreachBatch(each).option("checkpointLocation", str(checkpoint))
-    if config.available_now:
+    if once:
         stream = stream.trigger(availableNow=True)
     else:
         stream = stream.trigger(processingTime=f"{int(config.trigger_s * 1000)} milliseconds")
     return stream.queryName("weir-state").start()
 
 
+def await_query(query: Any, stopping: threading.Event) -> None:
+    """Until the query ends (raising its failure) or `stopping` is set (then stop it)."""
+    while not query.awaitTermination(WAIT_STEP_S):
+        if stopping.is_set():
+            query.stop()
+            break
+    failure = query.exception()
+    if failure is not None:
+        raise RuntimeError(str(failure))
+
+
 def run(config: JobConfig) -> int:
-    """Run the state-store job until stopped (or, with available_now, until
-    the log as it is now is folded). A failed query (Redis or Kafka down)
-    restarts from its checkpoint after a back-off, and says so."""
+    """Run the state-store job until SIGTERM/SIGINT (then fold what the log
+    holds at that moment, so a node's last events are in the store), or,
+    with available_now, until the log as it is now is folded. A failed query
+    (Redis or Kafka down) restarts from its checkpoint after a back-off, and
+    says so; a data-loss error (the checkpoint is ahead of the log) ends it."""
     from redis import Redis
 
     from streams.spark import session
@@ -360,28 +376,29 @@ def run(config: JobConfig) -> int:
     spark = session("weir-state")
     redis = Redis.from_url(config.redis_url, socket_timeout=10, socket_connect_timeout=5)
     stopping = threading.Event()
-    query: Any = None
 
     def stop(signum: int, _frame: object) -> None:
         stopping.set()
-        if query is not None:
-            query.stop()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
     failures = 0
     try:
-        while not stopping.is_set():
+        while True:
             try:
-                query = start_query(spark, config, redis)
-                query.awaitTermination()
-                if config.available_now or stopping.is_set():
-                    return 0
+                if not config.available_now and not stopping.is_set():
+                    await_query(start_query(spark, config, redis, once=False), stopping)
+                log.info("folding what the log holds now")
+                await_query(start_query(spark, config, redis, once=True), threading.Event())
+                log.info("the state store is up to date with the log; stopping")
+                return 0
             except Exception as exc:
-                if stopping.is_set():
-                    return 0
                 if is_data_loss(exc):
-                    log.error("%s", exc)
+                    if not reseeded_soon(redis, config, stopping):
+                        log.error("%s", one_line(exc))
+                        return 1
+                    continue  # the log was re-seeded: prepare_checkpoint drops the old one
+                if stopping.is_set() and failures >= len(RETRY_BACKOFF_S):
                     return 1
                 delay = RETRY_BACKOFF_S[min(failures, len(RETRY_BACKOFF_S) - 1)]
                 failures += 1
@@ -390,17 +407,39 @@ def run(config: JobConfig) -> int:
                     one_line(exc),
                     delay,
                 )
-                stopping.wait(delay)
-        return 0
+                time.sleep(delay)
     finally:
         redis.close()
         spark.stop()
 
 
+def reseeded_soon(redis: Redis, config: JobConfig, stopping: threading.Event) -> bool:
+    """After a data-loss error: wait (bounded) for a node to re-seed the log
+    (a new generation). A job started beside nodes may see the emptied log
+    a moment before the node that re-seeds it does."""
+    marker = Path(config.checkpoint("state")) / GENERATION_FILE
+    held = marker.read_text() if marker.exists() else ""
+    deadline = time.monotonic() + RESEED_GRACE_S
+    while time.monotonic() < deadline and not stopping.is_set():
+        if log_generation(redis, config.topic_prefix) != held:
+            log.warning("the log was re-seeded from the state store; starting over on it")
+            return True
+        log.warning("the checkpoint is ahead of the log; waiting for a node to re-seed it")
+        stopping.wait(RESEED_POLL_S)
+    return False
+
+
 def is_data_loss(exc: BaseException) -> bool:
+    """The source's DataLoss, which reaches the driver only as text (it is
+    raised in a Python worker behind the JVM); streams.source starts every
+    such message with "data loss:"."""
     return "data loss" in str(exc).lower() or "dataloss" in str(exc).lower()
 
 
 def one_line(exc: BaseException) -> str:
+    """The line of a (JVM-wrapped, multi-line) failure that says what went wrong."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if "data loss:" in line.lower():
+            return line[line.lower().index("data loss:") :][:600]
     return lines[0][:300] if lines else type(exc).__name__

@@ -108,6 +108,14 @@ def parser() -> argparse.ArgumentParser:
         help="embedded (default: Redis + Kafka, started here unless --redis/--kafka name "
         "them) or memory (one process, no Redis, no Kafka, nothing survives)",
     )
+    p.add_argument(
+        "--spark",
+        dest="spark",
+        action="store_const",
+        const=True,
+        help="also run the state-store Spark job (streams/), which keeps the state store "
+        "that nodes start from and that lets the embedded default survive a restart",
+    )
     p.add_argument("--redis", dest="redis_url", help="use this Redis (redis://host:port/db)")
     p.add_argument("--kafka", dest="kafka_bootstrap", help="use this Kafka (HOST:PORT[,...])")
     p.add_argument(
@@ -234,9 +242,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
         sessions = TieredSessionStore(memory_sessions, RedisSessionStore(client), tiers)
         queue = TieredQueueStore(
             # Clean sessions die with their connection anyway: drop the oldest.
-            MemoryQueueStore(
-                memory_sessions, limit=settings.limits.queue_limit, full=DROP_OLDEST
-            ),
+            MemoryQueueStore(memory_sessions, limit=settings.limits.queue_limit, full=DROP_OLDEST),
             RedisQueueStore(client, settings.limits.queue_limit, full=settings.limits.queue_full),
             tiers,
         )
@@ -247,6 +253,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
             events=events,
             cluster=cluster_router(settings, client),
             state=RedisStateStore(client, settings.kafka_topic_prefix),
+            endpoints=(redis_url, bootstrap),
         )
         what = f"redis {redis_url}, kafka {bootstrap}"
         if started:
@@ -265,17 +272,21 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
 
 EPHEMERAL_NOTE = (
     "weir: the embedded default is ephemeral: the embedded Kafka (Tansu) keeps the event log "
-    "in memory, so a restart of `weir up` starts empty; for state that outlives it use real "
-    "ones: weir up --kafka HOST:PORT --redis redis://HOST:PORT/0 (or docker compose up)"
+    "in memory, so a restart of `weir up` starts empty; `weir up --spark` keeps a state store "
+    "in Redis that the log is re-seeded from at the next start; or use real ones: weir up "
+    "--kafka HOST:PORT --redis redis://HOST:PORT/0 (or docker compose up)"
 )
 
 
 async def serve(
-    settings: Settings, ready: asyncio.Event | None = None, reuse_port: bool = False
+    settings: Settings,
+    ready: asyncio.Event | None = None,
+    reuse_port: bool = False,
+    spark: bool = False,
 ) -> int:
     try:
         async with open_backends(settings) as (services, what):
-            return await _serve(settings, services, what, ready, reuse_port)
+            return await _serve(settings, services, what, ready, reuse_port, spark)
     except BackendError as exc:
         print(f"weir: {exc}", file=sys.stderr)
         return EXIT_START_FAILED
@@ -287,6 +298,7 @@ async def _serve(
     what: str,
     ready: asyncio.Event | None,
     reuse_port: bool = False,
+    spark: bool = False,
 ) -> int:
     from services.event.api import EventLogError
     from services.node.node import Node
@@ -318,7 +330,17 @@ async def _serve(
         f"{settings.listeners.host}:{node.mqtt_port}{ws} ({what})",
         flush=True,
     )
-    if "embedded" in what:
+    job = None
+    if spark and services.endpoints is not None:
+        from services.node import sparkjob
+
+        job = sparkjob.start(settings, *services.endpoints)
+        print(
+            f"weir: state-store Spark job started (pid {job.pid}, log "
+            f"{sparkjob.log_path(settings)})",
+            flush=True,
+        )
+    elif "embedded" in what:
         print(EPHEMERAL_NOTE, flush=True)
     if ready is not None:
         ready.set()
@@ -328,6 +350,11 @@ async def _serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await node.stop()
+        if job is not None:
+            from services.node import sparkjob
+
+            code = await asyncio.to_thread(sparkjob.stop, job)
+            print(f"weir: state-store Spark job stopped (exit {code})", flush=True)
     return EXIT_OK
 
 
@@ -344,6 +371,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         args = parse_args(argv)
         workers, reuse_port = args.pop("workers", None), bool(args.pop("reuse_port", None))
+        spark = bool(args.pop("spark", None))
         settings = load(args)
     except SettingsError as exc:
         print(f"weir up: {exc}", file=sys.stderr)
@@ -352,8 +380,13 @@ def main(argv: Sequence[str]) -> int:
         from services.node.workers import supervise
 
         return supervise(settings, _without_workers(argv), workers)
+    if spark and settings.backend == "memory":
+        print(
+            "weir up: --spark needs Redis and Kafka; --backend memory has neither", file=sys.stderr
+        )
+        return EXIT_BAD_CONFIG
     with asyncio.Runner(loop_factory=_new_loop) as runner:
-        return runner.run(serve(settings, reuse_port=reuse_port))
+        return runner.run(serve(settings, reuse_port=reuse_port, spark=spark))
 
 
 def _without_workers(argv: Sequence[str]) -> list[str]:

@@ -21,7 +21,7 @@ from services.cluster.router import ClusterRouter
 from services.event.api import EventLog
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import ReasonCode
-from services.node import bootstrap
+from services.node import bootstrap, viewdump
 from services.node.broker import Broker
 from services.node.connection import Connection
 from services.node.seams import Seams
@@ -47,6 +47,7 @@ class Services:
     cluster: ClusterRouter | None = None  # None: a node on its own (memory backends)
     seams: Seams = field(default_factory=Seams)  # auth, hooks, metrics: allow-all, no-op
     state: StateStore | None = None  # the Spark job's state store: start from it (DESIGN 6)
+    endpoints: tuple[str, str] | None = None  # (redis URL, kafka bootstrap) when not memory
 
 
 def channel_config(settings: Settings, authenticate: bool = False) -> ChannelConfig:
@@ -70,6 +71,7 @@ class Node:
         self.mqtt_port: int | None = None
         self.ws_port: int | None = None
         self.replayed = 0  # events read from the log at start
+        self._viewdump: asyncio.Task[None] | None = None  # answers the drift check
 
     async def start(self) -> None:
         """Bind the listeners; raises OSError (e.g. port in use) with nothing left open."""
@@ -127,6 +129,7 @@ class Node:
                 await self.services.cluster.stop()
             raise
         broker.logstate.start_tail()
+        self._viewdump = viewdump.start(broker, self.services.state)
 
     async def _close_servers(self) -> None:
         for server in self._servers:
@@ -151,6 +154,7 @@ class Node:
             await broker.drain_tasks(max(0.0, deadline - loop.time()))
             broker.close()
             await broker.logstate.stop_tail()
+        await viewdump.stop(self._viewdump)
         if self.services.cluster is not None:
             await self.services.cluster.stop()
         if self.wheel is not None:

@@ -3,9 +3,11 @@
 Theory of operation. The store is a handful of hashes under one hash tag,
 `{<topic prefix>state}:` (`state_keys`; the same names as the writer's,
 which a test keeps in step). `load` reads the offsets first, then the
-rest with HSCAN in large pages (a million subscriptions are a hundred
-round trips, not a million), and parses subscriptions from their compact
-form without JSON. Sessions and retained messages are stored as the log's
+rest with HSCAN in large pages. Subscriptions are one field per client (a
+JSON object of compact values, filter -> "version|live|qos|..."), so a
+million subscriptions of 100,000 clients are 100,000 fields in a few
+round trips, and one client's arrive together (the routing trie is built
+client by client, which keeps it cache-friendly). Sessions and retained messages are stored as the log's
 own event JSON and decoded by the event catalogue; an entry that does not
 decode is counted and skipped, never a failed start.
 
@@ -17,6 +19,7 @@ log generation, which tells the Spark job its checkpoint is void.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from typing import Any, Final, cast
@@ -42,7 +45,6 @@ STATE_KEYS: Final = (
     "session_node",
     "floors",
     "subs",
-    "client_subs",
     "routes",
     "retained",
     "retained_v",
@@ -58,22 +60,29 @@ def state_keys(topic_prefix: str) -> dict[str, str]:
     return {name: tag + name for name in STATE_KEYS}
 
 
-def parse_subscription(field: bytes, value: bytes) -> StoredSubscription:
-    client_id, _, filter_ = field.decode().partition(SEP)
-    v, live, qos, nl, rap, rh, sid, ts, node = value.decode().split("|", 8)
-    return StoredSubscription(
-        client_id,
-        filter_,
-        int(v),
-        live == "1",
-        int(qos),
-        nl == "1",
-        rap == "1",
-        int(rh),
-        int(sid) if sid else None,
-        int(ts),
-        node,
-    )
+def parse_subscriptions(client: bytes, blob: bytes) -> list[StoredSubscription]:
+    """One client's subscriptions: a JSON object, filter -> the compact value
+    "version|live|qos|no_local|rap|rh|sid|ts_ms|node" (sid empty for none)."""
+    client_id = client.decode()
+    out = []
+    for filter_, value in json.loads(blob).items():
+        v, live, qos, nl, rap, rh, sid, ts, node = value.split("|", 8)
+        out.append(
+            StoredSubscription(
+                client_id,
+                filter_,
+                int(v),
+                live == "1",
+                int(qos),
+                nl == "1",
+                rap == "1",
+                int(rh),
+                int(sid) if sid else None,
+                int(ts),
+                node,
+            )
+        )
+    return out
 
 
 class RedisStateStore:
@@ -100,12 +109,8 @@ class RedisStateStore:
     async def _load(self) -> StateSnapshot | None:
         keys = self.keys
         # The offsets first: the state read after them is at least as new.
-        offsets_raw = cast(dict[bytes, bytes], await self.client.hgetall(keys["offsets"]))
+        offsets = await self._offsets()
         generation = cast(bytes | None, await self.client.hget(keys["meta"], "generation"))
-        offsets: dict[tuple[str, int], int] = {}
-        for f, v in offsets_raw.items():
-            topic, _, partition = f.decode().rpartition(":")
-            offsets[(topic, int(partition))] = int(v)
         bad = 0
         sessions: list[SessionEvent] = []
         for raw in (await self._scan(keys["sessions"])).values():
@@ -127,12 +132,12 @@ class RedisStateStore:
             retained.append(event)  # type: ignore[arg-type]
         floors = {f.decode(): int(v) for f, v in (await self._scan(keys["floors"])).items()}
         subscriptions: list[StoredSubscription] = []
-        for f, v in (await self._scan(keys["subs"])).items():
+        for client, blob in (await self._scan(keys["subs"])).items():
             try:
-                subscriptions.append(parse_subscription(f, v))
-            except (ValueError, UnicodeDecodeError) as exc:
+                subscriptions.extend(parse_subscriptions(client, blob))
+            except (ValueError, UnicodeDecodeError, AttributeError) as exc:
                 bad += 1
-                log.warning("state store: skipped a subscription entry %r: %s", f[:200], exc)
+                log.warning("state store: skipped the subscriptions of %r: %s", client[:200], exc)
         if not (offsets or sessions or subscriptions or retained or floors):
             return None
         return StateSnapshot(
@@ -144,6 +149,21 @@ class RedisStateStore:
             retained=retained,
             bad=bad,
         )
+
+    async def offsets(self) -> dict[tuple[str, int], int]:
+        """The offsets the store reflects, alone (one HGETALL: cheap to poll)."""
+        try:
+            return await self._offsets()
+        except (RedisError, OSError) as exc:
+            raise StateStoreUnavailable(f"state store unreadable: {exc}") from exc
+
+    async def _offsets(self) -> dict[tuple[str, int], int]:
+        raw = cast(dict[bytes, bytes], await self.client.hgetall(self.keys["offsets"]))
+        offsets: dict[tuple[str, int], int] = {}
+        for f, v in raw.items():
+            topic, _, partition = f.decode().rpartition(":")
+            offsets[(topic, int(partition))] = int(v)
+        return offsets
 
     async def routes(self) -> dict[str, dict[str, int]]:
         """filter -> node -> live subscriptions (the drift check compares it)."""

@@ -359,6 +359,8 @@ class KafkaEventLog:
                 raise EventLogUnavailable(f"event log: topic {topic}: {meta.error}")
             for p in sorted(meta.partitions):
                 offset = start.get((topic, p), self._positions.get((topic, p), OFFSET_BEGINNING))
+                if offset >= 0:  # a replay from given offsets is at them before it reads
+                    self._positions[(topic, p)] = offset
                 parts.append(_TP(topic, p, offset))
                 assigned.append((topic, p))
         consumer.assign(parts)

@@ -373,15 +373,15 @@ def run(config: JobConfig) -> int:
 
     from streams.spark import session
 
-    spark = session("weir-state")
-    redis = Redis.from_url(config.redis_url, socket_timeout=10, socket_connect_timeout=5)
     stopping = threading.Event()
 
     def stop(signum: int, _frame: object) -> None:
         stopping.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT):  # first: a stop during Spark's start still folds
         signal.signal(sig, stop)
+    spark = session("weir-state")
+    redis = Redis.from_url(config.redis_url, socket_timeout=10, socket_connect_timeout=5)
     failures = 0
     try:
         while True:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -21,6 +23,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def spark() -> Iterator[SparkSession]:
     from streams.spark import session
 
+    # Python workers (UDFs, the Python data source) need this interpreter's
+    # packages: Spark would start the first `python3` on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = session("weir-tests")
     try:
         yield spark

@@ -5,12 +5,15 @@ master from the environment (`spark-submit --master ...` or
 WEIR_SPARK_MASTER) it runs `local[N]` on this machine's cores, with the
 settings that matter on two cores: few shuffle partitions (the default 200
 turns a 1,000-row batch into 200 tasks), no UI, and Spark's own logging
-held at WARN so a job's output stays readable.
+held at WARN so a job's output stays readable. Its Python workers run the
+interpreter that runs the job (`sys.executable`), so a job started from a
+virtualenv that is not activated still finds its packages.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -23,7 +26,10 @@ DRIVER_MEMORY: Final = "2g"  # measured: the state-store job peaks near 2 GiB (K
 def session(app: str, *, master: str | None = None) -> SparkSession:
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName(app)
+    # Spark's Python workers run this interpreter (its virtualenv has pyarrow and
+    # confluent-kafka), not whichever `python3` comes first on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app).config("spark.pyspark.python", sys.executable)
     master = master or os.environ.get("WEIR_SPARK_MASTER")
     if master is not None:
         builder = builder.master(master)

@@ -1,0 +1,496 @@
+"""`weir report`: the analytics job's tables as terminal tables and PNG charts.
+
+Theory of operation. The analytics job (`streams.analytics`) leaves one
+directory per table under ``<data_dir>/analytics/``, one ``batch_id=<N>``
+directory per micro-batch inside. This reads them with pyarrow (Hive
+partitioning; no SparkSession, so a report takes a second or two, not the
+ten a JVM takes to start) into pandas, and first undoes the batching: the
+per-minute tables hold partial counts per batch, summed here by key
+(`analytics.TABLE_KEYS`, as `analytics.combine` does in Spark). What needs
+the whole table is derived here the same way the Spark functions derive
+it, and a test holds the two to the same answers: `flapping` (a sliding
+window over every connect in ``history``) and `online` (the running sum
+of opened - closed per node).
+
+Output: tables on stdout (top churners, flapping candidates, busiest
+filters, sessions per node, and with --client that client's connection
+history), PNG charts into --out (matplotlib's Agg canvas through
+`Figure`, never pyplot's global state), each path printed on stdout, and
+progress lines on stderr. Bad input (arguments, no data directory, no
+analytics data yet, an unknown client, an unreadable table or an
+unwritable --out) is one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, NoReturn
+
+from streams.analytics import (
+    CHURN,
+    FLAPPING_CONNECTS,
+    FLAPPING_WINDOW_MS,
+    HISTORY,
+    INVALID,
+    OPENED,
+    SESSIONS_TABLE,
+    SUBSCRIPTIONS_TABLE,
+    TABLE_KEYS,
+    TABLES,
+    analytics_dir,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+PROG: Final = "weir report"
+DEFAULT_TOP: Final = 10  # rows per table
+CHART_SERIES: Final = 5  # lines per chart: more are unreadable
+CELL_WIDTH: Final = 40  # characters; longer client ids and filters are cut
+CHART_SIZE: Final = (10.0, 4.5)  # inches, at CHART_DPI
+CHART_DPI: Final = 100
+MINUTE_DAYS: Final = 1 / 1440  # a minute in matplotlib date units (days): bar widths
+
+
+class ReportError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ReportError(message)
+
+
+def _positive(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {raw!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog=PROG, description="Report on the analytics job's tables.")
+    parser.add_argument("--data-dir", help="Weir's data directory (default: from settings)")
+    parser.add_argument("--out", help="where the PNG charts go (default: <data-dir>/report)")
+    parser.add_argument("--client", help="also show this client's connection history")
+    parser.add_argument("--top", type=_positive, default=DEFAULT_TOP, help="rows per table")
+    parser.add_argument(
+        "--flapping",
+        type=_positive,
+        default=FLAPPING_CONNECTS,
+        metavar="N",
+        help=f"flapping: N connects within {FLAPPING_WINDOW_MS // 1000} s (default %(default)s)",
+    )
+    return parser
+
+
+def _progress(message: str) -> None:
+    print(f"report: {message}", file=sys.stderr, flush=True)
+
+
+# -- reading -------------------------------------------------------------------------
+
+
+def read_tables(data_dir: Path) -> dict[str, pd.DataFrame]:
+    """Every table the job has written (missing ones empty), per-minute ones
+    summed by key; of ``history`` only the connects (client_id, type, ts_ms,
+    node: what `flapping` reads), `read_client` reads one client's all."""
+    import pyarrow.dataset as ds
+
+    if not data_dir.is_dir():
+        raise ReportError(f"no data directory {data_dir} (give --data-dir)")
+    root = analytics_dir(data_dir)
+    tables: dict[str, pd.DataFrame] = {}
+    rows = 0
+    for table in TABLES:
+        started = time.monotonic()
+        _progress(f"reading {table} ...")
+        if table == HISTORY:
+            rows += _count(root / table)
+            connects = ds.field("type") == OPENED
+            frame = _read(root / table, ["client_id", "type", "ts_ms", "node"], connects)
+        else:
+            frame = _read(root / table)
+            rows += len(frame)
+        if table in TABLE_KEYS and not frame.empty:
+            keys, counts = TABLE_KEYS[table]
+            frame = frame.groupby(list(keys), as_index=False)[list(counts)].sum()
+        tables[table] = frame
+        _progress(f"read {table}: {len(frame):,} rows in {time.monotonic() - started:.1f} s")
+    if not rows:
+        raise ReportError(
+            f"no analytics data under {root} yet (run `weir streams run analytics` first)"
+        )
+    return tables
+
+
+def read_client(data_dir: Path, client: str) -> pd.DataFrame:
+    """Every ``history`` row of one client, oldest first."""
+    import pyarrow.dataset as ds
+
+    frame = _read(analytics_dir(data_dir) / HISTORY, where=ds.field("client_id") == client)
+    return frame.sort_values(["ts_ms", "version"]) if not frame.empty else frame
+
+
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    import pyarrow as pa
+
+    try:
+        yield
+    except (pa.ArrowException, OSError) as exc:
+        raise ReportError(f"cannot read {path}: {exc}") from None
+
+
+def _dataset(path: Path) -> Any:
+    """The table at `path` (query_id and batch_id from the directory names), or None."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    if not path.is_dir():
+        return None
+    fields = [("query_id", pa.string()), ("batch_id", pa.int64())]
+    partitioning = ds.partitioning(pa.schema(fields), flavor="hive")
+    dataset = ds.dataset(path, format="parquet", partitioning=partitioning)
+    return dataset if dataset.files else None
+
+
+def _read(path: Path, columns: list[str] | None = None, where: Any = None) -> pd.DataFrame:
+    import pandas as pd
+
+    with _reading(path):
+        dataset = _dataset(path)
+        if dataset is None:
+            return pd.DataFrame()
+        return dataset.to_table(columns=columns, filter=where).to_pandas()
+
+
+def _count(path: Path) -> int:
+    with _reading(path):
+        dataset = _dataset(path)
+        return 0 if dataset is None else int(dataset.count_rows())
+
+
+# -- derived tables --------------------------------------------------------------------
+
+
+def flapping(
+    history: pd.DataFrame,
+    *,
+    connects: int = FLAPPING_CONNECTS,
+    window_ms: int = FLAPPING_WINDOW_MS,
+) -> pd.DataFrame:
+    """`analytics.flapping` in pandas: client_id, connects, peak, peak_ms, nodes."""
+    import numpy as np
+    import pandas as pd
+
+    columns = ["client_id", "connects", "peak", "peak_ms", "nodes"]
+    if history.empty or not (history["type"] == OPENED).any():
+        return pd.DataFrame(columns=columns)
+    opened = history.loc[history["type"] == OPENED, ["client_id", "ts_ms", "node"]]
+    opened = opened.sort_values(["client_id", "ts_ms"], kind="stable").reset_index(drop=True)
+    # One sorted key for all clients: each client's times shifted into a range of
+    # its own, so one searchsorted finds where every connect's window starts.
+    ts = opened["ts_ms"].to_numpy(dtype=np.int64)
+    codes, _ = pd.factorize(opened["client_id"])
+    base = int(ts.min())
+    stride = int(ts.max()) - base + window_ms + 1
+    key = codes.astype(np.int64) * stride + (ts - base)
+    starts = np.searchsorted(key, key - (window_ms - 1), side="left")
+    opened["in_window"] = np.arange(len(key)) - starts + 1
+    grouped = opened.groupby("client_id", sort=False)
+    per_client = pd.DataFrame(
+        {
+            "connects": grouped.size(),
+            "peak": grouped["in_window"].max(),
+            "nodes": grouped["node"].nunique(),
+        }
+    )
+    at_peak = opened[opened["in_window"] == opened["client_id"].map(per_client["peak"])]
+    per_client["peak_ms"] = at_peak.groupby("client_id")["ts_ms"].min()
+    found = per_client[per_client["peak"] >= connects].reset_index(names="client_id")
+    order = found.sort_values(["peak", "connects", "client_id"], ascending=[False, False, True])
+    return order[columns].reset_index(drop=True)
+
+
+def online(sessions: pd.DataFrame) -> pd.DataFrame:
+    """`analytics.online` in pandas: per node per minute, opened, closed, net, online."""
+    frame = sessions.sort_values(["node", "minute"]).reset_index(drop=True)
+    frame["online"] = frame.groupby("node")["net"].cumsum()
+    return frame
+
+
+def top_churners(churn: pd.DataFrame, flaps: pd.DataFrame, top: int) -> pd.DataFrame:
+    grouped = churn.groupby("client_id")
+    out = grouped[["connects", "disconnects", "lost"]].sum()
+    out["peak/min"] = grouped["connects"].max()
+    out["flapping"] = out.index.isin(flaps["client_id"])
+    out = out.reset_index().sort_values(["connects", "client_id"], ascending=[False, True])
+    return out.head(top)
+
+
+def busiest_filters(subscriptions: pd.DataFrame, top: int) -> pd.DataFrame:
+    grouped = subscriptions.groupby("filter")
+    out = grouped[["subscribes", "unsubscribes", "net"]].sum()
+    out["changes"] = out["subscribes"] + out["unsubscribes"]
+    out = out.reset_index().sort_values(["changes", "filter"], ascending=[False, True])
+    return out.head(top).drop(columns="changes")
+
+
+def per_node(with_online: pd.DataFrame) -> pd.DataFrame:
+    grouped = with_online.groupby("node")
+    out = grouped[["opened", "closed"]].sum()
+    out["online now"] = grouped["online"].last()
+    out["peak online"] = grouped["online"].max()
+    out["last minute"] = grouped["minute"].max()
+    return out.reset_index()
+
+
+# -- terminal tables ------------------------------------------------------------------
+
+
+def _cell(value: Any) -> str:
+    import pandas as pd
+
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        text = "-"
+    elif isinstance(value, bool):
+        text = "yes" if value else ""
+    elif isinstance(value, float) and value.is_integer():
+        text = f"{int(value):,}"  # an int column with gaps (NaN) arrives as float
+    elif isinstance(value, int | float):
+        text = f"{value:,}"
+    elif isinstance(value, pd.Timestamp):
+        text = value.strftime("%Y-%m-%d %H:%M:%S")
+    else:
+        text = str(value)
+    return text if len(text) <= CELL_WIDTH else text[: CELL_WIDTH - 1] + "…"
+
+
+def render(title: str, frame: pd.DataFrame) -> str:
+    """A titled, aligned text table (numbers right-aligned), or a "none" line."""
+    if frame.empty:
+        return f"{title}\n  (none)\n"
+    header = [str(c) for c in frame.columns]
+    body = [
+        [_cell(v.item() if hasattr(v, "item") else v) for v in row]
+        for row in frame.itertuples(index=False)
+    ]
+    numeric = [frame[c].dtype.kind in "iuf" for c in frame.columns]
+    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(header)]
+
+    def line(cells: list[str]) -> str:
+        padded = (
+            c.rjust(w) if right else c.ljust(w)
+            for c, w, right in zip(cells, widths, numeric, strict=True)
+        )
+        return "  " + "  ".join(padded).rstrip()
+
+    rule = "  " + "  ".join("-" * w for w in widths)
+    return "\n".join([title, line(header), rule, *(line(r) for r in body)]) + "\n"
+
+
+def _utc(ms: pd.Series) -> pd.Series:
+    import pandas as pd
+
+    return pd.to_datetime(ms, unit="ms")
+
+
+# -- charts ---------------------------------------------------------------------------
+
+
+def _save(path: Path, draw: Callable[[Any], None], title: str) -> Path:
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=CHART_SIZE, dpi=CHART_DPI, layout="constrained")
+    draw(figure)
+    figure.suptitle(title)
+    try:
+        figure.savefig(path, format="png")
+    except OSError as exc:
+        raise ReportError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def _wide(frame: pd.DataFrame, by: str, value: str, keys: Sequence[Any], running: bool) -> Any:
+    """minute x key: every minute of the table's span; a count is 0 in a minute
+    without a row, a running value carries over from the minute before."""
+    import pandas as pd
+
+    chosen = frame[frame[by].isin(list(keys))]
+    wide = chosen.pivot_table(index="minute", columns=by, values=value, aggfunc="sum")
+    wide = wide.reindex(pd.date_range(frame["minute"].min(), frame["minute"].max(), freq="min"))
+    return (wide.ffill() if running else wide).fillna(0)
+
+
+def _lines(
+    axes: Any, frame: pd.DataFrame, by: str, value: str, keys: Sequence[Any], running: bool
+) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    wide = _wide(frame, by, value, keys, running)
+    for key in keys:
+        axes.step(wide.index, wide[key], where="post", label=_cell(key))
+    if keys:
+        axes.legend(loc="upper left", fontsize="small")
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("minute (UTC)")
+
+
+def chart_churn(out: Path, churn: pd.DataFrame, churners: Sequence[str]) -> Path:
+    def draw(figure: Any) -> None:
+        axes = figure.subplots()
+        total = churn.groupby("minute", as_index=False)["connects"].sum()
+        axes.bar(
+            total["minute"], total["connects"], width=MINUTE_DAYS, color="#bbbbbb", label="all"
+        )
+        _lines(axes, churn, "client_id", "connects", churners, running=False)
+        axes.set_ylabel("connects per minute")
+
+    return _save(out / "churn.png", draw, "Connects per minute: all clients and the top churners")
+
+
+def chart_subscriptions(out: Path, subscriptions: pd.DataFrame, filters: Sequence[str]) -> Path:
+    frame = subscriptions.sort_values("minute").copy()
+    frame["running net"] = frame.groupby("filter")["net"].cumsum()
+
+    def draw(figure: Any) -> None:
+        axes = figure.subplots()
+        _lines(axes, frame, "filter", "running net", filters, running=True)
+        axes.set_ylabel("subscribes - unsubscribes, running")
+
+    return _save(out / "subscriptions.png", draw, "Subscriptions per filter (busiest filters)")
+
+
+def chart_sessions(out: Path, with_online: pd.DataFrame, nodes: Sequence[str]) -> Path:
+    def draw(figure: Any) -> None:
+        upper, lower = figure.subplots(2, 1, sharex=True)
+        _lines(upper, with_online, "node", "online", nodes, running=True)
+        upper.set_ylabel("online")
+        upper.set_xlabel("")
+        _lines(lower, with_online, "node", "opened", nodes, running=False)
+        lower.set_ylabel("opened per minute")
+
+    return _save(out / "sessions.png", draw, "Sessions per node")
+
+
+def chart_client(out: Path, client: str, churn: pd.DataFrame) -> Path:
+    import pandas as pd
+    from matplotlib.ticker import MaxNLocator
+
+    mine = churn[churn["client_id"] == client].sort_values("minute")
+    digest = hashlib.sha256(client.encode()).hexdigest()[:8]
+    name = f"client-{re.sub(r'[^A-Za-z0-9_.-]', '_', client)[:40]}-{digest}.png"
+
+    def draw(figure: Any) -> None:
+        axes = figure.subplots()
+        width = MINUTE_DAYS * 0.4
+        after = mine["minute"] + pd.Timedelta(seconds=24)  # beside the connects bar
+        axes.bar(mine["minute"], mine["connects"], width=width, label="connects")
+        axes.bar(after, mine["disconnects"], width=width, label="disconnects")
+        axes.legend(loc="upper left", fontsize="small")
+        axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.set_ylabel("per minute")
+        axes.set_xlabel("minute (UTC)")
+
+    return _save(out / name, draw, f"Client {client}: connects and disconnects per minute")
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+def _data_dir(given: str | None) -> Path:
+    from services.settings import SettingsError, load
+
+    try:
+        return Path(load({"data_dir": given}).data_dir)
+    except SettingsError as exc:
+        raise ReportError(str(exc)) from None
+
+
+def _report(args: argparse.Namespace) -> None:
+    data_dir = _data_dir(args.data_dir)
+    tables = read_tables(data_dir)
+    history, churn = tables[HISTORY], tables[CHURN]
+    subs, sessions, bad = tables[SUBSCRIPTIONS_TABLE], tables[SESSIONS_TABLE], tables[INVALID]
+    mine = read_client(data_dir, args.client) if args.client is not None else None
+    if mine is not None and mine.empty:
+        raise ReportError(f"no events of client {args.client!r} under {analytics_dir(data_dir)}")
+    out = Path(args.out) if args.out else data_dir / "report"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(f"cannot create {out}: {exc.strerror or exc}") from None
+
+    started = time.monotonic()
+    _progress("finding flapping clients ...")
+    flaps = flapping(history, connects=args.flapping)
+    _progress(f"found {len(flaps)} flapping clients in {time.monotonic() - started:.1f} s")
+    window_s = FLAPPING_WINDOW_MS // 1000
+    print(f"Weir analytics under {analytics_dir(data_dir)} (times in UTC)\n")
+    if not bad.empty:
+        first = bad.sort_values(["topic", "partition", "offset"]).head(3)
+        where = ", ".join(f"{r.topic}[{r.partition}]@{r.offset}" for r in first.itertuples())
+        print(f"Invalid records skipped: {len(bad):,} (first: {where})\n")
+    churners = top_churners(churn, flaps, args.top) if not churn.empty else churn
+    print(render(f"Top {args.top} churners", churners))
+    shown = (
+        flaps.head(args.top).assign(peak_at=lambda f: _utc(f["peak_ms"])).drop(columns="peak_ms")
+    )
+    print(render(f"Flapping candidates (>= {args.flapping} connects within {window_s} s)", shown))
+    filters = busiest_filters(subs, args.top) if not subs.empty else subs
+    print(render(f"Busiest {args.top} filters", filters))
+    with_online = online(sessions) if not sessions.empty else sessions
+    nodes = per_node(with_online) if not with_online.empty else with_online
+    print(render("Sessions per node", nodes))
+    if mine is not None:
+        last = mine.tail(args.top).assign(time=lambda f: _utc(f["ts_ms"]))
+        columns = ["time", "type", "node", "reason", "protocol", "peer", "version"]
+        title = f"Connection history of {args.client} (last {len(last)} of {len(mine)} events)"
+        print(render(title, last[columns]))
+
+    charts: list[tuple[str, Callable[[], Path]]] = []
+    if not churn.empty:
+        top_ids = list(churners["client_id"].head(CHART_SERIES))
+        charts.append(("churn", lambda: chart_churn(out, churn, top_ids)))
+    if not subs.empty:
+        top_filters = list(filters["filter"].head(CHART_SERIES))
+        charts.append(("subscriptions", lambda: chart_subscriptions(out, subs, top_filters)))
+    if not with_online.empty:
+        node_names = sorted(with_online["node"].unique())
+        charts.append(("sessions", lambda: chart_sessions(out, with_online, node_names)))
+    if args.client is not None and not churn.empty:
+        charts.append(("client", lambda: chart_client(out, args.client, churn)))
+    for name, draw in charts:
+        started = time.monotonic()
+        _progress(f"drawing the {name} chart ...")
+        path = draw()
+        _progress(f"drew {path.name} in {time.monotonic() - started:.1f} s")
+        print(path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`weir report`: 0 on success, 2 on bad input (one line on stderr)."""
+    try:
+        args = _parser().parse_args(argv)
+        _report(args)
+    except ReportError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -37,6 +37,7 @@ def session(app: str, *, master: str | None = None) -> SparkSession:
         builder = builder.master(f"local[{os.cpu_count() or 2}]")
     spark = (
         builder.config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")  # no progress bars in job logs
         .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
         .config("spark.driver.memory", DRIVER_MEMORY)
         .config("spark.sql.session.timeZone", "UTC")

@@ -87,11 +87,11 @@ def full_view(events: Sequence[Event]) -> ClusterView:
     return view
 
 
-def load(url: str) -> StateSnapshot:
+def load(url: str, prefix: str = PREFIX) -> StateSnapshot:
     async def go() -> StateSnapshot:
         client = reader.aioredis.Redis.from_url(url)
         try:
-            snapshot = await RedisStateStore(client, PREFIX).load()
+            snapshot = await RedisStateStore(client, prefix).load()
         finally:
             await client.aclose()
         assert snapshot is not None

@@ -79,12 +79,13 @@ def config_from(argv: Sequence[str]) -> tuple[str, JobConfig]:
             "kafka_topic_prefix": args.kafka_topic_prefix,
         }
     )
-    if settings.kafka_bootstrap is None or settings.redis_url is None:
+    if settings.kafka_bootstrap is None:
         raise SettingsError(
-            "needs the log and the store: --kafka HOST:PORT and --redis URL (or "
-            "WEIR_KAFKA_BOOTSTRAP / WEIR_REDIS_URL); the embedded default runs the state "
-            "job itself: weir up --spark"
+            "needs the log: --kafka HOST:PORT (or WEIR_KAFKA_BOOTSTRAP); the embedded default "
+            "runs the state job itself: weir up --spark"
         )
+    if args.job == "state" and settings.redis_url is None:
+        raise SettingsError("the state job needs the store: --redis URL (or WEIR_REDIS_URL)")
     return args.job, JobConfig(
         bootstrap=settings.kafka_bootstrap,
         redis_url=settings.redis_url,

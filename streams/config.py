@@ -19,7 +19,7 @@ MAX_RECORDS_PER_TRIGGER: Final = 500_000  # per batch: bounds a batch's memory a
 @dataclass(frozen=True, slots=True)
 class JobConfig:
     bootstrap: str  # Kafka bootstrap servers
-    redis_url: str  # the state store's Redis
+    redis_url: str | None  # the state store's Redis (the analytics job needs none)
     data_dir: str  # checkpoints and Parquet output live under it
     topic_prefix: str = DEFAULT_TOPIC_PREFIX
     trigger_s: float = DEFAULT_TRIGGER_S

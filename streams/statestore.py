@@ -380,6 +380,8 @@ def run(config: JobConfig) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):  # first: a stop during Spark's start still folds
         signal.signal(sig, stop)
+    if config.redis_url is None:
+        raise ValueError("the state-store job needs a Redis URL")
     spark = session("weir-state")
     redis = Redis.from_url(config.redis_url, socket_timeout=10, socket_connect_timeout=5)
     failures = 0

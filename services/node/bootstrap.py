@@ -23,6 +23,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 from services.cluster.view import ClusterView
@@ -61,9 +62,15 @@ async def reseed(events: EventLog, snapshot: StateSnapshot) -> int:
     return len(items)
 
 
-async def start(logstate: LogState, state: StateStore | None, node_id: str) -> int:
-    """Bring the view up to the end of the log; returns the events read
-    (snapshot entries plus log records)."""
+@dataclass(frozen=True, slots=True)
+class Started:
+    source: str  # "log" (a full replay), "state store" (snapshot + tail), "re-seeded log"
+    loaded: int = 0  # state store entries
+    replayed: int = 0  # log records
+
+
+async def start(logstate: LogState, state: StateStore | None, node_id: str) -> Started:
+    """Bring the view up to the end of the log."""
     events = logstate.events
     await events.start()
     snapshot = None
@@ -73,10 +80,10 @@ async def start(logstate: LogState, state: StateStore | None, node_id: str) -> i
         except StateStoreError as exc:
             log.warning("%s; replaying the whole log instead", exc)
     if snapshot is None or snapshot.empty:
-        return await logstate.replay()
+        return Started("log", replayed=await logstate.replay())
     if await events.is_empty():
         await _reseed_once(events, state, snapshot, node_id)
-        return await logstate.replay()
+        return Started("re-seeded log", replayed=await logstate.replay())
     started = time.monotonic()
     collecting = gc.isenabled()
     gc.disable()  # as in LogState.replay: millions of objects built, few freed
@@ -96,7 +103,7 @@ async def start(logstate: LogState, state: StateStore | None, node_id: str) -> i
         tail,
         time.monotonic() - started - loaded_s,
     )
-    return loaded + tail
+    return Started("state store", loaded, tail)
 
 
 async def _reseed_once(

@@ -70,7 +70,8 @@ class Node:
         self._servers: list[asyncio.Server] = []
         self.mqtt_port: int | None = None
         self.ws_port: int | None = None
-        self.replayed = 0  # events read from the log at start
+        self.replayed = 0  # events read at start: state store entries plus log records
+        self.started_from = ""  # bootstrap.Started.source
         self._viewdump: asyncio.Task[None] | None = None  # answers the drift check
 
     async def start(self) -> None:
@@ -92,9 +93,9 @@ class Node:
             seams=self.services.seams,
         )
         self.broker = broker
-        self.replayed = await bootstrap.start(
-            broker.logstate, self.services.state, settings.node_id
-        )
+        started = await bootstrap.start(broker.logstate, self.services.state, settings.node_id)
+        self.started_from = started.source
+        self.replayed = started.loaded + started.replayed
         broker.logstate.after_replay()
         if self.services.cluster is not None:
             await self.services.cluster.start(broker)  # join: peers link to us from now on

@@ -7,9 +7,10 @@ rest with HSCAN in large pages. Subscriptions are one field per client (a
 JSON object of compact values, filter -> "version|live|qos|..."), so a
 million subscriptions of 100,000 clients are 100,000 fields in a few
 round trips, and one client's arrive together (the routing trie is built
-client by client, which keeps it cache-friendly). Sessions and retained messages are stored as the log's
-own event JSON and decoded by the event catalogue; an entry that does not
-decode is counted and skipped, never a failed start.
+client by client, which keeps it cache-friendly). Sessions and retained
+messages are stored as the log's own event JSON and decoded by the event
+catalogue; an entry that does not decode is counted and skipped, never a
+failed start.
 
 Re-seeding (DESIGN 6): a node that finds the log empty and the store not
 claims the re-seed with SET NX (one node of several), writes the store's

@@ -33,7 +33,12 @@ def backend_settings(
 
 
 class BackendNode(NodeRunner):
-    """NodeRunner whose backends come from the composition root (Redis + Kafka)."""
+    """NodeRunner whose backends come from the composition root (Redis + Kafka).
+    `state_store=False`: the node ignores the state store (a full replay)."""
+
+    def __init__(self, settings: Settings, state_store: bool = True) -> None:
+        super().__init__(settings)
+        self.state_store = state_store
 
     async def _main(self) -> None:
         from services.node.app import open_backends
@@ -41,7 +46,8 @@ class BackendNode(NodeRunner):
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         try:
-            async with open_backends(self.settings) as (services, _what):
+            async with open_backends(self.settings) as (backends, _what):
+                services = backends if self.state_store else replace(backends, state=None)
                 self.node = Node(self.settings, services)
                 try:
                     await self.node.start()
@@ -58,8 +64,8 @@ class BackendNode(NodeRunner):
             self._ready.set()
 
 
-def start_node(settings: Settings) -> BackendNode:
-    runner = BackendNode(settings)
+def start_node(settings: Settings, state_store: bool = True) -> BackendNode:
+    runner = BackendNode(settings, state_store)
     runner.start()
     return runner
 

@@ -1,4 +1,5 @@
-"""The `weir` command: `weir up` runs the broker, `weir bench` measures one.
+"""The `weir` command: `weir up` runs the broker, `weir bench` measures one,
+`weir streams` runs the Spark jobs and checks the state they keep.
 
 Each subcommand lives with the layer it drives; this module only dispatches,
 so `weir --help` stays fast and a subcommand's imports stay its own.
@@ -12,8 +13,10 @@ from collections.abc import Callable, Sequence
 USAGE = """usage: weir <command> [options]
 
 commands:
-  up      run the broker (embedded default: its own Redis and Kafka)
-  bench   run the load generator against a broker, optionally --vs a peer
+  up                 run the broker (embedded default: its own Redis and Kafka)
+  bench              run the load generator against a broker, optionally --vs a peer
+  streams run NAME   run a Spark job over the event log (state, analytics)
+  streams verify     compare the state store and the live nodes with a replay of the log
 
 `weir <command> --help` describes each command's options."""
 
@@ -30,7 +33,31 @@ def _bench(argv: Sequence[str]) -> int:
     return bench_main(argv)
 
 
-COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {"up": _up, "bench": _bench}
+STREAMS_USAGE = "usage: weir streams run NAME [options] | weir streams verify [options]"
+
+
+def _streams(argv: Sequence[str]) -> int:
+    sub = argv[0] if argv else None
+    if sub == "run":
+        from streams.cli import main as streams_main  # needs the 'spark' extra
+
+        return streams_main(argv)
+    if sub == "verify":
+        from services.admin.verify import main as verify_main
+
+        return verify_main(argv[1:])
+    if sub in ("-h", "--help"):
+        print(STREAMS_USAGE)
+        return 0
+    print(STREAMS_USAGE, file=sys.stderr)
+    return 2
+
+
+COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "up": _up,
+    "bench": _bench,
+    "streams": _streams,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,320 @@
+"""Spark benchmarks: the state-store job's fold rate, lag and memory; node start from it.
+
+    python -m bench.streams [--events 1000000] [--clients 100000] [--lag-s 60]
+
+One run, on an embedded Tansu broker and a redis-server started here:
+1. produce the replay benchmark's fleet workload (bench.replay: per client a
+   SessionOpened, its Subscribed events, a SessionClosed keeping the session);
+2. start a `weir up` node on it with an empty state store: time to ready by
+   full replay;
+3. fold the log with `python -m streams run state --available-now`: events
+   per second over the fold (from the job's "folding" line to its "up to
+   date" line, so the JVM's start is reported apart), and the peak memory
+   of the job's whole process tree (driver, JVM, Python workers);
+4. produce a tail (1% more clients' events), start another node: time to
+   ready from the state store plus the tail;
+5. lag: the job running with a 1 s trigger while a producer writes
+   `--lag-rate` events/s for `--lag-s` seconds, each 100 ms a probe (a
+   retained event); the lag of a probe is from its produce to its
+   appearance in the state store (polled every 10 ms): p50, p99, max.
+Prints one JSON line, then a summary on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import redis
+from confluent_kafka import Producer
+
+from bench.replay import (
+    _drain,
+    _give_redis_session,
+    client_name,
+    fleet_events,
+    make_topics,
+    produce,
+)
+from services.embedded.kafka import EmbeddedKafka, free_port
+from services.embedded.redis_server import RedisServer
+from services.event.schema import Event, RetainedSet, Subscribed, encode
+
+JOB_TIMEOUT_S = 1800.0
+NODE_READY_TIMEOUT_S = 600.0
+RSS_SAMPLE_S = 0.25
+PROBE_EVERY_S = 0.1
+PROBE_TIMEOUT_S = 60.0
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+NODE_ENTRY = (
+    "import logging, sys\n"
+    "h = logging.StreamHandler(); h.setFormatter(logging.Formatter('%(message)s'))\n"
+    "for name in ('weir.logstate', 'weir.bootstrap'):\n"
+    "    lg = logging.getLogger(name); lg.addHandler(h); lg.setLevel(logging.INFO)\n"
+    "from services.__main__ import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def tree_rss_mib(session: int) -> float:
+    """Resident memory of every process in session `session`, MiB."""
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) != session:  # field 6 of stat: the session id
+                continue
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1024
+
+
+def job(
+    bootstrap: str, url: str, prefix: str, data: Path, *extra: str
+) -> tuple[subprocess.Popen[bytes], Path]:
+    log = data / f"job-{uuid.uuid4().hex[:6]}.log"
+    args = ["--kafka", bootstrap, "--redis", url, "--kafka-topic-prefix", prefix]
+    args += ["--data-dir", str(data), *extra]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streams", "run", "state", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return proc, log
+
+
+def stamp_of(log: Path, needle: str) -> float:
+    import datetime
+
+    for line in log.read_text(errors="replace").splitlines():
+        if needle in line and (found := STAMP.match(line)):
+            when = datetime.datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S,%f")
+            return when.timestamp()
+    raise RuntimeError(f"no {needle!r} line in {log}")
+
+
+def fold(bootstrap: str, url: str, prefix: str, data: Path, records: int) -> dict[str, Any]:
+    started = time.monotonic()
+    proc, log = job(bootstrap, url, prefix, data, "--available-now")
+    peak = 0.0
+    while proc.poll() is None:
+        peak = max(peak, tree_rss_mib(proc.pid))
+        if time.monotonic() - started > JOB_TIMEOUT_S:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise RuntimeError("fold job timed out")
+        time.sleep(RSS_SAMPLE_S)
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"fold job exit {proc.returncode}: {log.read_text()[-3000:]}")
+    fold_s = stamp_of(log, "the state store is up to date") - stamp_of(log, "folding what")
+    return {
+        "fold_records": records,
+        "fold_s": round(fold_s, 2),
+        "fold_events_per_s": round(records / fold_s),
+        "job_wall_s": round(wall, 2),
+        "job_peak_mib": round(peak),
+    }
+
+
+def node_ready(url: str, bootstrap: str, prefix: str, data: Path) -> tuple[float, str]:
+    """Seconds from process start to the ready line, and the node's start log."""
+    args = ["up", "--node-id", "bench-node", "--host", "127.0.0.1", "--redis", url]
+    args += ["--kafka", bootstrap, "--kafka-topic-prefix", prefix, "--ws-port", "off"]
+    args += ["--mqtt-port", str(free_port()), "--data-dir", str(data)]
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", NODE_ENTRY, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    out: list[str] = []
+    err: list[str] = []
+    threading.Thread(target=_drain, args=(proc.stdout, out), daemon=True).start()
+    threading.Thread(target=_drain, args=(proc.stderr, err), daemon=True).start()
+    try:
+        while not any(" ready, " in line for line in out):
+            if proc.poll() is not None or time.monotonic() - started > NODE_READY_TIMEOUT_S:
+                raise RuntimeError(f"node not ready: {''.join(out + err)[-2000:]}")
+            time.sleep(0.01)
+        return time.monotonic() - started, "".join(err).strip()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def tail_events(clients: int, first: int) -> Iterator[Event]:
+    ts = int(time.time() * 1000)
+    for c in range(first, first + clients):
+        for i in range(10):
+            yield Subscribed(
+                client_id=client_name(c), version=2 + i, node="bench", ts_ms=ts,
+                filter=f"tail/{c}/{i}", qos=1,
+            )  # fmt: skip
+
+
+def lag(bootstrap: str, url: str, data: Path, seconds: float, rate: int) -> dict[str, Any]:
+    prefix = f"lag{uuid.uuid4().hex[:8]}."
+    make_topics(bootstrap, prefix, 8)
+    store = redis.Redis.from_url(url)
+    retained = "{" + prefix + "state}:retained"
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "partitioner": "murmur2_random", "linger.ms": 5}
+    )
+
+    def send(event: Event) -> None:
+        suffix, key, value = encode(event)
+        producer.produce(prefix + suffix, key=key.encode(), value=value)
+
+    (data / "lag").mkdir()
+    proc, log = job(bootstrap, url, prefix, data / "lag", "--trigger-s", "1")
+    try:
+        warm = RetainedSet(topic="lag/warm", version=1, node="b", ts_ms=0, payload=b"w", qos=0)
+        send(warm)
+        producer.flush(10)
+        deadline = time.monotonic() + 300
+        while not store.hexists(retained, "lag/warm"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"lag job not folding: {log.read_text()[-3000:]}")
+            time.sleep(0.05)
+        sent: dict[str, float] = {}
+        lags: list[float] = []
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set() or sent:
+                for topic, at in list(sent.items()):
+                    if store.hexists(retained, topic):
+                        lags.append(time.monotonic() - at)
+                        del sent[topic]
+                    elif time.monotonic() - at > PROBE_TIMEOUT_S:
+                        raise RuntimeError(f"probe {topic} never reached the store")
+                time.sleep(0.01)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        started = time.monotonic()
+        n = probes = 0
+        per_probe = max(1, int(rate * PROBE_EVERY_S))
+        while time.monotonic() - started < seconds:
+            for _ in range(per_probe):
+                n += 1
+                c = n % 50_000
+                send(
+                    Subscribed(
+                        client_id=f"lag-{c}", version=n, node="b", ts_ms=0, filter=f"l/{n}", qos=1
+                    )
+                )
+            probes += 1
+            topic = f"lag/{probes}"
+            send(RetainedSet(topic=topic, version=1, node="b", ts_ms=0, payload=b"p", qos=0))
+            producer.flush(5)
+            sent[topic] = time.monotonic()
+            time.sleep(max(0.0, started + probes * PROBE_EVERY_S - time.monotonic()))
+        done.set()
+        watcher.join(PROBE_TIMEOUT_S + 5)
+        lags.sort()
+        if not lags:
+            raise RuntimeError("no probe reached the store")
+        return {
+            "lag_probes": len(lags),
+            "lag_events": n,
+            "lag_rate": round(n / seconds),
+            "lag_p50_s": round(lags[len(lags) // 2], 2),
+            "lag_p99_s": round(lags[min(len(lags) - 1, int(len(lags) * 0.99))], 2),
+            "lag_max_s": round(lags[-1], 2),
+        }
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.streams", description=__doc__)
+    p.add_argument("--events", type=int, default=1_000_000, help="Subscribed events")
+    p.add_argument("--clients", type=int, default=100_000)
+    p.add_argument("--lag-s", type=float, default=60.0, help="0: skip the lag run")
+    p.add_argument("--lag-rate", type=int, default=2000, help="events/s during the lag run")
+    args = p.parse_args(argv)
+    result: dict[str, Any] = {"events": args.events, "clients": args.clients}
+    with tempfile.TemporaryDirectory(prefix="weir-bench-streams-") as tmp:
+        data = Path(tmp)
+        server = RedisServer(data / "redis").start()
+        kafka = EmbeddedKafka().start()
+        try:
+            prefix = f"bench{uuid.uuid4().hex[:8]}."
+            make_topics(kafka.bootstrap, prefix, 8)
+            produce_s, records = produce(
+                kafka.bootstrap, prefix, fleet_events(args.events, args.clients)
+            )
+            asyncio.run(_give_redis_session(server.url, client_name(args.clients // 2)))
+            result["records"] = records
+            result["produce_s"] = round(produce_s, 2)
+            ready, said = node_ready(server.url, kafka.bootstrap, prefix, data / "n1")
+            result["ready_full_replay_s"] = round(ready, 2)
+            result["full_replay_log"] = said
+            result.update(fold(kafka.bootstrap, server.url, prefix, data, records))
+            tail = max(1, args.clients // 100)
+            _, more = produce(kafka.bootstrap, prefix, tail_events(tail, args.clients))
+            result["tail_records"] = more
+            ready, said = node_ready(server.url, kafka.bootstrap, prefix, data / "n2")
+            result["ready_from_store_s"] = round(ready, 2)
+            result["from_store_log"] = said
+            result["ready_speedup"] = round(
+                result["ready_full_replay_s"] / result["ready_from_store_s"], 2
+            )
+            if args.lag_s > 0:
+                result.update(lag(kafka.bootstrap, server.url, data, args.lag_s, args.lag_rate))
+        finally:
+            kafka.stop()
+            server.stop()
+    print(json.dumps(result), flush=True)
+    print(
+        f"fold: {result['fold_records']:,} events in {result['fold_s']} s = "
+        f"{result['fold_events_per_s']:,}/s (job wall {result['job_wall_s']} s, peak "
+        f"{result['job_peak_mib']} MiB); ready: full replay {result['ready_full_replay_s']} s, "
+        f"state store + tail {result['ready_from_store_s']} s ({result['ready_speedup']}x)"
+        + (
+            f"; lag at {result['lag_rate']}/s with a 1 s trigger: p50 {result['lag_p50_s']} s, "
+            f"p99 {result['lag_p99_s']} s, max {result['lag_max_s']} s"
+            if "lag_p50_s" in result
+            else ""
+        ),
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -40,7 +40,7 @@ def port_pairs(service: dict[str, Any]) -> list[tuple[int, int]]:
 
 
 def test_services_present(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {"kafka", "redis", *NODES}
+    assert set(compose["services"]) == {"kafka", "redis", *NODES, "streams-state"}
 
 
 def test_kafka_is_apache_kafka_in_kraft_mode(compose: dict[str, Any]) -> None:
@@ -106,3 +106,25 @@ def test_host_ports_do_not_collide(compose: dict[str, Any]) -> None:
     host_ports = [h for svc in compose["services"].values() for h, _ in port_pairs(svc)]
     assert len(host_ports) == len(set(host_ports))
     assert {1883, 1884, 8083, 8084} <= set(host_ports)
+
+
+def test_the_state_job_runs_on_sparks_kafka_connector(compose: dict[str, Any]) -> None:
+    """spark-submit with the connector of the locked PySpark, the job's entry,
+    settings from WEIR_* variables, checkpoints in a volume."""
+    import re
+
+    from services.settings import load
+
+    job = compose["services"]["streams-state"]
+    assert job["build"]["dockerfile"] == "Dockerfile.spark"
+    assert "openjdk-17-jre-headless" in (ROOT / "Dockerfile.spark").read_text()
+    command = job["command"]
+    assert command[0] == "spark-submit"
+    assert command[-3:] == ["/app/streams/__main__.py", "run", "state"]
+    locked = re.search(r"^pyspark==(\S+)$", (ROOT / "requirements.lock").read_text(), re.M)
+    assert locked is not None
+    package = command[command.index("--packages") + 1]
+    assert package == f"org.apache.spark:spark-sql-kafka-0-10_2.13:{locked[1]}"
+    settings = load(env=env_of(job))
+    assert settings.kafka_bootstrap == "kafka:9092" and settings.redis_url
+    assert any(v.endswith(":" + settings.data_dir) for v in job["volumes"])

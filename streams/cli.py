@@ -109,5 +109,6 @@ def main(argv: Sequence[str]) -> int:
         print(f"weir streams run: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # at INFO it logs every JVM call
     run: Callable[[JobConfig], int] = importlib.import_module(JOBS[job]).run
     return run(config)

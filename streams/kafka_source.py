@@ -26,167 +26,56 @@ copies pickled without clients run `read` in the Python workers.
 - A record cap per trigger is Spark's ReadMaxRows (getDefaultReadLimit),
   shared max-min fairly among partitions with a backlog. Under
   availableNow the ends of the first probe are where the query stops.
-- `read` assigns one partition at its range's start and asks `consume()`
-  for exactly the records left (asking for more waits out the timeout),
-  so it never fetches past the range; it yields Arrow record batches
-  (tuples go through PySpark's per-value converters: slower).
+- `partitions` spreads a batch's ranges over one task per core (`spread`),
+  and `read` reads a task's ranges with one consumer, all assigned at once
+  (read one after another, each would wait out the fetch the broker holds
+  open at the previous one's end: 100 ms a range), pausing each partition
+  at its range's end, asking `consume()` for exactly the records left, so
+  it never fetches past a range; it yields Arrow record batches (tuples go
+  through PySpark's per-value converters: slower).
 Kafka unreachable, or silent, raises LogUnavailable after `timeout_s`; the
-job's runner retries from the checkpoint. Every DataLoss message starts
-with "data loss:" (only text crosses the JVM).
+job's runner retries from the checkpoint. Options, offsets and errors live
+in streams.kafka_client.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from streams.events import raw_schema
+from streams.kafka_client import (
+    BATCH,
+    EARLIEST,
+    LATEST,
+    PROBE_FETCH_WAIT_MS,
+    PROBE_POLL_S,
+    READ_FETCH_WAIT_MS,
+    READ_POLL_S,
+    READ_TASKS,
+    SOURCE_NAME,
+    STALL_S,
+    TP,
+    DataLoss,
+    LogUnavailable,
+    Positions,
+    SourceOptions,
+    _kind,
+    ahead_of_log,
+    fair_cap,
+    from_json,
+    log,
+    to_json,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from confluent_kafka import Consumer, KafkaError
+    from confluent_kafka import Consumer
     from pyspark.sql.types import StructType
-
-log = logging.getLogger("weir.streams.source")
-
-SOURCE_NAME: Final = "weir_kafka"
-EARLIEST: Final = -2  # in starting offsets, as in the Kafka connector's JSON
-LATEST: Final = -1
-DEFAULT_TIMEOUT_S: Final = 30.0  # Kafka silent this long: unreachable (the runner retries)
-# A probed partition silent this long (no record, no EOF) while others answer
-# was asked for an offset past its end (Tansu stalls there without an error).
-STALL_S: Final = 3.0
-PROBE_FETCH_WAIT_MS: Final = 10  # how long the broker holds a fetch at the end: probe latency
-PROBE_POLL_S: Final = 0.01
-READ_FETCH_WAIT_MS: Final = 100
-READ_POLL_S: Final = 0.5
-BATCH: Final = 10_000  # records per consume() call and per Arrow record batch
-
-TP = tuple[str, int]  # (topic, partition)
-Positions = dict[TP, int]  # the next offset per partition
-
-
-class SourceError(Exception):
-    retriable: ClassVar[bool] = False
-
-
-class LogUnavailable(SourceError):
-    """Kafka did not answer in time; a retry from the checkpoint can succeed."""
-
-    retriable = True
-
-
-class DataLoss(SourceError):
-    """The checkpoint and the log disagree; a retry reads the same log."""
-
-
-def to_json(positions: Mapping[TP, int]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for (topic, partition), offset in sorted(positions.items()):
-        out.setdefault(topic, {})[str(partition)] = offset
-    return out
-
-
-def from_json(offsets: Mapping[str, Mapping[Any, int]]) -> Positions:
-    return {(t, int(p)): int(o) for t, parts in offsets.items() for p, o in parts.items()}
-
-
-def fair_cap(start: Positions, ends: Positions, max_records: int) -> Positions:
-    """`ends` cut so that at most `max_records` lie past `start`, shared
-    max-min fairly: each partition an equal share of what is left, the
-    unused share of a partition with less going to the others."""
-    backlog = {tp: end - start.get(tp, end) for tp, end in ends.items()}
-    given = dict.fromkeys(ends, 0)
-    left = max_records
-    open_ = sorted(tp for tp, n in backlog.items() if n > 0)
-    while left > 0 and open_:
-        share = max(left // len(open_), 1)
-        for tp in open_:
-            take = min(share, backlog[tp] - given[tp], left)
-            given[tp] += take
-            left -= take
-        open_ = [tp for tp in open_ if given[tp] < backlog[tp]]
-    return {tp: end - max(backlog[tp], 0) + given[tp] for tp, end in ends.items()}
-
-
-def ahead_of_log(found: Sequence[tuple[TP, int, int | None]]) -> DataLoss:
-    """DataLoss for (partition, checkpoint offset, log end or None if gone)."""
-    where = "; ".join(
-        f"topic {t} partition {p}: checkpoint offset {at}, log end "
-        + ("none (the partition is gone)" if end is None else str(end))
-        for (t, p), at, end in found
-    )
-    return DataLoss(
-        f"data loss: the checkpoint is ahead of the log ({where}). The log was emptied or its "
-        "topics recreated (an embedded Kafka restarted?): remove the job's checkpoint, or "
-        "re-seed it with offsets the log holds, before restarting the job."
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class SourceOptions:
-    bootstrap: str
-    topics: tuple[str, ...]
-    starting: Positions | None = None
-    max_records: int | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
-        """From the data source's string options (keys in lower case)."""
-        starting, limit = options.get("startingoffsets"), options.get("maxrecordspertrigger")
-        return cls(
-            bootstrap=options["bootstrap"],
-            topics=tuple(t for t in options["topics"].split(",") if t),
-            starting=from_json(json.loads(starting)) if starting else None,
-            max_records=int(limit) if limit else None,
-            timeout_s=float(options.get("timeouts", DEFAULT_TIMEOUT_S)),
-        )
-
-    def to_options(self) -> dict[str, str]:
-        options = {"bootstrap": self.bootstrap, "topics": ",".join(self.topics)}
-        options["timeoutS"] = str(self.timeout_s)
-        if self.starting:
-            options["startingOffsets"] = json.dumps(to_json(self.starting))
-        if self.max_records is not None:
-            options["maxRecordsPerTrigger"] = str(self.max_records)
-        return options
-
-    def consumer(self, fetch_wait_ms: int) -> Consumer:
-        from confluent_kafka import Consumer
-
-        config: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap,
-            "group.id": "weir-streams-source",  # required by the client; assign never joins
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "error",  # out of range is reported, never skipped
-            "fetch.wait.max.ms": fetch_wait_ms,
-            "logger": log,
-        }
-        return Consumer(config)
-
-
-def _kind(err: KafkaError) -> str:
-    """A consume error: "eof", "gone" (offset out of range) or "retry" (the
-    client reconnects; callers bound the silence); fatal ones raise."""
-    from confluent_kafka import KafkaError
-
-    if err.code() == KafkaError._PARTITION_EOF:
-        return "eof"
-    if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-        return "gone"
-    if err.fatal():
-        raise LogUnavailable(f"Kafka: {err}")
-    log.warning("Kafka: %s", err)
-    return "retry"
 
 
 class _Probe:
@@ -302,7 +191,7 @@ class _Probe:
         self.consumer.close()
 
 
-class Range(InputPartition):
+class Range:
     """One Kafka partition's records [start, end) in one micro-batch."""
 
     def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
@@ -310,6 +199,29 @@ class Range(InputPartition):
 
     def __repr__(self) -> str:
         return f"{self.topic}[{self.partition}] {self.start}..{self.end}"
+
+
+class Ranges(InputPartition):
+    """The ranges one Spark task reads, together, with one consumer: a task
+    per Kafka partition would pay a consumer's start (a connection, a
+    fetch) two dozen times per micro-batch, which is most of a small batch's time."""
+
+    def __init__(self, ranges: list[Range]) -> None:
+        self.ranges = ranges
+
+    def __repr__(self) -> str:
+        return ", ".join(map(repr, self.ranges))
+
+
+def spread(ranges: list[Range], tasks: int) -> list[Ranges]:
+    """`ranges` in at most `tasks` groups of about equal record counts."""
+    groups: list[list[Range]] = [[] for _ in range(max(1, min(tasks, len(ranges))))]
+    loads = [0] * len(groups)
+    for r in sorted(ranges, key=lambda r: r.end - r.start, reverse=True):
+        least = loads.index(min(loads))
+        groups[least].append(r)
+        loads[least] += r.end - r.start
+    return [Ranges(sorted(g, key=lambda r: (r.topic, r.partition))) for g in groups if g]
 
 
 class KafkaLogReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -376,16 +288,20 @@ class KafkaLogReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin = from_json(start)
-        ranges: list[InputPartition] = []
+        ranges: list[Range] = []
         for (topic, partition), stop in sorted(from_json(end).items()):
             first = begin.get((topic, partition), stop)  # a new partition enters empty
             if stop > first:
                 ranges.append(Range(topic, partition, first, stop))
-        return ranges
+        return spread(ranges, READ_TASKS)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, Range)
-        return read_range(self.opts, partition)
+        assert isinstance(partition, Ranges)
+        consumer = self.opts.consumer(READ_FETCH_WAIT_MS)
+        try:
+            yield from read_ranges(self.opts, partition.ranges, consumer)
+        finally:
+            consumer.close()
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # Spark's checkpoint is the only record of progress
@@ -396,40 +312,54 @@ class KafkaLogReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._probe = None
 
 
-def read_range(opts: SourceOptions, r: Range) -> Iterator[pa.RecordBatch]:
-    """The records of `r` as Arrow batches of the raw schema, in offset order."""
+def read_ranges(
+    opts: SourceOptions, ranges: Sequence[Range], consumer: Consumer
+) -> Iterator[pa.RecordBatch]:
+    """The records of `ranges` as Arrow batches of the raw schema, each
+    partition's in offset order. All are assigned at once and a partition is
+    paused at its range's end: read one after another, each range would wait
+    out a fetch the broker holds open at the previous one's end."""
     from confluent_kafka import TopicPartition
 
-    consumer = opts.consumer(READ_FETCH_WAIT_MS)
-    try:
-        consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
-        at, last = r.start, time.monotonic()
-        while at < r.end:
-            rows: list[tuple[int, Any, Any, int | None]] = []
-            for msg in consumer.consume(min(r.end - at, BATCH), READ_POLL_S):
-                err, offset = msg.error(), int(msg.offset() or 0)
-                kind = _kind(err) if err is not None else "record"
-                if kind == "gone":
-                    raise DataLoss(f"data loss: {r} is no longer in the log: {err}")
-                if kind == "eof" and offset < r.end:  # the log shrank under a planned batch
-                    raise ahead_of_log([((r.topic, r.partition), r.end, offset)])
-                if kind == "eof" or (kind == "record" and offset >= r.end):
-                    at = r.end  # the rest of the range holds no records (compacted)
-                    break
-                if kind == "record":
-                    stamp_type, stamp = msg.timestamp()
-                    rows.append((offset, msg.key(), msg.value(), stamp if stamp_type else None))
-                    at = offset + 1
-            if rows:
-                last = time.monotonic()
-                yield arrow_batch(r.topic, r.partition, rows)
-            elif time.monotonic() - last > opts.timeout_s:
-                raise LogUnavailable(
-                    f"Kafka: nothing of {r} from offset {at} for {opts.timeout_s} s: the "
-                    "broker is unreachable, or the log no longer holds the range"
+    open_ = {(r.topic, r.partition): r for r in ranges if r.end > r.start}
+    at = {tp: r.start for tp, r in open_.items()}
+    consumer.assign([TopicPartition(t, p, r.start) for (t, p), r in open_.items()])
+    last = time.monotonic()
+    while open_:
+        rows: dict[TP, list[tuple[int, Any, Any, int | None]]] = {}
+        left = sum(r.end - at[tp] for tp, r in open_.items())
+        finished: list[TP] = []
+        for msg in consumer.consume(min(left, BATCH), READ_POLL_S):
+            tp = (str(msg.topic()), int(msg.partition() or 0))
+            r = open_.get(tp)
+            if r is None:
+                continue  # a partition already at its range's end
+            err, offset = msg.error(), int(msg.offset() or 0)
+            kind = _kind(err) if err is not None else "record"
+            if kind == "gone":
+                raise DataLoss(f"data loss: {r} is no longer in the log: {err}")
+            if kind == "eof" and offset < r.end:  # the log shrank under a planned batch
+                raise ahead_of_log([(tp, r.end, offset)])
+            if kind == "record" and offset < r.end:
+                stamp_type, stamp = msg.timestamp()
+                rows.setdefault(tp, []).append(
+                    (offset, msg.key(), msg.value(), stamp if stamp_type else None)
                 )
-    finally:
-        consumer.close()
+                at[tp] = offset + 1
+            if at[tp] >= r.end or kind == "eof" or (kind == "record" and offset >= r.end):
+                finished.append(tp)  # done (a compacted range may end before its end)
+                del open_[tp]
+        for tp, batch in rows.items():
+            yield arrow_batch(tp[0], tp[1], batch)
+        if finished:
+            consumer.pause([TopicPartition(t, p) for t, p in finished])
+        if rows or finished:
+            last = time.monotonic()
+        elif time.monotonic() - last > opts.timeout_s:
+            raise LogUnavailable(
+                f"Kafka: nothing of {sorted(open_.values(), key=repr)} for {opts.timeout_s} s: "
+                "the broker is unreachable, or the log no longer holds the range"
+            )
 
 
 def arrow_batch(

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from streams.events import RAW_COLUMNS
-from streams.kafka_source import (
+from streams.kafka_client import (
     DEFAULT_TIMEOUT_S,
     EARLIEST,
     TP,
@@ -108,7 +108,8 @@ def read_log(
     Kafka in the Python source."""
     from pyspark.sql import functions as F
 
-    from streams.kafka_source import KafkaLogSource, SourceOptions, partitions_of
+    from streams.kafka_client import SourceOptions
+    from streams.kafka_source import KafkaLogSource, partitions_of
 
     if not topics:
         raise ValueError("read_log needs at least one topic")

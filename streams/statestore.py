@@ -37,9 +37,9 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from services.event.schema import RETAINED, SESSIONS, SUBSCRIPTIONS, topic_names
+from services.event.schema import SESSIONS, SUBSCRIPTIONS, topic_names
 from streams.config import JobConfig
-from streams.events import bad_records, parse
+from streams.events import parse
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -79,74 +79,57 @@ def state_keys(topic_prefix: str) -> tuple[str, ...]:
 
 
 def fold(parsed: DataFrame) -> DataFrame:
-    """The newest-per-key rows of one batch, one DataFrame:
-    (kind, k1, k2, version, node, text) where kind is
-    - "session":  k1 client, node, text the event's JSON;
-    - "floor":    k1 client, version the newest session end's;
-    - "sub":      k1 client, k2 filter, text the stored value;
-    - "retained": k1 topic, text the event's JSON;
-    - "offset":   k1 topic, k2 partition, version the next offset;
-    - "bad":      an invalid record: k1 topic, k2 partition, version its offset.
-    Valid rows only, except for offsets (every record read counts) and bad."""
+    """The newest-per-key rows of one batch, in one DataFrame with columns
+    (kind, k1, k2, version, node, text, floor), where kind is
+    - "session":  k1 client, the newest session event (text its JSON, node its
+      writer), floor the version of the newest session end in the batch or null;
+    - "sub":      k1 client, k2 filter, text the stored value (`sub_value`);
+    - "retained": k1 topic, text the newest retained event's JSON;
+    - "offset":   k1 topic, k2 partition, version the next offset (every
+      record read counts, the invalid ones too);
+    - "bad":      an invalid record: k1 topic, k2 "partition@offset".
+    One scan of the batch and one aggregation: each record becomes two rows
+    (its event, its offset), grouped by (kind, k1, k2); a micro-batch is one
+    shuffle, which keeps a small batch's latency low."""
     from pyspark.sql import functions as F
 
-    valid = parsed.where(parsed["valid"])
-    newest = F.struct("version", "e.node", "value", "ending", "filter")
-
-    def top(df: DataFrame, kind: str, *keys: str) -> DataFrame:
-        best = df.groupBy(*keys).agg(F.max_by(newest, F.col("version")).alias("n"))
-        return best.select(
-            F.lit(kind).alias("kind"),
-            F.col(keys[0]).alias("k1"),
-            (F.col(keys[1]) if len(keys) > 1 else F.lit(None).cast("string")).alias("k2"),
-            F.col("n.version").alias("version"),
-            F.col("n.node").alias("node"),
-            F.col("n.value").cast("string").alias("text"),
-        )
-
-    sessions = top(valid.where(F.col("suffix") == SESSIONS), "session", "ekey")
-    retained = top(valid.where(F.col("suffix") == RETAINED), "retained", "ekey")
-    subs_in = valid.where(F.col("suffix") == SUBSCRIPTIONS).withColumn("value", sub_value())
-    subs = top(subs_in, "sub", "ekey", "filter")
-    floors = (
-        valid.where(F.col("ending"))
-        .groupBy("ekey")
-        .agg(F.max("version").alias("version"))
-        .select(
-            F.lit("floor").alias("kind"),
-            F.col("ekey").alias("k1"),
-            F.lit(None).cast("string").alias("k2"),
-            "version",
-            F.lit(None).cast("string").alias("node"),
-            F.lit(None).cast("string").alias("text"),
-        )
+    valid = F.col("valid")
+    suffix = F.col("suffix")
+    kind = (
+        F.when(~valid, F.lit("bad"))
+        .when(suffix == SESSIONS, F.lit("session"))
+        .when(suffix == SUBSCRIPTIONS, F.lit("sub"))
+        .otherwise(F.lit("retained"))
     )
-    offsets = (
-        parsed.groupBy("topic", "partition")
-        .agg((F.max("offset") + 1).alias("version"))
-        .select(
-            F.lit("offset").alias("kind"),
-            F.col("topic").alias("k1"),
-            F.col("partition").cast("string").alias("k2"),
-            "version",
-            F.lit(None).cast("string").alias("node"),
-            F.lit(None).cast("string").alias("text"),
-        )
+    position = F.concat_ws("@", F.col("partition").cast("string"), F.col("offset").cast("string"))
+    event = F.struct(
+        kind.alias("kind"),
+        F.when(valid, F.col("ekey")).otherwise(F.col("topic")).alias("k1"),
+        F.when(valid & (suffix == SUBSCRIPTIONS), F.col("filter"))
+        .when(~valid, position)
+        .alias("k2"),
+        F.when(valid, F.col("version")).otherwise(F.col("offset")).alias("version"),
+        F.col("e.node").alias("node"),
+        F.when(valid & (suffix == SUBSCRIPTIONS), sub_value())
+        .when(valid, F.col("value").cast("string"))
+        .alias("text"),
+        F.when(valid & F.col("ending"), F.col("version")).alias("floor"),
     )
-    bad = bad_records(parsed).select(
-        F.lit("bad").alias("kind"),
+    offset = F.struct(
+        F.lit("offset").alias("kind"),
         F.col("topic").alias("k1"),
         F.col("partition").cast("string").alias("k2"),
-        F.col("offset").alias("version"),
+        (F.col("offset") + 1).alias("version"),
         F.lit(None).cast("string").alias("node"),
         F.lit(None).cast("string").alias("text"),
+        F.lit(None).cast("long").alias("floor"),
     )
+    rows = parsed.select(F.explode(F.array(event, offset)).alias("r")).select("r.*")
+    newest = F.max_by(F.struct("version", "node", "text"), F.col("version"))
     return (
-        sessions.unionByName(floors)
-        .unionByName(subs)
-        .unionByName(retained)
-        .unionByName(offsets)
-        .unionByName(bad)
+        rows.groupBy("kind", "k1", "k2")
+        .agg(newest.alias("n"), F.max("floor").alias("floor"))
+        .select("kind", "k1", "k2", "n.version", "n.node", "n.text", "floor")
     )
 
 
@@ -170,7 +153,7 @@ def sub_value() -> Any:
         F.coalesce(F.col("e.subscription_id").cast("string"), F.lit("")),
         F.coalesce(F.col("e.ts_ms"), F.lit(0)).cast("string"),
         F.coalesce(F.col("e.node"), F.lit("")),
-    ).cast("binary")
+    )
 
 
 # -- writing a batch ----------------------------------------------------------------
@@ -194,14 +177,17 @@ class StateWriter:
         by_kind: dict[str, list[int]] = {}
         for index, kind in enumerate(kinds):
             by_kind.setdefault(kind, []).append(index)
-        k1, k2, version, node, text = (rows[c] for c in ("k1", "k2", "version", "node", "text"))
+        k1, k2, version, node, text, floor = (
+            rows[c] for c in ("k1", "k2", "version", "node", "text", "floor")
+        )
+        sessions = by_kind.get("session", [])
         self._report_bad(by_kind.get("bad", []), k1, k2, version, batch_id)
         subs = sorted(by_kind.get("sub", []), key=lambda r: k1[r])  # one client's rows together
         changed = [0, 0, 0, 0]
         calls: list[list[Any]] = []
         groups: list[list[tuple[Any, ...]]] = [
-            [(k1[r], version[r], node[r] or "", text[r]) for r in by_kind.get("session", [])],
-            [(k1[r], version[r]) for r in by_kind.get("floor", [])],
+            [(k1[r], version[r], node[r] or "", text[r]) for r in sessions],
+            [(k1[r], floor[r]) for r in sessions if floor[r] is not None],
             [(k1[r], k2[r], version[r], text[r]) for r in subs],
             [(k1[r], version[r], text[r]) for r in by_kind.get("retained", [])],
         ]
@@ -241,10 +227,7 @@ class StateWriter:
         self.bad_total += len(indexes)
         for r in indexes[:BAD_LOGGED_PER_BATCH]:
             log.warning(
-                "skipped a record that is not a Weir event: %s[%s] offset %s",
-                k1[r],
-                k2[r],
-                version[r],
+                "skipped a record that is not a Weir event: %s, partition@offset %s", k1[r], k2[r]
             )
         log.warning(
             "batch %s: %d invalid records skipped (%d in all since start)",
@@ -262,17 +245,16 @@ def collect(df: DataFrame) -> dict[str, list[Any]]:
 
 def apply_batch(writer: StateWriter, raw: DataFrame, batch_id: int, topic_prefix: str) -> None:
     """foreachBatch: parse, fold and write one micro-batch of raw log rows."""
-    parsed = parse(raw, topic_prefix).persist()  # fold reads it six times; the source once
-    try:
-        rows = collect(fold(parsed))
-    finally:
-        parsed.unpersist()
+    started = time.monotonic()
+    rows = collect(fold(parse(raw, topic_prefix)))  # one scan, one shuffle
+    folded = time.monotonic() - started
     started = time.monotonic()
     changed = writer.write(rows, batch_id)
     log.info(
-        "batch %d: %d folded rows written in %.2f s (changed: %d sessions, %d floors, "
-        "%d subscriptions, %d retained)",
+        "batch %d: read and folded in %.2f s, %d rows written in %.2f s (changed: %d "
+        "sessions, %d floors, %d subscriptions, %d retained)",
         batch_id,
+        folded,
         len(rows["kind"]),
         time.monotonic() - started,
         *changed,

@@ -277,11 +277,11 @@ class ClusterView:
     def load_subscriptions(self, rows: Iterable[Sequence[Any]]) -> int:
         """The bulk form of applying Subscribed / Unsubscribed events, for a
         snapshot's rows: (client, filter, version, live, qos, no_local,
-        retain_as_published, retain_handling, subscription_id, ...).
+        retain_as_published, retain_handling, subscription_id, ts_ms, node).
         Same rules as `apply`; returns how many changed the view."""
         subscribe, unsubscribe = self._subscribe, self._unsubscribe
         changed = 0
-        for client_id, filter_, version, live, qos, nl, rap, rh, sid, *_ in rows:
+        for client_id, filter_, version, live, qos, nl, rap, rh, sid, _ts, _node in rows:
             if live:
                 changed += subscribe(client_id, filter_, version, qos, nl, rap, rh, sid)
             else:

@@ -74,6 +74,7 @@ async def start(logstate: LogState, state: StateStore | None, node_id: str) -> S
     events = logstate.events
     await events.start()
     snapshot = None
+    began = time.monotonic()
     if state is not None:
         try:
             snapshot = await state.load()
@@ -81,6 +82,7 @@ async def start(logstate: LogState, state: StateStore | None, node_id: str) -> S
             log.warning("%s; replaying the whole log instead", exc)
     if snapshot is None or snapshot.empty:
         return Started("log", replayed=await logstate.replay())
+    read_s = time.monotonic() - began
     if await events.is_empty():
         await _reseed_once(events, state, snapshot, node_id)
         return Started("re-seeded log", replayed=await logstate.replay())
@@ -96,9 +98,10 @@ async def start(logstate: LogState, state: StateStore | None, node_id: str) -> S
         if collecting:
             gc.enable()
     log.info(
-        "loaded %d state store entries in %.2f s, then replayed %d events of the log's tail "
-        "in %.2f s",
+        "read %d state store entries in %.2f s, loaded them in %.2f s, then replayed %d "
+        "events of the log's tail in %.2f s",
         loaded,
+        read_s,
         loaded_s,
         tail,
         time.monotonic() - started - loaded_s,

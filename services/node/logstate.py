@@ -126,7 +126,7 @@ class LogState:
     def _on_subscribe(self, client_id: str, filter_: str, options: SubscriptionOptions) -> None:
         opts = sub_options(options)
         table = self.table
-        table.trie.add(filter_, client_id, opts)
+        table.trie.add(filter_, client_id, opts, checked=True)  # validated at SUBSCRIBE
         table.invalidate_plans()
         session = table.sessions.get(client_id)
         if session is not None:

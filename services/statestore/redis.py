@@ -54,6 +54,7 @@ STATE_KEYS: Final = (
 )
 SCAN_PAGE: Final = 20_000  # hash fields per HSCAN call: ~1 MiB replies, few round trips
 SEP: Final = "\0"
+TAIL_CACHE: Final = 65_536  # distinct parsed subscription tails kept while loading
 
 
 def state_keys(topic_prefix: str) -> dict[str, str]:
@@ -61,18 +62,22 @@ def state_keys(topic_prefix: str) -> dict[str, str]:
     return {name: tag + name for name in STATE_KEYS}
 
 
-def parse_subscriptions(client: bytes, blob: bytes) -> list[StoredSubscription]:
+def parse_subscriptions(
+    client: bytes, blob: bytes, tails: dict[str, tuple[Any, ...]] | None = None
+) -> list[StoredSubscription]:
     """One client's subscriptions: a JSON object, filter -> the compact value
-    "version|live|qos|no_local|rap|rh|sid|ts_ms|node" (sid empty for none)."""
+    "version|live|qos|no_local|rap|rh|sid|ts_ms|node" (sid empty for none).
+    `tails` caches the parsed part after the version: a client's
+    subscriptions mostly share it, and a node loads a million at start."""
     client_id = client.decode()
+    cache = {} if tails is None else tails
     out = []
     for filter_, value in json.loads(blob).items():
-        v, live, qos, nl, rap, rh, sid, ts, node = value.split("|", 8)
-        out.append(
-            StoredSubscription(
-                client_id,
-                filter_,
-                int(v),
+        v, _, rest = value.partition("|")
+        tail = cache.get(rest)
+        if tail is None:
+            live, qos, nl, rap, rh, sid, ts, node = rest.split("|", 7)
+            tail = (
                 live == "1",
                 int(qos),
                 nl == "1",
@@ -82,7 +87,9 @@ def parse_subscriptions(client: bytes, blob: bytes) -> list[StoredSubscription]:
                 int(ts),
                 node,
             )
-        )
+            if len(cache) < TAIL_CACHE:
+                cache[rest] = tail
+        out.append(StoredSubscription(client_id, filter_, int(v), *tail))
     return out
 
 
@@ -133,9 +140,10 @@ class RedisStateStore:
             retained.append(event)  # type: ignore[arg-type]
         floors = {f.decode(): int(v) for f, v in (await self._scan(keys["floors"])).items()}
         subscriptions: list[StoredSubscription] = []
+        tails: dict[str, tuple[Any, ...]] = {}
         for client, blob in (await self._scan(keys["subs"])).items():
             try:
-                subscriptions.extend(parse_subscriptions(client, blob))
+                subscriptions.extend(parse_subscriptions(client, blob, tails))
             except (ValueError, UnicodeDecodeError, AttributeError) as exc:
                 bad += 1
                 log.warning("state store: skipped the subscriptions of %r: %s", client[:200], exc)

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs what Weir needs on a fresh Debian machine, idempotently:
-# redis-server (and mosquitto, the peer broker of `weir bench --vs`) from
-# Debian when missing, then a virtualenv in .venv from requirements.lock.
+# redis-server, mosquitto (the peer broker of `weir bench --vs`) and Java 17
+# (PySpark's JVM, for the Spark jobs in streams/) from Debian when missing,
+# then a virtualenv in .venv from requirements.lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} from Debian" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -1,5 +1,6 @@
 """The `weir` command: `weir up` runs the broker, `weir bench` measures one,
-`weir streams` runs the Spark jobs and checks the state they keep.
+`weir streams` runs the Spark jobs and checks the state they keep, `weir
+report` shows what the analytics job found.
 
 Each subcommand lives with the layer it drives; this module only dispatches,
 so `weir --help` stays fast and a subcommand's imports stay its own.
@@ -17,6 +18,7 @@ commands:
   bench              run the load generator against a broker, optionally --vs a peer
   streams run NAME   run a Spark job over the event log (state, analytics)
   streams verify     compare the state store and the live nodes with a replay of the log
+  report             tables and PNG charts of the analytics job's output
 
 `weir <command> --help` describes each command's options."""
 
@@ -53,10 +55,17 @@ def _streams(argv: Sequence[str]) -> int:
     return 2
 
 
+def _report(argv: Sequence[str]) -> int:
+    from streams.report import main as report_main  # needs the 'spark' extra (pyarrow, matplotlib)
+
+    return report_main(argv)
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "up": _up,
     "bench": _bench,
     "streams": _streams,
+    "report": _report,
 }
 
 

@@ -55,3 +55,14 @@ def test_up_with_a_bad_limit_is_one_clear_line_and_exit_2() -> None:
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "max_connections" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_report_and_streams_are_commands_with_one_line_errors() -> None:
+    assert "report" in run_weir("--help").stdout
+    missing = run_weir("report", "--data-dir", "/nonexistent/weir-data")
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    job = run_weir("streams", "run", "nosuchjob", "--kafka", "127.0.0.1:1")
+    assert job.returncode == 2 and "unknown job 'nosuchjob'" in job.stderr
+    no_store = run_weir("streams", "run", "state", "--kafka", "127.0.0.1:1")
+    assert no_store.returncode == 2 and "--redis" in no_store.stderr

@@ -382,7 +382,8 @@ def run(config: JobConfig) -> int:
                         log.error("%s", one_line(exc))
                         return 1
                     continue  # the log was re-seeded: prepare_checkpoint drops the old one
-                if stopping.is_set() and failures >= len(RETRY_BACKOFF_S):
+                if stopping.is_set():
+                    log.error("stopping; the last fold failed: %s", one_line(exc))
                     return 1
                 delay = RETRY_BACKOFF_S[min(failures, len(RETRY_BACKOFF_S) - 1)]
                 failures += 1
@@ -391,7 +392,7 @@ def run(config: JobConfig) -> int:
                     one_line(exc),
                     delay,
                 )
-                time.sleep(delay)
+                stopping.wait(delay)  # a stop request ends the wait
     finally:
         redis.close()
         spark.stop()

@@ -73,17 +73,23 @@ async def start(logstate: LogState, state: StateStore | None, node_id: str) -> S
     """Bring the view up to the end of the log."""
     events = logstate.events
     await events.start()
-    snapshot = None
+    if state is None:
+        return Started("log", replayed=await logstate.replay())
     began = time.monotonic()
-    if state is not None:
-        try:
-            snapshot = await state.load()
-        except StateStoreError as exc:
-            log.warning("%s; replaying the whole log instead", exc)
+    # The log's emptiness is probed while the store is read (a consumer's
+    # round trips, in a thread): it decides between snapshot + tail and re-seed.
+    empty = asyncio.ensure_future(events.is_empty())
+    try:
+        snapshot = await state.load()
+    except StateStoreError as exc:
+        log.warning("%s; replaying the whole log instead", exc)
+        snapshot = None
+    finally:
+        log_empty = await empty  # raises EventLogError: the node cannot start
     if snapshot is None or snapshot.empty:
         return Started("log", replayed=await logstate.replay())
     read_s = time.monotonic() - began
-    if await events.is_empty():
+    if log_empty:
         await _reseed_once(events, state, snapshot, node_id)
         return Started("re-seeded log", replayed=await logstate.replay())
     started = time.monotonic()

@@ -121,3 +121,67 @@ def test_driver_killed_mid_stream_then_restarted_equals_full_replay(
     snapshot = load(redis_url, prefix)
     assert view_of(snapshot).snapshot() == full.snapshot()
     assert snapshot.offsets == positions  # it reflects the whole log, no more, no less
+
+
+def test_redis_down_the_job_says_so_retries_from_its_checkpoint_and_catches_up(
+    kafka_bootstrap: str, kafka_topic_prefix: str, tmp_path: Path
+) -> None:
+    from services.embedded.redis_server import RedisServer
+
+    rng = random.Random(11)
+    prefix = kafka_topic_prefix
+    events = to_events(random_ops(rng, 600))
+    make_topics(kafka_bootstrap, prefix)
+    produce(kafka_bootstrap, prefix, events, rng)
+    server = RedisServer(tmp_path / "redis").start()
+    url = server.url
+    server.stop()  # down before the job starts; it comes back on the same port
+    log = tmp_path / "job.log"
+    folding = job(kafka_bootstrap, url, prefix, tmp_path, "--available-now")
+    try:
+        wait_until(
+            lambda: (
+                "retrying from its checkpoint" in log.read_text(errors="replace")
+                or folding.poll() is not None
+            ),
+            "the job to say it retries",
+            timeout=JOB_S,
+        )
+        assert folding.poll() is None, log.read_text()[-3000:]
+        server.start()
+        assert folding.wait(timeout=JOB_S) == 0, log.read_text()[-3000:]
+        full, positions = replay(kafka_bootstrap, prefix)
+        snapshot = load(url, prefix)
+        assert view_of(snapshot).snapshot() == full.snapshot()
+        assert snapshot.offsets == positions
+    finally:
+        if folding.poll() is None:
+            os.killpg(folding.pid, signal.SIGKILL)
+            folding.wait()
+        server.stop()
+
+
+def test_kafka_unreachable_the_job_says_so_and_stops_on_sigterm(
+    redis_url: str, tmp_path: Path
+) -> None:
+    from services.embedded.kafka import free_port
+
+    closed = f"127.0.0.1:{free_port()}"  # nothing listens there
+    log = tmp_path / "job.log"
+    waiting = job(closed, redis_url, "weir.", tmp_path, "--trigger-s", "0.5")
+    try:
+        wait_until(
+            lambda: (
+                "retrying from its checkpoint" in log.read_text(errors="replace")
+                or waiting.poll() is not None
+            ),
+            "the job to say it retries",
+            timeout=JOB_S,
+        )
+        assert waiting.poll() is None, log.read_text()[-3000:]
+        waiting.send_signal(signal.SIGTERM)
+        waiting.wait(timeout=JOB_S)
+    finally:
+        if waiting.poll() is None:
+            os.killpg(waiting.pid, signal.SIGKILL)
+            waiting.wait()

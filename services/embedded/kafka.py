@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import IO
 
+from services.embedded.process import child_options
+
 START_TIMEOUT_S = 20.0  # Tansu answers in well under a second; 2 busy cores can slow it a lot
 STOP_GRACE_S = 1.0  # memory storage: nothing to save; it waits for open clients on SIGTERM
 STOP_TIMEOUT_S = 5.0
@@ -91,6 +93,7 @@ class EmbeddedKafka:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                **child_options(),  # no Kafka outlives a killed `weir up`
             )
         except OSError as exc:
             raise EmbeddedKafkaError(f"embedded Kafka: cannot run {binary}: {exc}") from None

@@ -16,16 +16,14 @@ needs replicas (a real deployment's concern).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import shutil
-import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from services.embedded.process import child_options
 
 PROFILES = {
     "default": ("appendonly yes", "appendfsync everysec"),
@@ -37,12 +35,6 @@ STOP_TIMEOUT_S = 10.0
 
 class RedisServerError(RuntimeError):
     """redis-server is missing or did not start."""
-
-
-def _die_with_parent() -> None:
-    """Linux: SIGKILL the child when the parent dies, so no redis-server outlives a killed run."""
-    if sys.platform == "linux":
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -89,14 +81,12 @@ class RedisServer:
             self.port = free_port()
         conf = self.data_dir / "redis.conf"
         conf.write_text(self._config())
-        # PDEATHSIG fires when the starting *thread* exits: only tie to the main thread
-        main = threading.current_thread() is threading.main_thread()
         self.process = subprocess.Popen(
             [binary, str(conf)],
             cwd=self.data_dir,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if main else None,  # noqa: PLW1509
+            **child_options(),  # no redis-server outlives a killed run
         )
         self._wait_ready()
         return self

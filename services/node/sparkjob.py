@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Final
 
+from services.embedded.process import child_options
 from services.settings import Settings
 
 STOP_TIMEOUT_S: Final = 120.0  # the final fold: a Spark batch over what is left, plus shutdown
@@ -39,7 +40,10 @@ def start(settings: Settings, redis_url: str, bootstrap: str) -> subprocess.Pope
         "--kafka-topic-prefix", settings.kafka_topic_prefix,
     ]  # fmt: skip
     with path.open("ab") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        # If `weir up` dies, even by SIGKILL, the job gets SIGTERM: it folds what it can.
+        return subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, **child_options(signal.SIGTERM)
+        )
 
 
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> int | None:

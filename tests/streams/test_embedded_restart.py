@@ -109,3 +109,52 @@ def test_restart_of_weir_up_spark_keeps_sessions_subscriptions_queues_and_retain
         sub.close()
     finally:
         stop(proc)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (children, their children...)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_no_process_outlives_weir_up_killed_with_sigkill(tmp_path: Path) -> None:
+    """redis-server, the embedded Kafka and the Spark job (its JVM too) all go."""
+    proc, _ = up(tmp_path, free_port())
+    wait_until(
+        lambda: (
+            (tmp_path / "streams" / "state.log").exists()
+            and any("java" in Path(f"/proc/{p}/cmdline").read_text() for p in descendants(proc.pid))
+        ),
+        "the Spark job's JVM to start",
+        timeout=120.0,
+    )
+    children = descendants(proc.pid)
+    assert len(children) >= 4, children  # redis-server, Kafka, the job, its JVM
+    proc.kill()
+    proc.wait()
+    wait_until(
+        lambda: not any(alive(p) for p in children),
+        "every process weir up started to exit",
+        timeout=120.0,
+    )

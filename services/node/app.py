@@ -379,7 +379,7 @@ def main(argv: Sequence[str]) -> int:
     if workers is not None:
         from services.node.workers import supervise
 
-        return supervise(settings, _without_workers(argv), workers)
+        return supervise(settings, _without_workers(argv), workers, spark=spark)
     if spark and settings.backend == "memory":
         print(
             "weir up: --spark needs Redis and Kafka; --backend memory has neither", file=sys.stderr
@@ -390,12 +390,14 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _without_workers(argv: Sequence[str]) -> list[str]:
+    """The worker's arguments: no --workers, and no --spark (the supervisor
+    runs the one state-store job)."""
     out, skip = [], False
     for arg in argv:
         if skip:
             skip = False
         elif arg == "--workers":
             skip = True
-        elif not arg.startswith("--workers="):
+        elif not arg.startswith("--workers=") and arg != "--spark":
             out.append(arg)
     return out

@@ -65,7 +65,7 @@ def worker_args(
     return args
 
 
-def supervise(settings: Settings, argv: Sequence[str], workers: int) -> int:
+def supervise(settings: Settings, argv: Sequence[str], workers: int, spark: bool = False) -> int:
     if not 1 <= workers <= MAX_WORKERS:
         print(f"weir up: --workers must be 1..{MAX_WORKERS}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -78,6 +78,7 @@ def supervise(settings: Settings, argv: Sequence[str], workers: int) -> int:
         return EXIT_BAD_CONFIG
     started: list[Any] = []
     procs: list[subprocess.Popen[bytes]] = []
+    job: subprocess.Popen[bytes] | None = None
     try:
         redis_url, kafka = _backends(settings, started)
         host = settings.listeners.host
@@ -93,12 +94,21 @@ def supervise(settings: Settings, argv: Sequence[str], workers: int) -> int:
             f"(redis {redis_url}, kafka {kafka})",
             flush=True,
         )
+        if spark:  # one job for the group; it waits out a re-seed by a worker (streams)
+            from services.node import sparkjob
+
+            job = sparkjob.start(settings, redis_url, kafka)
+            print(f"weir: state-store Spark job started (pid {job.pid})", flush=True)
         return _wait(procs)
     except _StartFailed as exc:
         print(f"weir: {exc}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         _stop_all(procs)
+        if job is not None:
+            from services.node import sparkjob
+
+            print(f"weir: state-store Spark job stopped (exit {sparkjob.stop(job)})", flush=True)
         for service in reversed(started):
             with contextlib.suppress(Exception):
                 service.stop()

@@ -20,6 +20,7 @@ the option and where it came from; the CLI prints it and exits 2.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import tomllib
@@ -38,13 +39,15 @@ ENV_VARS: frozenset[str] = frozenset(
         "WEIR_REDIS_URL",
         "WEIR_KAFKA_BOOTSTRAP",
         "WEIR_KAFKA_TOPIC_PREFIX",
+        "WEIR_ALLOW_ANONYMOUS",
         "WEIR_CONFIG",
     }
 )
 
-# Listeners. 0.0.0.0 like Mosquitto's default listener: a broker is useless
-# if only the local machine can reach it; bind 127.0.0.1 to keep it private.
-DEFAULT_HOST = "0.0.0.0"
+# Listeners. Loopback, as Mosquitto 2 does without a configured listener: no
+# authentication backend exists yet, so a broker reachable from other machines
+# must be asked for (`allow_anonymous`, see `exposure_error`).
+DEFAULT_HOST = "127.0.0.1"
 DEFAULT_MQTT_PORT = 1883  # IANA port for MQTT
 DEFAULT_WS_PORT = 8083  # EMQX's WebSocket port
 
@@ -126,6 +129,9 @@ class Settings:
     event_append_timeout_s: float = EVENT_APPEND_TIMEOUT_S
     kafka_topic_prefix: str = DEFAULT_KAFKA_TOPIC_PREFIX
     shared_strategy: str = DEFAULT_SHARED_STRATEGY
+    # Anonymous clients on a listener that is not loopback (on loopback they
+    # are always let in while no authentication backend is configured).
+    allow_anonymous: bool = False
 
 
 Convert = Callable[[Any], Any]
@@ -158,6 +164,17 @@ def _text(raw: Any) -> str:
     if not isinstance(raw, str) or not raw:
         raise ValueError("expected a non-empty string")
     return raw
+
+
+def _bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
 
 
 def _optional_port(raw: Any) -> int | None:
@@ -209,6 +226,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("durability", _choice(DURABILITY_PROFILES)),
     Option("event_append_timeout_s", _float(0.1)),
     Option("shared_strategy", _choice(SHARED_STRATEGIES)),
+    Option("allow_anonymous", _bool, "WEIR_ALLOW_ANONYMOUS"),
     Option("listeners.host", _text, "WEIR_MQTT_HOST"),
     Option("listeners.mqtt_port", _int(0, MAX_PORT), "WEIR_MQTT_PORT"),
     Option("listeners.ws_port", _optional_port, "WEIR_WS_PORT"),
@@ -295,3 +313,26 @@ def _build(values: Mapping[str, Any]) -> Settings:
     if limits.outbound_low_water > limits.outbound_high_water:
         raise SettingsError("limits.outbound_low_water is above limits.outbound_high_water")
     return Settings(listeners=listeners, limits=limits, **sections[""])
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any interface
+
+
+def exposure_error(settings: Settings) -> str | None:
+    """Why a node with these settings must not start, or None. Clients are
+    not authenticated yet (no backend is built), so a listener that other
+    machines can reach needs an explicit allow_anonymous, as Mosquitto 2 asks."""
+    host = settings.listeners.host
+    if is_loopback(host) or settings.allow_anonymous:
+        return None
+    return (
+        f"listening on {host} (not loopback) would let any client in without "
+        "authentication; set allow_anonymous = true (--allow-anonymous, "
+        "WEIR_ALLOW_ANONYMOUS=true) to accept that, or listen on 127.0.0.1"
+    )

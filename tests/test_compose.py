@@ -87,7 +87,7 @@ def test_node_env_vars_are_ones_settings_reads(compose: dict[str, Any]) -> None:
 
 
 def test_node_env_loads_into_settings(compose: dict[str, Any]) -> None:
-    from services.settings import load
+    from services.settings import exposure_error, load
 
     ids = set()
     for name in NODES:
@@ -99,6 +99,7 @@ def test_node_env_loads_into_settings(compose: dict[str, Any]) -> None:
         assert s.kafka_topic_prefix == "weir."
         published = {container for _, container in port_pairs(compose["services"][name])}
         assert {s.listeners.mqtt_port, s.listeners.ws_port} <= published
+        assert exposure_error(s) is None  # 0.0.0.0 in a container: allow_anonymous said so
     assert len(ids) == len(NODES)
 
 

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.settings import Settings, SettingsError, load
+from services.settings import Settings, SettingsError, exposure_error, is_loopback, load
 
 if TYPE_CHECKING:
     from services.cluster.router import ClusterRouter
@@ -54,7 +54,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--host",
         dest="listeners.host",
-        help="address to listen on (default 0.0.0.0, every interface, like Mosquitto)",
+        help="address to listen on (default 127.0.0.1, loopback only, as Mosquitto 2 without a "
+        "listener; another address needs --allow-anonymous while no authentication exists)",
     )
     p.add_argument("--mqtt-port", dest="listeners.mqtt_port", help="MQTT TCP port (1883)")
     p.add_argument("--ws-port", dest="listeners.ws_port", help="MQTT over WebSocket port (8083)")
@@ -107,6 +108,13 @@ def parser() -> argparse.ArgumentParser:
         dest="backend",
         help="embedded (default: Redis + Kafka, started here unless --redis/--kafka name "
         "them) or memory (one process, no Redis, no Kafka, nothing survives)",
+    )
+    p.add_argument(
+        "--allow-anonymous",
+        dest="allow_anonymous",
+        action="store_const",
+        const=True,
+        help="let anonymous clients in on a listener that is not loopback",
     )
     p.add_argument(
         "--spark",
@@ -330,6 +338,11 @@ async def _serve(
         f"{settings.listeners.host}:{node.mqtt_port}{ws} ({what})",
         flush=True,
     )
+    host = settings.listeners.host
+    if is_loopback(host):
+        print(f"weir: anonymous clients allowed on {host} (loopback only)", flush=True)
+    else:
+        print(f"weir: anonymous clients allowed on {host} (allow_anonymous)", flush=True)
     job = None
     if spark and services.endpoints is not None:
         from services.node import sparkjob
@@ -373,6 +386,9 @@ def main(argv: Sequence[str]) -> int:
         workers, reuse_port = args.pop("workers", None), bool(args.pop("reuse_port", None))
         spark = bool(args.pop("spark", None))
         settings = load(args)
+        exposed = exposure_error(settings)
+        if exposed is not None:
+            raise SettingsError(exposed)
     except SettingsError as exc:
         print(f"weir up: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG

@@ -62,3 +62,37 @@ def test_up_sigint_before_clients_exits_0() -> None:
     assert "ready" in proc.stdout.readline()
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=START_S) == 0
+
+
+def test_up_beyond_loopback_without_allow_anonymous_refuses_in_one_line() -> None:
+    proc = start("--backend", "memory", "--host", "0.0.0.0", "--mqtt-port", "0", "--ws-port", "off")
+    out, err = proc.communicate(timeout=START_S)
+    assert proc.returncode == 2, out + err
+    assert "Traceback" not in err and "ready" not in out
+    assert len(err.strip().splitlines()) == 1 and "allow_anonymous" in err, err
+
+
+def test_up_says_who_it_lets_in() -> None:
+    """Loopback by default; another address with --allow-anonymous (then it says so)."""
+    for args, expected in (
+        ((), "anonymous clients allowed on 127.0.0.1 (loopback only)"),
+        (("--host", "0.0.0.0", "--allow-anonymous"), "anonymous clients allowed on 0.0.0.0"),
+    ):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services", "up", "--backend", "memory", "--mqtt-port", "0",
+             "--ws-port", "off", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            ready = proc.stdout.readline()
+            host = "127.0.0.1" if not args else "0.0.0.0"
+            assert "ready" in ready and f"mqtt on {host}:" in ready, ready
+            assert expected in proc.stdout.readline()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=START_S) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -12,7 +12,8 @@ def test_defaults() -> None:
     s = load({}, env={})
     assert s.listeners.mqtt_port == 1883
     assert s.listeners.ws_port == 8083
-    assert s.listeners.host == "0.0.0.0"
+    assert s.listeners.host == "127.0.0.1"  # loopback, as Mosquitto 2 without a listener
+    assert s.allow_anonymous is False
     assert s.limits.queue_limit == 1000
     assert s.kafka_topic_prefix == "weir."
     assert s.redis_url is None and s.kafka_bootstrap is None
@@ -28,6 +29,7 @@ def test_env_vars_are_the_fixed_names() -> None:
         "WEIR_REDIS_URL",
         "WEIR_KAFKA_BOOTSTRAP",
         "WEIR_KAFKA_TOPIC_PREFIX",
+        "WEIR_ALLOW_ANONYMOUS",
         "WEIR_CONFIG",
     } == ENV_VARS
     read = {o.env for o in settings.OPTIONS if o.env} | {"WEIR_CONFIG"}
@@ -104,3 +106,37 @@ def test_settings_nothing_implements_fail_clearly(tmp_path: Path) -> None:
     config.write_text("[listeners]\nhttp_port = 18083\n")
     with pytest.raises(SettingsError, match=r"unknown option 'listeners.http_port'"):
         load({"config": str(config)}, env={})
+
+
+@pytest.mark.parametrize(
+    ("host", "allow", "refused"),
+    [
+        ("127.0.0.1", False, False),
+        ("127.0.0.2", False, False),
+        ("::1", False, False),
+        ("localhost", False, False),
+        ("0.0.0.0", False, True),
+        ("::", False, True),
+        ("10.1.2.3", False, True),
+        ("broker.example", False, True),
+        ("0.0.0.0", True, False),
+    ],
+)
+def test_a_listener_beyond_loopback_needs_allow_anonymous(
+    host: str, allow: bool, refused: bool
+) -> None:
+    s = load({"listeners.host": host, "allow_anonymous": allow}, env={})
+    error = settings.exposure_error(s)
+    assert (error is not None) == refused
+    if error is not None:
+        assert host in error and "allow_anonymous" in error and "\n" not in error
+
+
+def test_allow_anonymous_from_env_file_and_cli(tmp_path: Path) -> None:
+    assert load({}, env={"WEIR_ALLOW_ANONYMOUS": "true"}).allow_anonymous is True
+    assert load({}, env={"WEIR_ALLOW_ANONYMOUS": "0"}).allow_anonymous is False
+    config = tmp_path / "weir.toml"
+    config.write_text("allow_anonymous = true\n")
+    assert load({"config": str(config)}, env={}).allow_anonymous is True
+    with pytest.raises(SettingsError, match="WEIR_ALLOW_ANONYMOUS"):
+        load({}, env={"WEIR_ALLOW_ANONYMOUS": "maybe"})

@@ -19,6 +19,7 @@ commands:
   streams run NAME   run a Spark job over the event log (state, analytics)
   streams verify     compare the state store and the live nodes with a replay of the log
   report             tables and PNG charts of the analytics job's output
+  passwd FILE USER   add or change a user of a password file (argon2id hashes)
 
 `weir <command> --help` describes each command's options."""
 
@@ -61,7 +62,14 @@ def _report(argv: Sequence[str]) -> int:
     return report_main(argv)
 
 
+def _passwd(argv: Sequence[str]) -> int:
+    from services.auth.passwd import main as passwd_main
+
+    return passwd_main(argv)
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "passwd": _passwd,
     "up": _up,
     "bench": _bench,
     "streams": _streams,

@@ -40,6 +40,7 @@ ENV_VARS: frozenset[str] = frozenset(
         "WEIR_KAFKA_BOOTSTRAP",
         "WEIR_KAFKA_TOPIC_PREFIX",
         "WEIR_ALLOW_ANONYMOUS",
+        "WEIR_PASSWORD_FILE",
         "WEIR_CONFIG",
     }
 )
@@ -132,6 +133,7 @@ class Settings:
     # Anonymous clients on a listener that is not loopback (on loopback they
     # are always let in while no authentication backend is configured).
     allow_anonymous: bool = False
+    password_file: str | None = None  # users with argon2id hashes (services.auth.passwd)
 
 
 Convert = Callable[[Any], Any]
@@ -227,6 +229,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("event_append_timeout_s", _float(0.1)),
     Option("shared_strategy", _choice(SHARED_STRATEGIES)),
     Option("allow_anonymous", _bool, "WEIR_ALLOW_ANONYMOUS"),
+    Option("password_file", _text, "WEIR_PASSWORD_FILE"),
     Option("listeners.host", _text, "WEIR_MQTT_HOST"),
     Option("listeners.mqtt_port", _int(0, MAX_PORT), "WEIR_MQTT_PORT"),
     Option("listeners.ws_port", _optional_port, "WEIR_WS_PORT"),
@@ -325,14 +328,15 @@ def is_loopback(host: str) -> bool:
 
 
 def exposure_error(settings: Settings) -> str | None:
-    """Why a node with these settings must not start, or None. Clients are
-    not authenticated yet (no backend is built), so a listener that other
-    machines can reach needs an explicit allow_anonymous, as Mosquitto 2 asks."""
+    """Why a node with these settings must not start, or None. A listener
+    that other machines can reach needs an authentication backend (a
+    password file) or an explicit allow_anonymous, as Mosquitto 2 asks."""
     host = settings.listeners.host
-    if is_loopback(host) or settings.allow_anonymous:
+    if is_loopback(host) or settings.allow_anonymous or settings.password_file:
         return None
     return (
         f"listening on {host} (not loopback) would let any client in without "
-        "authentication; set allow_anonymous = true (--allow-anonymous, "
-        "WEIR_ALLOW_ANONYMOUS=true) to accept that, or listen on 127.0.0.1"
+        "authentication; configure a password file (--password-file) or set "
+        "allow_anonymous = true (--allow-anonymous, WEIR_ALLOW_ANONYMOUS=true) to accept "
+        "that, or listen on 127.0.0.1"
     )

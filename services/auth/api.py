@@ -6,9 +6,9 @@ is opened; the node calls `Authenticator.authenticate` and feeds the answer
 back (`channel.authenticated`), which opens the session or refuses the
 CONNECT with the decision's reason code (5.0) or its 3.1.1 return code.
 Authorization (`Authorizer.allowed`) is asked per PUBLISH topic and per
-SUBSCRIBE filter. Backends (password file, Redis, HTTP, JWT; ACL rules) and
-their chain come with the security work; `AllowAll` is what a node runs
-until one is configured.
+SUBSCRIBE filter. `AllowAll` is what a node runs until a backend is
+configured; the password file (`services.auth.passwd`) is the first backend.
+Redis users, HTTP, JWT, SCRAM, ACL rules and their chain are still to come.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from services.cluster.router import ClusterRouter
     from services.embedded.redis_server import RedisServer
     from services.node.node import Services
+    from services.node.seams import Seams
 
 EXIT_OK = 0
 EXIT_START_FAILED = 1
@@ -110,6 +111,11 @@ def parser() -> argparse.ArgumentParser:
         "them) or memory (one process, no Redis, no Kafka, nothing survives)",
     )
     p.add_argument(
+        "--password-file",
+        dest="password_file",
+        help="authenticate clients against this file of argon2id hashes (weir passwd)",
+    )
+    p.add_argument(
         "--allow-anonymous",
         dest="allow_anonymous",
         action="store_const",
@@ -154,8 +160,23 @@ def build_services(settings: Settings) -> Services:
     limits = settings.limits
     queue = MemoryQueueStore(sessions, limit=limits.queue_limit, full=limits.queue_full)
     return Services(
-        sessions=sessions, queue=queue, retain=MemoryRetainStore(), events=MemoryEventLog()
+        sessions=sessions,
+        queue=queue,
+        retain=MemoryRetainStore(),
+        events=MemoryEventLog(),
+        seams=seams_for(settings),
     )
+
+
+def seams_for(settings: Settings) -> Seams:
+    """The authentication chain the settings ask for (a password file, or none)."""
+    from services.node.seams import Seams
+
+    if settings.password_file is None:
+        return Seams()
+    from services.auth.passwd import PasswordFile
+
+    return Seams(authenticator=PasswordFile(settings.password_file, settings.allow_anonymous))
 
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -262,6 +283,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
             cluster=cluster_router(settings, client),
             state=RedisStateStore(client, settings.kafka_topic_prefix),
             endpoints=(redis_url, bootstrap),
+            seams=seams_for(settings),
         )
         what = f"redis {redis_url}, kafka {bootstrap}"
         if started:
@@ -276,6 +298,16 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
         for service in reversed(started):
             with contextlib.suppress(Exception):
                 service.stop()
+
+
+def who_gets_in(settings: Settings) -> str:
+    host = settings.listeners.host
+    anonymous = "anonymous clients allowed" if settings.allow_anonymous else "anonymous refused"
+    if settings.password_file is not None:
+        return f"clients authenticate with the password file {settings.password_file}; {anonymous}"
+    if is_loopback(host):
+        return f"anonymous clients allowed on {host} (loopback only)"
+    return f"anonymous clients allowed on {host} (allow_anonymous)"
 
 
 EPHEMERAL_NOTE = (
@@ -338,11 +370,7 @@ async def _serve(
         f"{settings.listeners.host}:{node.mqtt_port}{ws} ({what})",
         flush=True,
     )
-    host = settings.listeners.host
-    if is_loopback(host):
-        print(f"weir: anonymous clients allowed on {host} (loopback only)", flush=True)
-    else:
-        print(f"weir: anonymous clients allowed on {host} (allow_anonymous)", flush=True)
+    print(f"weir: {who_gets_in(settings)}", flush=True)
     job = None
     if spark and services.endpoints is not None:
         from services.node import sparkjob
@@ -389,6 +417,13 @@ def main(argv: Sequence[str]) -> int:
         exposed = exposure_error(settings)
         if exposed is not None:
             raise SettingsError(exposed)
+        if settings.password_file is not None:
+            from services.auth.passwd import PasswordFileError, read
+
+            try:
+                read(Path(settings.password_file))
+            except PasswordFileError as exc:
+                raise SettingsError(str(exc)) from None
     except SettingsError as exc:
         print(f"weir up: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG

@@ -130,6 +130,8 @@ class Paho:
         session_expiry: int | None = None,
         keepalive: int = 30,
         will_delay: int | None = None,
+        username: str | None = None,
+        password: str | None = None,
     ) -> None:
         import queue
 
@@ -159,6 +161,8 @@ class Paho:
                 will_props = Properties(PacketTypes.WILLMESSAGE)
                 will_props.WillDelayInterval = will_delay
             self.client.will_set(will[0], will[1], will[2], properties=will_props)
+        if username is not None:
+            self.client.username_pw_set(username, password)
         self.client.on_connect = lambda c, u, f, rc, p: self.connacks.put((f, rc))
         self.client.on_message = lambda c, u, m: self.messages.put(m)
         self.client.on_disconnect = lambda c, u, f, rc, p: self.disconnects.put(rc)

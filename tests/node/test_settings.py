@@ -30,6 +30,7 @@ def test_env_vars_are_the_fixed_names() -> None:
         "WEIR_KAFKA_BOOTSTRAP",
         "WEIR_KAFKA_TOPIC_PREFIX",
         "WEIR_ALLOW_ANONYMOUS",
+        "WEIR_PASSWORD_FILE",
         "WEIR_CONFIG",
     } == ENV_VARS
     read = {o.env for o in settings.OPTIONS if o.env} | {"WEIR_CONFIG"}
@@ -130,6 +131,8 @@ def test_a_listener_beyond_loopback_needs_allow_anonymous(
     assert (error is not None) == refused
     if error is not None:
         assert host in error and "allow_anonymous" in error and "\n" not in error
+    with_users = load({"listeners.host": host, "password_file": "/etc/weir/passwd"}, env={})
+    assert settings.exposure_error(with_users) is None  # clients authenticate
 
 
 def test_allow_anonymous_from_env_file_and_cli(tmp_path: Path) -> None:

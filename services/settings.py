@@ -134,6 +134,7 @@ class Settings:
     # are always let in while no authentication backend is configured).
     allow_anonymous: bool = False
     password_file: str | None = None  # users with argon2id hashes (services.auth.passwd)
+    server_reference: str | None = None  # where a drained node sends 5.0 clients (0x9C)
 
 
 Convert = Callable[[Any], Any]
@@ -230,6 +231,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("shared_strategy", _choice(SHARED_STRATEGIES)),
     Option("allow_anonymous", _bool, "WEIR_ALLOW_ANONYMOUS"),
     Option("password_file", _text, "WEIR_PASSWORD_FILE"),
+    Option("server_reference", _text),
     Option("listeners.host", _text, "WEIR_MQTT_HOST"),
     Option("listeners.mqtt_port", _int(0, MAX_PORT), "WEIR_MQTT_PORT"),
     Option("listeners.ws_port", _optional_port, "WEIR_WS_PORT"),

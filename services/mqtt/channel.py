@@ -10,12 +10,10 @@ packet may arrive in which state is one table, `TRANSITIONS`
     AWAIT_CONNECT --CONNECT--> CONNECTING --session_opened(ok)--> CONNECTED
          any close, refusal or error ------------------------------> CLOSED
 
-Packets a client pipelines after CONNECT are held while CONNECTING and
-replayed once the CONNACK is out (MQTT 5 3.1.4: the server must not process
-them before accepting the CONNECT). Every MQTTError raised while handling a
-packet becomes "DISCONNECT with its reason code (5.0, where the spec allows
-that code), then Close with the will"; before the CONNACK it becomes a
-refusing CONNACK (5.0 reason code, or the 3.x return code when one exists).
+Packets pipelined after CONNECT are held while CONNECTING and replayed
+after the CONNACK (MQTT 5 3.1.4). An MQTTError while handling a packet
+becomes "DISCONNECT with its reason code (5.0, where the spec allows it),
+then Close with the will"; before the CONNACK, a refusing CONNACK.
 
 The work per packet family lives beside this module: CONNECT negotiation
 (channel_connect), inbound PUBLISH and the QoS 1/2 receiver flows
@@ -23,19 +21,17 @@ The work per packet family lives beside this module: CONNECT negotiation
 PUBLISH shaping (channel_outbound). This module owns the states, the
 table, the outbound QoS stages and every way a connection ends.
 
-Outbound QoS: the node owns the inflight window and calls `deliver`; each
-outgoing packet id's stage is in `channel_outbound.OutboundStages`.
+Outbound QoS: the node owns the inflight window and calls `deliver`; packet
+id stages are in `channel_outbound.OutboundStages`.
 `client_receive_maximum` is the window the node must respect (3.x:
 config.inflight_window_3x). With `config.authenticate`, a valid CONNECT
 first asks the node to `Authenticate` (answer: `authenticated`).
 
-Keep alive: one timer, "keepalive". The channel records when the last
-packet arrived; when the timer fires early relative to that, it restarts
-itself for the time left, so the node arms it once per period at most.
-`now` (receive, timer) is any seconds clock the node uses consistently,
-typically the event loop's monotonic time. Message expiry is stamped in
-wall-clock milliseconds (so it means the same on every node) from the
-`wall_ms` clock, time.time by default, injected by tests.
+Keep alive: one timer, "keepalive"; fired early relative to the last packet,
+it restarts itself for the time left (the node arms it once per period).
+`now` (receive, timer) is any seconds clock the node uses consistently (the
+loop's monotonic time). Message expiry is stamped in wall-clock ms (the same
+on every node) from the `wall_ms` clock, injected by tests.
 
 The will is published on every close except a DISCONNECT with reason 0x00
 (or any 3.x DISCONNECT) and closes before the CONNACK.
@@ -91,6 +87,7 @@ from services.mqtt.packets import (
     PacketType,
     Pingreq,
     Pingresp,
+    Properties,
     ProtocolLevel,
     Puback,
     Pubcomp,
@@ -425,11 +422,11 @@ class Channel:
             return self._server_close(RC.SESSION_TAKEN_OVER, "takenover", "session taken over")
         return self._close_early("takenover", "session taken over before CONNACK")
 
-    def server_disconnect(self, reason_code: int) -> list[Action]:
-        """The server ends the connection (shutdown 0x8B, kick 0x98, ...)."""
+    def server_disconnect(self, reason_code: int, reference: str | None = None) -> list[Action]:
+        """The server ends it (shutdown 0x8B, kick 0x98, drain 0x9C + `reference`)."""
         detail = f"server disconnect 0x{reason_code:02X}"
         if self.state is State.CONNECTED:
-            return self._server_close(reason_code, "kicked", detail)
+            return self._server_close(reason_code, "kicked", detail, reference)
         if self.state is State.CONNECTING:
             return self._refuse(reason_code, detail, v3_default=ConnackCode311.SERVER_UNAVAILABLE)
         return self._close_early("kicked", detail)
@@ -466,8 +463,11 @@ class Channel:
             return self._refuse(err.reason_code, detail)
         return self._close_early("error", detail)
 
-    def _server_close(self, reason_code: int, reason: str, detail: str) -> list[Action]:
-        actions: list[Action] = [Send(Disconnect(reason_code))] if self.v5 else []
+    def _server_close(
+        self, reason_code: int, reason: str, detail: str, reference: str | None = None
+    ) -> list[Action]:
+        props = Properties(server_reference=reference) if reference else NO_PROPERTIES
+        actions: list[Action] = [Send(Disconnect(reason_code, props))] if self.v5 else []
         actions += self._close(reason, detail)
         return actions
 

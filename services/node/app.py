@@ -116,6 +116,11 @@ def parser() -> argparse.ArgumentParser:
         help="authenticate clients against this file of argon2id hashes (weir passwd)",
     )
     p.add_argument(
+        "--server-reference",
+        dest="server_reference",
+        help="on a drain (SIGUSR1), MQTT 5 clients are told to use this server (host:port)",
+    )
+    p.add_argument(
         "--allow-anonymous",
         dest="allow_anonymous",
         action="store_const",
@@ -341,6 +346,7 @@ async def _serve(
     spark: bool = False,
 ) -> int:
     from services.event.api import EventLogError
+    from services.mqtt.packets import ReasonCode
     from services.node.node import Node
     from services.statestore.api import StateStoreError
 
@@ -361,9 +367,16 @@ async def _serve(
         await node.stop()
         return EXIT_START_FAILED
     stop = asyncio.Event()
+    draining = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+
+    def drain() -> None:
+        draining.set()
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGUSR1, drain)
     ws = f", ws on {settings.listeners.host}:{node.ws_port}" if node.ws_port else ""
     print(
         f"weir: node {settings.node_id} ready, mqtt on "
@@ -388,9 +401,13 @@ async def _serve(
     try:
         await stop.wait()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
-        await node.stop()
+        if draining.is_set():  # clients go elsewhere: 5.0 ones are told where
+            print("weir: draining: clients told to use another server", flush=True)
+            await node.stop(ReasonCode.USE_ANOTHER_SERVER, settings.server_reference)
+        else:
+            await node.stop()
         if job is not None:
             from services.node import sparkjob
 

@@ -219,8 +219,8 @@ class Broker:
     async def wait_no_connections(self, timeout_s: float) -> bool:
         return await self.cm.wait_no_connections(timeout_s)
 
-    def disconnect_all(self, reason_code: int) -> None:
-        self.cm.disconnect_all(reason_code)
+    def disconnect_all(self, reason_code: int, reference: str | None = None) -> None:
+        self.cm.disconnect_all(reason_code, reference)
 
     def close(self) -> None:
         self.cm.close()

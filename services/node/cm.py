@@ -480,10 +480,10 @@ class ConnectionManager:
 
     # -- shutdown -----------------------------------------------------------------
 
-    def disconnect_all(self, reason_code: int) -> None:
+    def disconnect_all(self, reason_code: int, reference: str | None = None) -> None:
         for conn in list(self.connections):
             if not conn.closed:
-                conn.carry_out(conn.channel.server_disconnect(reason_code))
+                conn.carry_out(conn.channel.server_disconnect(reason_code, reference))
                 conn.close()
 
     def close(self) -> None:

@@ -139,12 +139,15 @@ class Node:
             await server.wait_closed()
         self._servers.clear()
 
-    async def stop(self) -> None:
+    async def stop(
+        self, reason_code: int = ReasonCode.SERVER_SHUTTING_DOWN, reference: str | None = None
+    ) -> None:
+        """Stop; a drain passes 0x9C "use another server" and the 5.0 Server Reference."""
         broker = self.broker
         for server in self._servers:
             server.close()
         if broker is not None:
-            broker.disconnect_all(ReasonCode.SERVER_SHUTTING_DOWN)
+            broker.disconnect_all(reason_code, reference)
             grace = self.settings.limits.shutdown_grace_s
             loop = asyncio.get_running_loop()
             deadline = loop.time() + grace

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+from typing import Any
 
 from tests.integration.conftest import Paho
 from tests.support.ports import free_port
@@ -96,3 +98,40 @@ def test_up_says_who_it_lets_in() -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_drain_on_sigusr1_sends_clients_elsewhere_then_exits_0() -> None:
+    """SIGUSR1: stop accepting, MQTT 5 clients get DISCONNECT 0x9C "use another
+    server" with the Server Reference, 3.1.1 clients are closed, then exit 0."""
+    port = free_port()
+    proc = start(
+        "--backend", "memory", "--mqtt-port", str(port), "--ws-port", "off",
+        "--server-reference", "broker-2.example:1883",
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert "ready" in proc.stdout.readline()
+        v5 = Paho(port, "drained-v5", v5=True)
+        v3 = Paho(port, "drained-v3")
+        assert v5.connack()[1] == 0 and v3.connack()[1] == 0
+        told: list[Any] = []
+        v5.client.on_disconnect = lambda c, u, f, rc, props: (
+            told.append((rc, getattr(props, "ServerReference", None))),
+            v5.disconnects.put(rc),
+        )
+        v5.client._reconnect_on_failure = False
+        v3.client._reconnect_on_failure = False
+        proc.send_signal(signal.SIGUSR1)
+        assert v5.disconnects.get(timeout=START_S) == 0x9C
+        assert told[0] == (0x9C, "broker-2.example:1883")
+        v3.disconnects.get(timeout=START_S)  # closed (3.1.1 has no DISCONNECT from a server)
+        assert proc.wait(timeout=START_S) == 0
+        assert "draining" in proc.stdout.read()
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.settimeout(2)
+            s.connect(("127.0.0.1", port))
+            raise AssertionError("the drained node still accepts connections")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

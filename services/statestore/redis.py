@@ -31,9 +31,8 @@ from redis.exceptions import RedisError
 from services.event.schema import (
     RETAINED,
     SESSIONS,
+    Event,
     EventSchemaError,
-    RetainedEvent,
-    SessionEvent,
     decode,
 )
 from services.statestore.api import StateSnapshot, StateStoreUnavailable, StoredSubscription
@@ -93,6 +92,20 @@ def parse_subscriptions(
     return out
 
 
+def decode_all(suffix: str, entries: dict[bytes, bytes]) -> tuple[list[Event], int]:
+    """The events stored as the log's JSON, and how many did not decode
+    (each logged and skipped: a bad entry never stops a node's start)."""
+    events: list[Event] = []
+    bad = 0
+    for raw in entries.values():
+        try:
+            events.append(decode(suffix, raw))
+        except EventSchemaError as exc:
+            bad += 1
+            log.warning("state store: skipped a %s entry: %s", suffix, exc)
+    return events, bad
+
+
 class RedisStateStore:
     def __init__(self, client: aioredis.Redis, topic_prefix: str) -> None:
         self.client = client
@@ -119,25 +132,9 @@ class RedisStateStore:
         # The offsets first: the state read after them is at least as new.
         offsets = await self._offsets()
         generation = cast(bytes | None, await self.client.hget(keys["meta"], "generation"))
-        bad = 0
-        sessions: list[SessionEvent] = []
-        for raw in (await self._scan(keys["sessions"])).values():
-            try:
-                event = decode(SESSIONS, raw)
-            except EventSchemaError as exc:
-                bad += 1
-                log.warning("state store: skipped a session entry: %s", exc)
-                continue
-            sessions.append(event)  # type: ignore[arg-type]
-        retained: list[RetainedEvent] = []
-        for raw in (await self._scan(keys["retained"])).values():
-            try:
-                event = decode(RETAINED, raw)
-            except EventSchemaError as exc:
-                bad += 1
-                log.warning("state store: skipped a retained entry: %s", exc)
-                continue
-            retained.append(event)  # type: ignore[arg-type]
+        sessions, bad_sessions = decode_all(SESSIONS, await self._scan(keys["sessions"]))
+        retained, bad = decode_all(RETAINED, await self._scan(keys["retained"]))
+        bad += bad_sessions
         floors = {f.decode(): int(v) for f, v in (await self._scan(keys["floors"])).items()}
         subscriptions: list[StoredSubscription] = []
         tails: dict[str, tuple[Any, ...]] = {}
@@ -152,10 +149,10 @@ class RedisStateStore:
         return StateSnapshot(
             offsets=offsets,
             generation=generation.decode() if generation is not None else "",
-            sessions=sessions,
+            sessions=sessions,  # type: ignore[arg-type]  # decoded from the sessions topic
             floors=floors,
             subscriptions=subscriptions,
-            retained=retained,
+            retained=retained,  # type: ignore[arg-type]  # decoded from the retained topic
             bad=bad,
         )
 

@@ -40,6 +40,29 @@ def connect(port: int, client_id: str, rng: random.Random) -> Paho:
     return client
 
 
+def workload(port: int, rng: random.Random, online: dict[str, Paho], steps: int = STEPS) -> None:
+    """Random connects (clean or persistent, 3.1.1 or 5.0, takeovers),
+    subscribes, unsubscribes, retained sets and clears, and disconnects."""
+    for _ in range(steps):
+        client_id = rng.choice(CLIENTS)
+        client = online.get(client_id)
+        op = rng.random()
+        if client is None or op < 0.15:
+            if client is not None:  # takeover: the old connection must not come back
+                client.client._reconnect_on_failure = False
+            online[client_id] = connect(port, client_id, rng)
+        elif op < 0.5:
+            client.subscribe(rng.choice(FILTERS), qos=rng.randint(0, 2))
+        elif op < 0.65:
+            client.client.unsubscribe(rng.choice(FILTERS))
+        elif op < 0.85:
+            payload = b"" if rng.random() < 0.3 else f"v{rng.randint(0, 99)}".encode()
+            client.publish(rng.choice(TOPICS), payload, qos=1, retain=True)
+        else:
+            client.close()
+            del online[client_id]
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_fresh_node_equals_live_node(
     seed: int, redis_url: str, kafka_bootstrap: str, kafka_topic_prefix: str
@@ -49,25 +72,7 @@ def test_fresh_node_equals_live_node(
     fresh = None
     online: dict[str, Paho] = {}
     try:
-        port = live.mqtt_port
-        for _ in range(STEPS):
-            client_id = rng.choice(CLIENTS)
-            client = online.get(client_id)
-            op = rng.random()
-            if client is None or op < 0.15:
-                if client is not None:  # takeover: the old connection must not come back
-                    client.client._reconnect_on_failure = False
-                online[client_id] = connect(port, client_id, rng)
-            elif op < 0.5:
-                client.subscribe(rng.choice(FILTERS), qos=rng.randint(0, 2))
-            elif op < 0.65:
-                client.client.unsubscribe(rng.choice(FILTERS))
-            elif op < 0.85:
-                payload = b"" if rng.random() < 0.3 else f"v{rng.randint(0, 99)}".encode()
-                client.publish(rng.choice(TOPICS), payload, qos=1, retain=True)
-            else:
-                client.close()
-                del online[client_id]
+        workload(live.mqtt_port, rng, online)
         for client in online.values():
             client.close()
         online.clear()

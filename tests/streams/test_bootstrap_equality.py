@@ -16,34 +16,10 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Paho
-from tests.integration.test_replay_equality import CLIENTS, FILTERS, TOPICS, connect
+from tests.integration.test_replay_equality import workload
 from tests.streams.test_state_job import JOB_S, job
 from tests.support.backend_node import BackendNode, backend_settings, node_state, start_node
 from tests.support.wait import wait_until
-
-STEPS = 40  # per phase: before the snapshot, then the tail
-
-
-def workload(live: BackendNode, rng: random.Random, online: dict[str, Paho]) -> None:
-    port = live.mqtt_port
-    for _ in range(STEPS):
-        client_id = rng.choice(CLIENTS)
-        client = online.get(client_id)
-        op = rng.random()
-        if client is None or op < 0.15:
-            if client is not None:  # takeover: the old connection must not come back
-                client.client._reconnect_on_failure = False
-            online[client_id] = connect(port, client_id, rng)
-        elif op < 0.5:
-            client.subscribe(rng.choice(FILTERS), qos=rng.randint(0, 2))
-        elif op < 0.65:
-            client.client.unsubscribe(rng.choice(FILTERS))
-        elif op < 0.85:
-            payload = b"" if rng.random() < 0.3 else f"v{rng.randint(0, 99)}".encode()
-            client.publish(rng.choice(TOPICS), payload, qos=1, retain=True)
-        else:
-            client.close()
-            del online[client_id]
 
 
 def settle(live: BackendNode, online: dict[str, Paho]) -> None:
@@ -68,11 +44,11 @@ def test_node_from_snapshot_and_tail_equals_node_from_full_replay(
     nodes = [live]
     online: dict[str, Paho] = {}
     try:
-        workload(live, rng, online)
+        workload(live.mqtt_port, rng, online)
         settle(live, online)
         folded = job(kafka_bootstrap, redis_url, prefix, tmp_path, "--available-now")
         assert folded.wait(timeout=JOB_S) == 0, (tmp_path / "job.log").read_text()[-3000:]
-        workload(live, rng, online)  # the tail: events the store does not reflect
+        workload(live.mqtt_port, rng, online)  # the tail: events the store does not reflect
         settle(live, online)
 
         from_store = start_node(backend_settings(redis_url, kafka_bootstrap, prefix, "snap"))

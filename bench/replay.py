@@ -67,11 +67,13 @@ FILTERS = (
     "fleet/{c}/time/sync",
 )
 CHECK_TOPIC = "fleet/{c}/cmd/bench-check"
-# The node logger the bench subprocess enables; the rest of `weir up` is unchanged.
+# The node loggers the bench subprocess enables (replay, and start from the state
+# store for bench.streams); the rest of `weir up` is unchanged.
 NODE_ENTRY = (
     "import logging, sys\n"
     "h = logging.StreamHandler(); h.setFormatter(logging.Formatter('%(message)s'))\n"
-    "lg = logging.getLogger('weir.logstate'); lg.addHandler(h); lg.setLevel(logging.INFO)\n"
+    "for name in ('weir.logstate', 'weir.bootstrap'):\n"
+    "    lg = logging.getLogger(name); lg.addHandler(h); lg.setLevel(logging.INFO)\n"
     "from services.__main__ import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )

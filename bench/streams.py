@@ -42,12 +42,12 @@ import redis
 from confluent_kafka import Producer
 
 from bench.replay import (
-    _drain,
     _give_redis_session,
     client_name,
     fleet_events,
     make_topics,
     produce,
+    start_node,
 )
 from services.embedded.kafka import EmbeddedKafka, free_port
 from services.embedded.redis_server import RedisServer
@@ -62,14 +62,6 @@ WARMUP_S = 10.0  # seconds of load before probes count
 WATCH_S = 0.02  # how often the store is polled for probes: the lag's resolution
 FOLDED = re.compile(r"read and folded in ([\d.]+) s")
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
-NODE_ENTRY = (
-    "import logging, sys\n"
-    "h = logging.StreamHandler(); h.setFormatter(logging.Formatter('%(message)s'))\n"
-    "for name in ('weir.logstate', 'weir.bootstrap'):\n"
-    "    lg = logging.getLogger(name); lg.addHandler(h); lg.setLevel(logging.INFO)\n"
-    "from services.__main__ import main\n"
-    "sys.exit(main(sys.argv[1:]))\n"
-)
 
 
 def tree_rss_mib(session: int) -> float:
@@ -143,27 +135,9 @@ def fold(bootstrap: str, url: str, prefix: str, data: Path, records: int) -> dic
 
 def node_ready(url: str, bootstrap: str, prefix: str, data: Path) -> tuple[float, str]:
     """Seconds from process start to the ready line, and the node's start log."""
-    args = ["up", "--node-id", "bench-node", "--host", "127.0.0.1", "--redis", url]
-    args += ["--kafka", bootstrap, "--kafka-topic-prefix", prefix, "--ws-port", "off"]
-    args += ["--mqtt-port", str(free_port()), "--data-dir", str(data)]
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", NODE_ENTRY, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
-    out: list[str] = []
-    err: list[str] = []
-    threading.Thread(target=_drain, args=(proc.stdout, out), daemon=True).start()
-    threading.Thread(target=_drain, args=(proc.stderr, err), daemon=True).start()
+    proc, ready_s, err = start_node(url, bootstrap, prefix, free_port(), data)
     try:
-        while not any(" ready, " in line for line in out):
-            if proc.poll() is not None or time.monotonic() - started > NODE_READY_TIMEOUT_S:
-                raise RuntimeError(f"node not ready: {''.join(out + err)[-2000:]}")
-            time.sleep(0.01)
-        return time.monotonic() - started, "".join(err).strip()
+        return ready_s, "".join(err).strip()
     finally:
         proc.terminate()
         try:

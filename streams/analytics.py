@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import signal
 import threading
@@ -66,6 +65,7 @@ from typing import TYPE_CHECKING, Final
 from services.event.schema import SESSIONS, SUBSCRIPTIONS, topic_names
 from streams.config import JobConfig
 from streams.events import bad_records, parse
+from streams.failures import is_data_loss, one_line, until_stopped
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -92,8 +92,6 @@ FLAPPING_CONNECTS: Final = 15  # connects within FLAPPING_WINDOW_MS (EMQX flappi
 FLAPPING_WINDOW_MS: Final = 60_000  # ms (EMQX flapping window_time, 1 minute)
 LOST_REASONS: Final = ("keepalive", "error")  # close reasons where the link broke
 INVALID_LOGGED_PER_BATCH: Final = 20  # offsets logged per batch; every one is counted
-POLL_S: Final = 1  # s (an int, awaitTermination's type) between looks for a stop request
-ONE_LINE_CHARS: Final = 300  # a failure's logged line is cut here
 RETRY_BACKOFF_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)  # before restarting a failed query
 
 OPENED: Final = "session_opened"
@@ -394,11 +392,11 @@ def run(config: JobConfig) -> int:
     try:
         while True:
             done_before = writer.batches
-            failure = _until_stopped(_start(spark, config, writer), stop)
+            failure = until_stopped(_start(spark, config, writer), stop)
             if failure is None or stop.is_set():
                 return 0
-            reason = _one_line(failure)
-            if config.available_now or _is_data_loss(failure):
+            reason = one_line(failure)
+            if config.available_now or is_data_loss(failure):
                 log.error("analytics: the query failed: %s", reason)
                 return 1
             failures = 0 if writer.batches > done_before else failures
@@ -436,46 +434,6 @@ def _start(spark: SparkSession, config: JobConfig, writer: BatchWriter) -> Strea
     else:
         stream = stream.trigger(processingTime=f"{round(config.trigger_s * 1000)} milliseconds")
     return stream.start()
-
-
-def _until_stopped(query: StreamingQuery, stop: threading.Event) -> BaseException | None:
-    """Wait for the query to end or for `stop`; stop it; its failure, if any."""
-    from pyspark.errors import StreamingQueryException
-
-    try:
-        while query.isActive and not stop.is_set():
-            query.awaitTermination(POLL_S)
-    except StreamingQueryException:
-        pass  # reported below, by query.exception()
-    finally:
-        query.stop()
-    return None if stop.is_set() else query.exception()
-
-
-def _is_data_loss(exc: BaseException) -> bool:
-    """Whether a query failed because its checkpoint is ahead of the log: a
-    retry reads the same log. Only text crosses the JVM: the source's
-    exception class name, or the wording of Spark's Kafka connector."""
-    from streams.source import DataLoss
-
-    text = str(exc)
-    return DataLoss.__name__ in text or "data loss" in text.lower()
-
-
-def _one_line(exc: BaseException) -> str:
-    """The line of a failure that says what went wrong: for a Python error raised
-    inside Spark (the log source), the exception line of its traceback."""
-    lines = [line.rstrip() for line in str(exc).splitlines() if line.strip()]
-    tb = next((i for i, line in enumerate(lines) if _TRACEBACK in line), None)
-    if tb is not None:
-        raised = next((line for line in lines[tb + 1 :] if _RAISED.match(line)), None)
-        if raised is not None:
-            return raised[:ONE_LINE_CHARS]
-    return lines[0].strip()[:ONE_LINE_CHARS] if lines else type(exc).__name__
-
-
-_TRACEBACK: Final = "Traceback (most recent call last):"
-_RAISED: Final = re.compile(r"[A-Za-z_][\w.]*: ")  # "module.Error: message", not indented
 
 
 def _on_stop_signals(stop: threading.Event) -> Callable[[], None]:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from services.event.schema import SESSIONS, SUBSCRIPTIONS, topic_names
 from streams.config import JobConfig
 from streams.events import parse
+from streams.failures import is_data_loss, one_line, until_stopped
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -64,7 +65,6 @@ PIPELINE_CALLS: Final = 16  # script calls in flight per round trip
 BAD_LOGGED_PER_BATCH: Final = 20  # offsets of invalid records logged per batch; all are counted
 RETRY_BACKOFF_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)  # restarts after a failed query
 GENERATION_FILE: Final = "weir-log-generation"
-WAIT_STEP_S: Final = 1.0  # how often a running query checks for a stop request
 RESEED_GRACE_S: Final = 60.0  # after a data-loss error, how long to wait for a re-seed
 RESEED_POLL_S: Final = 2.0
 
@@ -168,7 +168,6 @@ class StateWriter:
         source = resources.files("streams").joinpath("scripts", "state_apply.lua").read_text()
         self.script = redis.register_script(source)
         self.bad_total = 0
-        self.rows_written = 0
 
     def write(self, rows: dict[str, list[Any]], batch_id: int | str) -> list[int]:
         """Apply one batch's folded rows (columns of `fold`); returns the
@@ -207,7 +206,6 @@ class StateWriter:
         for r in offsets:
             final.extend((f"{k1[r]}:{k2[r]}", version[r]))
         self._run([final], changed)
-        self.rows_written += len(kinds)
         return changed
 
     def _run(self, calls: list[list[Any]], changed: list[int]) -> None:
@@ -336,11 +334,7 @@ def start_query(spark: SparkSession, config: JobConfig, redis: Redis, *, once: b
 
 def await_query(query: Any, stopping: threading.Event) -> None:
     """Until the query ends (raising its failure) or `stopping` is set (then stop it)."""
-    while not query.awaitTermination(WAIT_STEP_S):
-        if stopping.is_set():
-            query.stop()
-            break
-    failure = query.exception()
+    failure = until_stopped(query, stopping)
     if failure is not None:
         raise RuntimeError(str(failure))
 
@@ -412,19 +406,3 @@ def reseeded_soon(redis: Redis, config: JobConfig, stopping: threading.Event) ->
         log.warning("the checkpoint is ahead of the log; waiting for a node to re-seed it")
         stopping.wait(RESEED_POLL_S)
     return False
-
-
-def is_data_loss(exc: BaseException) -> bool:
-    """The source's DataLoss, which reaches the driver only as text (it is
-    raised in a Python worker behind the JVM); streams.source starts every
-    such message with "data loss:"."""
-    return "data loss" in str(exc).lower() or "dataloss" in str(exc).lower()
-
-
-def one_line(exc: BaseException) -> str:
-    """The line of a (JVM-wrapped, multi-line) failure that says what went wrong."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    for line in lines:
-        if "data loss:" in line.lower():
-            return line[line.lower().index("data loss:") :][:600]
-    return lines[0][:300] if lines else type(exc).__name__

@@ -284,17 +284,7 @@ class KafkaEventLog:
     def _probe_empty(self) -> bool:
         """Read from the beginning of every partition until one yields a
         record (not empty) or all report EOF (empty); bounded by replay_stall_s."""
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.settings.bootstrap,
-                "group.id": "weir-event-probe",  # required by the client; assign never joins
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "fetch.wait.max.ms": 100,
-                "logger": log,
-                **self.settings.consumer_config,
-            }
-        )
+        consumer = self._new_consumer()
         try:
             parts: list[_TP] = []
             for topic in self.topics:
@@ -332,20 +322,24 @@ class KafkaEventLog:
             await loop.run_in_executor(self._worker, self._assign, {})
         await self._consume(handler, until_eof=False)
 
+    def _new_consumer(self) -> Consumer:
+        """A consumer for `assign` (no group is ever joined), reporting partition EOF."""
+        config: dict[str, Any] = {
+            "bootstrap.servers": self.settings.bootstrap,
+            "group.id": "weir-event-replay",  # required by the client; assign never joins
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 100,
+            "logger": log,
+            **self.settings.consumer_config,
+        }
+        return Consumer(config)
+
     def _assign(self, start: dict[tuple[str, int], int]) -> None:
         if self._consumer is None:
-            config: dict[str, Any] = {
-                "bootstrap.servers": self.settings.bootstrap,
-                "group.id": "weir-event-replay",  # required by the client; assign never joins
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 100,
-                "logger": log,
-                **self.settings.consumer_config,
-            }
-            self._consumer = Consumer(config)
+            self._consumer = self._new_consumer()
         consumer = self._consumer
         parts: list[_TP] = []
         assigned: list[tuple[str, int]] = []

@@ -19,7 +19,6 @@ that loses the claim waits for the re-seed to land.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from typing import Final
 from services.cluster.view import ClusterView
 from services.event.api import EventLog
 from services.event.schema import Event
-from services.node.logstate import LogState
+from services.node.logstate import LogState, gc_paused
 from services.statestore.api import StateSnapshot, StateStore, StateStoreError
 
 log = logging.getLogger("weir.bootstrap")
@@ -93,16 +92,10 @@ async def start(logstate: LogState, state: StateStore | None, node_id: str) -> S
         await _reseed_once(events, state, snapshot, node_id)
         return Started("re-seeded log", replayed=await logstate.replay())
     started = time.monotonic()
-    collecting = gc.isenabled()
-    gc.disable()  # as in LogState.replay: millions of objects built, few freed
-    try:
+    with gc_paused():
         loaded = load_snapshot(logstate.view, logstate.apply, snapshot)
         loaded_s = time.monotonic() - started
         tail = await events.replay(logstate.apply, snapshot.offsets)
-        gc.freeze()
-    finally:
-        if collecting:
-            gc.enable()
     log.info(
         "read %d state store entries in %.2f s, loaded them in %.2f s, then replayed %d "
         "events of the log's tail in %.2f s",

@@ -24,7 +24,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from services.cluster.view import ClusterView, SubscriptionOptions
@@ -81,6 +81,22 @@ def retained_message(e: RetainedSet) -> Message:
         sender=e.sender,
         expires_at_ms=e.expires_at_ms,
     )
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The garbage collector off while a start builds its state: replay builds
+    millions of objects and frees few, so generational passes over the growing
+    heap would cost about a third of the time. What was built is then frozen
+    (kept out of later collections, as the node does after start anyway)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+        gc.freeze()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class LogState:
@@ -180,21 +196,11 @@ class LogState:
     # -- start: replay, then tail ------------------------------------------------
 
     async def replay(self) -> int:
-        """Read the log to its end into the view and the broker. The garbage
-        collector is off meanwhile: replay builds millions of objects and
-        frees few, so generational passes over the growing heap would cost
-        about a third of the time; what it built is then frozen (kept out of
-        later collections, as the node does after start anyway)."""
+        """Read the log to its end into the view and the broker (`gc_paused`)."""
         await self.events.start()
         started = time.monotonic()
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with gc_paused():
             count = await self.events.replay(self.apply)
-            gc.freeze()
-        finally:
-            if collecting:
-                gc.enable()
         log.info("replayed %d events in %.2f s", count, time.monotonic() - started)
         return count
 

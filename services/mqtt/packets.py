@@ -341,7 +341,11 @@ class Message:
     applied the subscription's granted QoS and retain-as-published);
     `properties` never carries a topic alias. `expires_at_ms` is wall-clock
     milliseconds (so it means the same on every node), None for no expiry.
-    `sender` is the publishing client id (no-local needs it).
+    `sender` is the publishing client id (no-local needs it). `share` is the
+    shared subscription (group, filter) a copy was dispatched for, None for
+    any other copy: it travels with the copy (cluster link, queue), so the
+    receiving node applies that subscription and a leaving member's copies
+    can go to another member of the group. It is never sent to a client.
     """
 
     topic: str
@@ -351,3 +355,4 @@ class Message:
     properties: Properties = NO_PROPERTIES
     sender: str = ""
     expires_at_ms: int | None = None
+    share: tuple[str, str] | None = None

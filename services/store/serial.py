@@ -5,12 +5,17 @@ Layout (big-endian):
     version u8 | flags u8 | expires_at_ms u64 | topic_len u16 | sender_len u16
     | payload_len u32 | topic | sender | payload | properties (if flag)
 
-flags: bits 0-1 QoS, bit 2 retain, bit 3 has expiry, bit 4 has properties.
+flags: bits 0-1 QoS, bit 2 retain, bit 3 has expiry, bit 4 has properties,
+bit 5 has a share group.
 The Lua scripts read the QoS (byte 2) and the expiry (bytes 3-10) in place,
 so those offsets are part of the scripts' contract. Properties, when any,
 are a count u8 then per property its MQTT property id u8 and a value:
 int u32; str and bytes u32 length + bytes; int tuple u16 count + u32 each;
-user properties u16 count + (str, str) pairs.
+user properties u16 count + (str, str) pairs. A share group (`Message.share`)
+comes last: u16 length + group, u16 length + filter. It was added without a
+version change: a reader that does not know bit 5 ignores the trailing bytes
+(and delivers the copy as a plain one), so nodes of both kinds can share a
+queue during an upgrade.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ VERSION = 1
 _HEAD = struct.Struct(">BBQHHI")
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
-_RETAIN, _EXPIRY, _PROPS = 0x04, 0x08, 0x10
+_RETAIN, _EXPIRY, _PROPS, _SHARE = 0x04, 0x08, 0x10, 0x20
 
 
 class SerialError(ValueError):
@@ -87,10 +92,16 @@ def dumps(message: Message) -> bytes:
     has_props = props is not NO_PROPERTIES and props != NO_PROPERTIES
     if has_props:
         flags |= _PROPS
+    share = message.share
+    if share is not None:
+        flags |= _SHARE
     head = _HEAD.pack(
         VERSION, flags, message.expires_at_ms or 0, len(topic), len(sender), len(message.payload)
     )
     tail = _encode_properties(props) if has_props else b""
+    if share is not None:
+        group, topic_filter = share[0].encode(), share[1].encode()
+        tail += _U16.pack(len(group)) + group + _U16.pack(len(topic_filter)) + topic_filter
     return b"".join((head, topic, sender, message.payload, tail))
 
 
@@ -100,7 +111,7 @@ def _take_str(data: bytes, pos: int) -> tuple[bytes, int]:
     return data[pos : pos + n], pos + n
 
 
-def _decode_properties(data: bytes, pos: int) -> Properties:
+def _decode_properties(data: bytes, pos: int) -> tuple[Properties, int]:
     count = data[pos]
     pos += 1
     kwargs: dict[str, Any] = {}
@@ -128,7 +139,7 @@ def _decode_properties(data: bytes, pos: int) -> Properties:
                 pairs.append((key.decode(), val.decode()))
             value = tuple(pairs)
         kwargs[name] = value
-    return Properties(**kwargs)
+    return Properties(**kwargs), pos
 
 
 def loads(data: bytes) -> Message:
@@ -143,7 +154,16 @@ def loads(data: bytes) -> Message:
         pos += slen
         payload = data[pos : pos + plen]
         pos += plen
-        props = _decode_properties(data, pos) if flags & _PROPS else NO_PROPERTIES
+        props = NO_PROPERTIES
+        if flags & _PROPS:
+            props, pos = _decode_properties(data, pos)
+        share = None
+        if flags & _SHARE:
+            (glen,) = _U16.unpack_from(data, pos)
+            group = data[pos + 2 : pos + 2 + glen].decode()
+            pos += 2 + glen
+            (flen,) = _U16.unpack_from(data, pos)
+            share = (group, data[pos + 2 : pos + 2 + flen].decode())
     except (struct.error, IndexError, KeyError, UnicodeDecodeError) as exc:
         raise SerialError(f"malformed serialized message: {exc}") from exc
     return Message(
@@ -154,4 +174,5 @@ def loads(data: bytes) -> Message:
         props,
         sender,
         expires if flags & _EXPIRY else None,
+        share,
     )

@@ -502,6 +502,7 @@ messages = st.builds(
     properties=properties,
     sender=texts,
     expires_at_ms=st.none() | st.integers(0, 2**63 - 1),
+    share=st.none() | st.tuples(texts, texts),
 )
 
 

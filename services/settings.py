@@ -68,8 +68,18 @@ SHUTDOWN_GRACE_S = 5.0  # seconds to flush DISCONNECTs before closing sockets an
 QUEUE_FULL_POLICIES = ("refuse", "drop_oldest")  # services.queue.api: at the queue bound,
 #   refuse QoS 1/2 messages (their publishers are not acknowledged) or drop the oldest
 DEFAULT_QUEUE_FULL = "refuse"
-SHARED_STRATEGIES = ("random", "round_robin")
-DEFAULT_SHARED_STRATEGY = "round_robin"
+# Shared subscriptions (services.node.shared), named as EMQX's
+# broker.shared_subscription_strategy: which member of a `$share` group gets a message.
+SHARED_STRATEGIES = (
+    "random",
+    "round_robin",  # per publisher, per group (EMQX's round_robin)
+    "round_robin_per_group",  # per node, per group
+    "sticky",  # one member per publisher until it leaves
+    "hash_clientid",  # by the publisher's client id
+    "hash_topic",  # by the message's topic
+    "local",  # random among this node's members, any member when it has none
+)
+DEFAULT_SHARED_STRATEGY = "round_robin"  # EMQX's default
 
 DEFAULT_KAFKA_TOPIC_PREFIX = "weir."
 # "embedded": Redis and Kafka, started on free loopback ports unless --redis /
@@ -129,7 +139,8 @@ class Settings:
     durability: str = DEFAULT_DURABILITY
     event_append_timeout_s: float = EVENT_APPEND_TIMEOUT_S
     kafka_topic_prefix: str = DEFAULT_KAFKA_TOPIC_PREFIX
-    shared_strategy: str = DEFAULT_SHARED_STRATEGY
+    shared_subscription_strategy: str = DEFAULT_SHARED_STRATEGY
+    shared_local: bool = False  # a member on this node first, when one is online here
     # Anonymous clients on a listener that is not loopback (on loopback they
     # are always let in while no authentication backend is configured).
     allow_anonymous: bool = False
@@ -228,7 +239,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("backend", _choice(BACKENDS)),
     Option("durability", _choice(DURABILITY_PROFILES)),
     Option("event_append_timeout_s", _float(0.1)),
-    Option("shared_strategy", _choice(SHARED_STRATEGIES)),
+    Option("shared_subscription_strategy", _choice(SHARED_STRATEGIES)),
+    Option("shared_local", _bool),
     Option("allow_anonymous", _bool, "WEIR_ALLOW_ANONYMOUS"),
     Option("password_file", _text, "WEIR_PASSWORD_FILE"),
     Option("server_reference", _text),

@@ -171,6 +171,10 @@ class ClusterRouter(LinkHandler):
     def peers(self) -> list[str]:
         return sorted(self.links.peers())
 
+    def is_live(self, node_id: str) -> bool:
+        """Membership (as of its last poll) says node_id is alive."""
+        return node_id in self.links.peers()
+
     async def wait_peers(self, node_ids: Iterable[str], timeout_s: float) -> bool:
         """Until a link to each of node_ids is up (tests, start-up)."""
         try:

@@ -91,6 +91,14 @@ def parser() -> argparse.ArgumentParser:
         help="unacknowledged QoS 1/2 PUBLISHes a 5.0 client may send at once",
     )
     p.add_argument(
+        "--shared-subscription-strategy",
+        dest="shared_subscription_strategy",
+        help="which $share group member gets a message: round_robin (default), "
+        "round_robin_per_group, random, sticky, hash_clientid, hash_topic, local",
+    )
+    p.add_argument("--shared-local", dest="shared_local", action="store_const", const=True,
+                   help="a $share group's member on this node first, when it has one")  # fmt: skip
+    p.add_argument(
         "--workers",
         dest="workers",
         type=int,

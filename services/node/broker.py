@@ -10,8 +10,10 @@ imports run (each imports only parts above it):
 - `delivery.Delivery`: the durable pump (QoS 1/2 and offline QoS 0 through
   the queue store, one ordered batch at a time, PUBACK / PUBREC after it);
 - `remote.Remote`: the cluster side (forwarding, remote queues, takeover);
-- `dispatch.Dispatch`: PUBLISH to every matching session, shared groups,
-  QoS 2 ordering, retained messages;
+- `shared.Shared`: which member of a shared group gets a message,
+  cluster-wide, and redispatch when a member leaves;
+- `dispatch.Dispatch`: PUBLISH to every matching session, shared groups
+  (through `shared`), QoS 2 ordering, retained messages;
 - `subscriptions.Subscriptions`: SUBSCRIBE / UNSUBSCRIBE, retained on subscribe;
 - `cm.ConnectionManager`: connections, session open / takeover / end /
   expiry, wills, resume.
@@ -75,6 +77,7 @@ class Broker:
         events: EventLog,
         shared_strategy: str = "round_robin",
         seams: Seams | None = None,
+        shared_local: bool = False,
     ) -> None:
         self.node_id = node_id
         self.channel_config = channel_config
@@ -99,7 +102,8 @@ class Broker:
         self.delivery.on_stored = self.remote.notify_stored
         self.dispatch = Dispatch(
             node_id, self.routes, self.delivery, self.remote, sessions, queue,
-            self.logstate, loop, self.spawn, shared_strategy, self.seams, self.turn,
+            self.logstate, loop, self.spawn, shared_strategy, shared_local, self.seams,
+            self.turn,
         )  # fmt: skip
         self.subscriptions = Subscriptions(
             node_id, channel_config, self.routes, self.dispatch, self.delivery,

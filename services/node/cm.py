@@ -30,7 +30,6 @@ from services.event.api import EventLogError
 from services.event.schema import Event, SessionClosed, SessionExpired, SessionOpened
 from services.mqtt.actions import OpenSession
 from services.mqtt.packets import NO_PROPERTIES, Message, ReasonCode, Will
-from services.mqtt.topics import matches, parse_shared
 from services.node.delivery import Delivery
 from services.node.dispatch import Dispatch
 from services.node.logstate import LogState
@@ -38,6 +37,7 @@ from services.node.ports import ConnectionPort, Session, SubOptions, now_ms
 from services.node.remote import Remote
 from services.node.routes import Routes
 from services.node.seams import Seams
+from services.node.shared import unacked
 from services.queue.api import Inflight, QueueStore
 from services.session.api import Fenced, SessionError, SessionStore
 from services.settings import Limits
@@ -393,24 +393,14 @@ class ConnectionManager:
         return None
 
     async def _redistribute_shared(self, session: Session) -> None:
-        """A leaving clean member's unacknowledged shared messages go to another member."""
-        shared = [parsed for f in session.subs if (parsed := parse_shared(f)) is not None]
-        if not shared:
-            return
+        """A leaving clean member's unacknowledged shared copies go to other members."""
         try:
             items = await self.queue.pending(session.client_id, session.epoch)
             items += await self.queue.take(session.client_id, session.epoch, 1 << 16)
         except SessionError:
             return
-        for item in items:
-            for group, topic_filter in shared:
-                if matches(topic_filter, item.message.topic):
-                    groups = self.routes.trie.match_shared(item.message.topic)
-                    members = groups.get((group, topic_filter))
-                    others = [m for m in members or () if m[0] != session.client_id]
-                    if others:
-                        self.dispatch.deliver_shared(item.message, others, (group, topic_filter))
-                    break
+        for (group, topic_filter), messages in unacked(items).items():
+            self.dispatch.shared.redispatch(group, topic_filter, messages, session.client_id)
         self.delivery.schedule()
 
     def _schedule_will(self, client_id: str, will: Will, delay_s: int) -> None:

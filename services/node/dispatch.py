@@ -1,8 +1,8 @@
 """Dispatch: a PUBLISH to every session its topic reaches.
 
 Theory of operation. A topic's plan comes from the routing table (`routes`).
-Per publish, one member of each shared group is picked (an online one
-first), then:
+Per publish, one member of each shared group is picked cluster-wide
+(`shared`), then:
 
 - QoS 0 to an online client: the PUBLISH is encoded once per distinct
   (protocol family, retain flag, subscription ids) and the same bytes are
@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import random
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -40,8 +39,9 @@ from services.node.delivery import Delivery
 from services.node.logstate import LogState
 from services.node.ports import ConnectionPort, Session, SubOptions, Turn, now_ms
 from services.node.remote import Remote
-from services.node.routes import PlanEntry, Routes, adjusted, for_subscriber
+from services.node.routes import PlanEntry, Routes, adjusted
 from services.node.seams import Seams
+from services.node.shared import Shared
 from services.queue.api import IncomingMark, QueueStore
 from services.session.api import Fenced, SessionError, SessionStore
 
@@ -61,6 +61,7 @@ class Dispatch:
         loop: asyncio.AbstractEventLoop,
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
         shared_strategy: str,
+        shared_local: bool,
         seams: Seams,
         turn: Turn,
     ) -> None:
@@ -73,10 +74,9 @@ class Dispatch:
         self.logstate = logstate
         self.loop = loop
         self.spawn = spawn
-        self.shared_strategy = shared_strategy
         self.seams = seams
         self.turn = turn
-        self._round_robin: dict[tuple[str, str], int] = {}
+        self.shared = Shared(node_id, routes, remote, self.deliver, shared_strategy, shared_local)
         self._held_routes: dict[ConnectionPort, list[Route]] = {}  # behind a QoS 2 being stored
 
     async def set_retained(self, message: Message) -> bool:
@@ -223,7 +223,7 @@ class Dispatch:
         plain, shared, remote = plan
         count = self.deliver_plain(message, plain) if plain else 0
         for group_filter, members in shared:
-            if self.deliver_shared(message, members, group_filter):
+            if self.shared.dispatch(message, group_filter, members):
                 count += 1
         if remote:
             count += self.remote.deliver(message, remote)
@@ -289,35 +289,6 @@ class Dispatch:
             message.topic.encode(), message.payload, 0, retain, False, None, props
         )
 
-    def deliver_shared(
-        self,
-        message: Message,
-        members: list[tuple[str, SubOptions]],
-        group_filter: tuple[str, str],
-    ) -> bool:
-        """One member of a shared group gets the message: an online one if any."""
-        count = len(members)
-        if self.shared_strategy == "random":
-            start = random.randrange(count)
-        else:
-            start = self._round_robin.get(group_filter, 0) % count
-            self._round_robin[group_filter] = start + 1
-        fallback: tuple[Session, SubOptions] | None = None
-        for i in range(count):
-            client_id, options = members[(start + i) % count]
-            session = self.routes.sessions.get(client_id)
-            if session is None:
-                continue
-            if session.conn is not None and session.ready:
-                self.deliver(session, for_subscriber(message, options, False))
-                return True
-            if fallback is None and session.expiry_s > 0:
-                fallback = (session, options)
-        if fallback is not None:
-            self.deliver(fallback[0], for_subscriber(message, fallback[1], False))
-            return True
-        return False
-
     def deliver(self, session: Session, message: Message) -> None:
         """The general path: through the channel (QoS 0) or the queue (QoS 1/2, offline)."""
         conn = session.conn
@@ -329,7 +300,12 @@ class Dispatch:
         self.delivery.add(session, message)
 
     def deliver_forwarded(self, message: Message, client_ids: Sequence[str]) -> None:
-        """A peer's publish for local clean sessions: each gets it per its own subscriptions."""
+        """A peer's publish for local clean sessions: each gets it per its own
+        subscriptions, or per its shared one when a peer picked it for a group."""
+        if message.share is not None:
+            self.shared.deliver_forwarded(message, client_ids)
+            self.delivery.schedule()
+            return
         topic = message.topic
         plan: list[PlanEntry] = []
         for client_id in client_ids:

@@ -88,7 +88,8 @@ class Node:
             retain=self.services.retain,
             loop=loop,
             wheel=self.wheel,
-            shared_strategy=settings.shared_strategy,
+            shared_strategy=settings.shared_subscription_strategy,
+            shared_local=settings.shared_local,
             events=self.services.events,
             seams=self.services.seams,
         )

@@ -4,7 +4,9 @@ Theory of operation. A publish whose subscribers are online on other nodes
 (`deliver`): clean ones get the message forwarded as published (their node
 applies their options); persistent ones get it in their Redis queue through
 this node's delivery batch, and once that batch is stored their node is told
-to take it (`notify_stored`). A takeover by another node (`kicked`) closes
+to take it (`notify_stored`). A shared group's member elsewhere gets its copy
+through the same two paths, one client at a time (`forward_to`, `enqueue`;
+`services.node.shared` picks it). A takeover by another node (`kicked`) closes
 our connection if it is older; until the log says the client moved, what we
 queue for it is announced to its new node (`moved`). When this node claims a
 session another node held, that node is told to close its connection
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from services.cluster.view import ClusterView
+from services.cluster.view import ClusterView, SessionEntry
 from services.mqtt.packets import Message
 from services.node.delivery import Delivery
 from services.node.ports import Session
@@ -65,15 +67,31 @@ class Remote:
             if delivered is None:
                 continue
             count += 1
-            self.mark_durable(client_id)
-            stub = Session(client_id)  # no connection: enqueue only, its owner takes
-            stub.expiry_s = entry.expiry_s
-            self.delivery.add(stub, delivered)
-            batches = self.pending.get(client_id, (entry.node, 0))[1]
-            self.pending[client_id] = (entry.node, batches + 1)
+            self.enqueue(client_id, entry, delivered)
         if targets:
             cluster.forward(message, targets)
         return count
+
+    def is_live(self, node: str) -> bool:
+        """Membership says `node` is alive (this node is not a peer)."""
+        return self.cluster is not None and self.cluster.is_live(node)
+
+    def enqueue(self, client_id: str, entry: SessionEntry, delivered: Message) -> None:
+        """A persistent session online on node `entry.node`: into its queue through
+        this node's delivery batch; its node is told once the batch is stored."""
+        self.moved.pop(client_id, None)  # the log caught up
+        self.mark_durable(client_id)
+        stub = Session(client_id)  # no connection: enqueue only, its owner takes
+        stub.expiry_s = entry.expiry_s
+        self.delivery.add(stub, delivered)
+        batches = self.pending.get(client_id, (entry.node, 0))[1]
+        self.pending[client_id] = (entry.node, batches + 1)
+
+    def forward_to(self, node: str, client_id: str, message: Message) -> None:
+        """A clean session online on `node`: the message goes over the link to it alone."""
+        self.moved.pop(client_id, None)
+        if self.cluster is not None:
+            self.cluster.forward(message, {node: [client_id]})
 
     def notify_stored(self, items: Sequence[tuple[str, Message]]) -> None:
         """A batch is stored: tell the owners of the remote persistent sessions in it."""

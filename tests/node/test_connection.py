@@ -30,7 +30,7 @@ from services.node.broker import Broker
 from services.node.connection import Connection
 from services.node.node import channel_config
 from services.node.timers import TimerWheel
-from services.settings import Settings, load
+from services.settings import SHARED_STRATEGIES, Settings, load
 from tests.support.wait import until
 
 WAIT_S = 5.0
@@ -137,7 +137,8 @@ async def make_harness(s: Settings) -> Harness:
         loop=loop,
         wheel=TimerWheel(loop),
         events=services.events,
-        shared_strategy=s.shared_strategy,
+        shared_strategy=s.shared_subscription_strategy,
+        shared_local=s.shared_local,
     )
     return Harness(broker, loop)
 
@@ -405,9 +406,9 @@ async def test_connections_past_the_limit_are_refused(level: int, code: int) -> 
     assert "over" not in h.broker.sessions
 
 
-@pytest.mark.parametrize("strategy", ["random", "round_robin"])
+@pytest.mark.parametrize("strategy", SHARED_STRATEGIES)
 async def test_shared_strategies_deliver_each_message_once(strategy: str) -> None:
-    h = await make_harness(replace(settings(), shared_strategy=strategy))
+    h = await make_harness(replace(settings(), shared_subscription_strategy=strategy))
     transports = []
     for name in ("m1", "m2", "m3"):
         conn, t = await h.connected(name, level=5)
@@ -424,5 +425,8 @@ async def test_shared_strategies_deliver_each_message_once(strategy: str) -> Non
 
     await wait_for(lambda: len(received()) == 30, "30 deliveries")
     assert received() == [b"%02d" % i for i in range(30)]
-    if strategy == "round_robin":
-        assert [len(publish_payloads(t, 5)) for t in transports] == [10, 10, 10]
+    counts = [len(publish_payloads(t, 5)) for t in transports]
+    if strategy.startswith("round_robin"):
+        assert counts == [10, 10, 10]
+    if strategy in ("sticky", "hash_clientid", "hash_topic"):  # one publisher, one topic
+        assert sorted(counts) == [0, 0, 30]

@@ -143,3 +143,22 @@ def test_allow_anonymous_from_env_file_and_cli(tmp_path: Path) -> None:
     assert load({"config": str(config)}, env={}).allow_anonymous is True
     with pytest.raises(SettingsError, match="WEIR_ALLOW_ANONYMOUS"):
         load({}, env={"WEIR_ALLOW_ANONYMOUS": "maybe"})
+
+
+def test_shared_subscription_settings_follow_emqx(tmp_path: Path) -> None:
+    """EMQX's name and default (broker.shared_subscription_strategy = round_robin);
+    the local preference is off unless asked for, from the file or the command line."""
+    from services.node.app import parse_args
+
+    s = load({}, env={})
+    assert (s.shared_subscription_strategy, s.shared_local) == ("round_robin", False)
+    config = tmp_path / "weir.toml"
+    config.write_text('shared_subscription_strategy = "sticky"\nshared_local = true\n')
+    s = load({"config": str(config)}, env={})
+    assert (s.shared_subscription_strategy, s.shared_local) == ("sticky", True)
+    args = parse_args(["--shared-subscription-strategy", "hash_clientid", "--shared-local"])
+    s = load(args, env={})
+    assert (s.shared_subscription_strategy, s.shared_local) == ("hash_clientid", True)
+    with pytest.raises(SettingsError, match="shared_subscription_strategy") as info:
+        load({"shared_subscription_strategy": "fastest"}, env={})
+    assert "\n" not in str(info.value) and "round_robin_per_group" in str(info.value)

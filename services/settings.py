@@ -41,6 +41,9 @@ ENV_VARS: frozenset[str] = frozenset(
         "WEIR_KAFKA_TOPIC_PREFIX",
         "WEIR_ALLOW_ANONYMOUS",
         "WEIR_PASSWORD_FILE",
+        "WEIR_ACL_FILE",
+        "WEIR_ACL_NO_MATCH",
+        "WEIR_ACL_REDIS",
         "WEIR_CONFIG",
     }
 )
@@ -80,6 +83,8 @@ SHARED_STRATEGIES = (
     "local",  # random among this node's members, any member when it has none
 )
 DEFAULT_SHARED_STRATEGY = "round_robin"  # EMQX's default
+
+ACL_NO_MATCH = ("allow", "deny")  # what a publish / subscribe that no ACL rule matched gets
 
 DEFAULT_KAFKA_TOPIC_PREFIX = "weir."
 # "embedded": Redis and Kafka, started on free loopback ports unless --redis /
@@ -145,6 +150,9 @@ class Settings:
     # are always let in while no authentication backend is configured).
     allow_anonymous: bool = False
     password_file: str | None = None  # users with argon2id hashes (services.auth.passwd)
+    acl_file: str | None = None  # ACL rules (services.auth.aclfile); None: the built-in ones
+    acl_no_match: str = "deny"  # for what no rule matched (the built-in rules allow the rest)
+    acl_redis: bool = False  # per-user rules in Redis too, weir:acl:<user> (auth.aclredis)
     server_reference: str | None = None  # where a drained node sends 5.0 clients (0x9C)
 
 
@@ -243,6 +251,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("shared_local", _bool),
     Option("allow_anonymous", _bool, "WEIR_ALLOW_ANONYMOUS"),
     Option("password_file", _text, "WEIR_PASSWORD_FILE"),
+    Option("acl_file", _text, "WEIR_ACL_FILE"),
+    Option("acl_no_match", _choice(ACL_NO_MATCH), "WEIR_ACL_NO_MATCH"),
+    Option("acl_redis", _bool, "WEIR_ACL_REDIS"),
     Option("server_reference", _text),
     Option("listeners.host", _text, "WEIR_MQTT_HOST"),
     Option("listeners.mqtt_port", _int(0, MAX_PORT), "WEIR_MQTT_PORT"),

@@ -8,14 +8,18 @@ CONNECT with the decision's reason code (5.0) or its 3.1.1 return code.
 Authorization (`Authorizer.allowed`) is asked per PUBLISH topic and per
 SUBSCRIBE filter. `AllowAll` is what a node runs until a backend is
 configured; the password file (`services.auth.passwd`) is the first backend.
-Redis users, HTTP, JWT, SCRAM, ACL rules and their chain are still to come.
+An authorizer with state per connection (`ConnectionAuthorizer`: the ACL
+rules of `services.auth.acl`) is also told when a client connects and
+leaves, says which rule decided (for the log line of a refusal) and whether
+a publish can be refused at all (else the node does not ask per PUBLISH).
+Redis users, HTTP, JWT, SCRAM and their chain are still to come.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class Action(Enum):
@@ -55,6 +59,29 @@ class Authorizer(Protocol):
         bool
     ):
         """May this client publish to / subscribe to `topic`?"""
+        ...
+
+
+@runtime_checkable
+class ConnectionAuthorizer(Authorizer, Protocol):
+    publish_checked: bool  # False: no publish can be refused now (the node need not ask)
+
+    async def connected(self, client: ClientInfo) -> bool:
+        """`client`'s CONNECT was accepted: fetch what deciding for it needs;
+        False if it was known already. Never raises (a source that cannot
+        answer gives no rules)."""
+        ...
+
+    def disconnected(self, client: ClientInfo) -> None:
+        """`client`'s connection ended: forget what was kept for it."""
+        ...
+
+    def rule(self, client: ClientInfo, action: Action, topic: str, qos: int, retain: bool) -> str:
+        """The rule that decides this check, in words (for the log line)."""
+        ...
+
+    def reload(self) -> bool:
+        """Read the rules' source again (SIGHUP); False if the old rules were kept."""
         ...
 
 

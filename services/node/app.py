@@ -124,6 +124,22 @@ def parser() -> argparse.ArgumentParser:
         help="authenticate clients against this file of argon2id hashes (weir passwd)",
     )
     p.add_argument(
+        "--acl-file",
+        dest="acl_file",
+        help="authorize publish/subscribe by these ACL rules (TOML; default: the built-in "
+        "rules, which keep $SYS/# and # itself to loopback); reread on SIGHUP and on change",
+    )
+    p.add_argument(
+        "--acl-no-match", dest="acl_no_match", help="allow or deny (default) what no rule matched"
+    )
+    p.add_argument(
+        "--acl-redis",
+        dest="acl_redis",
+        action="store_const",
+        const=True,
+        help="also allow by per-user rules in Redis (hash weir:acl:<user>: topic -> action)",
+    )
+    p.add_argument(
         "--server-reference",
         dest="server_reference",
         help="on a drain (SIGUSR1), MQTT 5 clients are told to use this server (host:port)",
@@ -181,15 +197,25 @@ def build_services(settings: Settings) -> Services:
     )
 
 
-def seams_for(settings: Settings) -> Seams:
-    """The authentication chain the settings ask for (a password file, or none)."""
+def seams_for(settings: Settings, redis: Any = None) -> Seams:
+    """The authentication (a password file, or none) and the ACL (a file or
+    the built-in rules, then per-user Redis rules if asked and a Redis is
+    there) the settings ask for. A missing or malformed file: SettingsError."""
+    from services.auth.acl import Acl
+    from services.auth.aclfile import AclFileError
+    from services.auth.aclredis import RedisAcl
+    from services.auth.passwd import PasswordFile, PasswordFileError
     from services.node.seams import Seams
 
-    if settings.password_file is None:
-        return Seams()
-    from services.auth.passwd import PasswordFile
-
-    return Seams(authenticator=PasswordFile(settings.password_file, settings.allow_anonymous))
+    try:
+        acl_redis = RedisAcl(redis) if settings.acl_redis and redis is not None else None
+        acl = Acl(settings.acl_file, settings.acl_no_match, acl_redis)
+        if settings.password_file is None:
+            return Seams(authorizer=acl)
+        password_file = PasswordFile(settings.password_file, settings.allow_anonymous)
+    except (PasswordFileError, AclFileError) as exc:
+        raise SettingsError(str(exc)) from None
+    return Seams(authenticator=password_file, authorizer=acl)
 
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -296,7 +322,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
             cluster=cluster_router(settings, client),
             state=RedisStateStore(client, settings.kafka_topic_prefix),
             endpoints=(redis_url, bootstrap),
-            seams=seams_for(settings),
+            seams=seams_for(settings, client),
         )
         what = f"redis {redis_url}, kafka {bootstrap}"
         if started:
@@ -392,6 +418,7 @@ async def _serve(
         flush=True,
     )
     print(f"weir: {who_gets_in(settings)}", flush=True)
+    loop.add_signal_handler(signal.SIGHUP, services.seams.reload)  # the ACL file, again
     job = None
     if spark and services.endpoints is not None:
         from services.node import sparkjob
@@ -409,7 +436,7 @@ async def _serve(
     try:
         await stop.wait()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         if draining.is_set():  # clients go elsewhere: 5.0 ones are told where
             print("weir: draining: clients told to use another server", flush=True)
@@ -442,13 +469,9 @@ def main(argv: Sequence[str]) -> int:
         exposed = exposure_error(settings)
         if exposed is not None:
             raise SettingsError(exposed)
-        if settings.password_file is not None:
-            from services.auth.passwd import PasswordFileError, read
-
-            try:
-                read(Path(settings.password_file))
-            except PasswordFileError as exc:
-                raise SettingsError(str(exc)) from None
+        if settings.acl_redis and settings.backend == "memory":
+            raise SettingsError("--acl-redis needs Redis; --backend memory has none")
+        seams_for(settings)  # a missing or malformed password or ACL file: exit 2
     except SettingsError as exc:
         print(f"weir up: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG

@@ -113,6 +113,7 @@ class Broker:
             node_id, limits, self.routes, self.dispatch, self.remote, self.delivery,
             self.logstate, sessions, queue, loop, self.spawn, self.seams,
         )  # fmt: skip
+        self.cm.recheck = self.subscriptions.recheck  # resumed subscriptions, under the ACL
         # The per-packet calls go straight to their part (no facade hop).
         self.publish: Callable[[ConnectionPort, Route], None] = self.dispatch.publish
         self.acked: Callable[[ConnectionPort, int], None] = self.cm.acked
@@ -176,6 +177,7 @@ class Broker:
 
     def connection_lost(self, conn: ConnectionPort) -> None:
         self.cm.connection_lost(conn)
+        self.seams.disconnected(conn)
 
     def connection_ended(
         self,
@@ -190,6 +192,7 @@ class Broker:
         await self.seams.authenticate(conn, action)
 
     async def open_session(self, conn: ConnectionPort, action: OpenSession) -> None:
+        await self.seams.connected(conn)
         await self.cm.open_session(conn, action)
 
     def subscribe(self, conn: ConnectionPort, request: SubscribeRequest) -> None:

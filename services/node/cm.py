@@ -85,6 +85,8 @@ class ConnectionManager:
         self._resend: dict[ConnectionPort, list[Inflight]] = {}  # newest last: pop() is next
         self._resending: set[ConnectionPort] = set()
         self._ending: dict[str, asyncio.Task[Any]] = {}  # client -> its session's end_session
+        # Set by the broker: a resumed session's subscriptions under today's ACL.
+        self.recheck: Callable[[ConnectionPort, Session], None] = lambda conn, session: None
 
     def mark_dirty(self, conn: ConnectionPort) -> None:
         self._dirty.append(conn)
@@ -200,7 +202,7 @@ class ConnectionManager:
         if pending_will is not None:
             pending_will[0].cancel()
             if fresh:  # the old session ended here: its delayed will goes now
-                self.dispatch.publish_message(pending_will[1])
+                self.dispatch.publish_will(pending_will[1])
         session.epoch = claim.epoch
         session.expiry_s = action.session_expiry_s
         session.ready = False
@@ -210,6 +212,8 @@ class ConnectionManager:
             return
         session.conn = conn
         conn.session = session
+        if claim.session_present:
+            self.recheck(conn, session)
         try:
             incoming = (
                 await self.queue.incoming_ids(client_id, claim.epoch)
@@ -418,7 +422,7 @@ class ConnectionManager:
             expires_at_ms=None if expiry is None else now_ms() + expiry * 1000,
         )
         if delay_s <= 0:
-            self.dispatch.publish_message(message)
+            self.dispatch.publish_will(message)
             return
         old = self._wills.pop(client_id, None)
         if old is not None:
@@ -428,7 +432,7 @@ class ConnectionManager:
 
     def _will_due(self, client_id: str, message: Message) -> None:
         self._wills.pop(client_id, None)
-        self.dispatch.publish_message(message)
+        self.dispatch.publish_will(message)
 
     def acked(self, conn: ConnectionPort, packet_id: int) -> None:
         session = conn.session

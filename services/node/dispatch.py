@@ -14,8 +14,9 @@ Per publish, one member of each shared group is picked cluster-wide
 - subscribers on other nodes: `remote`.
 
 A publisher's PUBLISHes wait behind its QoS 2 still being stored, so one
-client's messages keep their order [MQTT-4.6.0-6]. A retained message is an
-event in the log (`set_retained`); the PUBACK / PUBREC of a retained QoS 1/2
+client's messages keep their order [MQTT-4.6.0-6]. A will goes through the
+authorizer as its client's PUBLISH would (`publish_will`). A retained
+message is an event in the log (`set_retained`); the PUBACK / PUBREC of a retained QoS 1/2
 message also waits for the log (5.0: 0x80 if it fails; 3.x: disconnected).
 The connection whose packets are in hand is `publisher` (set by the
 connection), so a subscriber that cannot keep up can hold it back.
@@ -230,6 +231,18 @@ class Dispatch:
         self.turn.work += count
         self.delivery.schedule()
         return count
+
+    def publish_will(self, message: Message) -> None:
+        """A will goes out only if its client may publish it now (there is
+        nobody to tell if not: the refusal is logged and counted)."""
+        if self.seams.checks_publish:
+            self.spawn(self._publish_will(message))
+        else:
+            self.publish_message(message)
+
+    async def _publish_will(self, message: Message) -> None:
+        if await self.seams.may_publish_will(message):
+            self.publish_message(message)
 
     def deliver_plain(self, message: Message, plan: list[PlanEntry]) -> int:
         sender = message.sender

@@ -9,19 +9,43 @@ broker's parts call them here and only here:
 - `authenticate`: the channel's `Authenticate` action (asked only when an
   authenticator other than `AllowAll` is configured); the decision opens the
   session or refuses the CONNECT;
+- `connected` / `disconnected`: an authorizer with state per connection
+  (the ACL) reads what it needs once per connection, before the session opens;
 - `may_publish` / `may_subscribe`: per PUBLISH topic and SUBSCRIBE filter;
-  with `AllowAll` no call is made at all (the hot path stays as it was).
+  with `AllowAll` no call is made at all (the hot path stays as it was), nor
+  per PUBLISH when the authorizer says no publish can be refused;
+- `may_receive_retained`, `may_publish_will`, and `may_subscribe` again for
+  each subscription a resumed session brings back: the same rules applied
+  where a message or a subscription reaches a client by another way.
+Every refusal is one log line (client id, user name, peer, what and the rule
+that refused) and one count (`authorization.publish_denied` /
+`authorization.subscribe_denied`).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
-from services.auth.api import Action, AllowAll, Authenticator, Authorizer, ClientInfo
+from services.auth.api import (
+    Action,
+    AllowAll,
+    Authenticator,
+    Authorizer,
+    ClientInfo,
+    ConnectionAuthorizer,
+)
 from services.hooks.api import Hooks
 from services.metrics.api import NullRecorder, Recorder
 from services.mqtt.actions import Authenticate
+from services.mqtt.packets import Message
 from services.node.ports import ConnectionPort
+
+log = logging.getLogger("weir.auth")
+
+IDENTITIES = 100_000  # who each recent client id was, for its will; past it: start over
+DENIED = {Action.PUBLISH: "authorization.publish_denied",
+          Action.SUBSCRIBE: "authorization.subscribe_denied"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -32,10 +56,14 @@ class Seams:
     metrics: Recorder = field(default_factory=NullRecorder)
     authenticates: bool = field(init=False)  # CONNECTs wait for the authenticator
     authorizes: bool = field(init=False)  # PUBLISH / SUBSCRIBE ask the authorizer
+    acl: ConnectionAuthorizer | None = field(init=False)  # the authorizer, if it has state
+    _identities: dict[str, ClientInfo] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "authenticates", not isinstance(self.authenticator, AllowAll))
         object.__setattr__(self, "authorizes", not isinstance(self.authorizer, AllowAll))
+        acl = self.authorizer if isinstance(self.authorizer, ConnectionAuthorizer) else None
+        object.__setattr__(self, "acl", acl)
 
     async def authenticate(self, conn: ConnectionPort, action: Authenticate) -> None:
         info = ClientInfo(action.client_id, action.username, conn.peer, conn.channel.protocol_level)
@@ -45,26 +73,96 @@ class Seams:
         if not conn.closed:
             conn.carry_out(conn.channel.authenticated(decision.ok, decision.reason_code))
 
-    def may_publish(self, conn: ConnectionPort, topic: str, qos: int, retain: bool) -> bool:
-        return self._check(conn, Action.PUBLISH, topic, qos, retain)
-
-    def may_subscribe(self, conn: ConnectionPort, topic_filter: str, qos: int) -> bool:
-        return self._check(conn, Action.SUBSCRIBE, topic_filter, qos, False)
-
-    def _check(self, conn: ConnectionPort, action: Action, topic: str, qos: int, retain: bool) -> (
-        bool
-    ):
-        """The authorizer's answer, then the client.check_acl hook's (which may change it)."""
+    async def connected(self, conn: ConnectionPort) -> None:
+        """Before the session opens: the authorizer reads what it needs for this client."""
         client = conn.client
+        if self.acl is None or client is None:
+            return
+        if len(self._identities) >= IDENTITIES:
+            self._identities.clear()
+        self._identities[client.client_id] = client
+        await self.acl.connected(client)
+        if conn.closed:  # it went while its rules were read
+            self.acl.disconnected(client)
+
+    def disconnected(self, conn: ConnectionPort) -> None:
+        if self.acl is not None and conn.client is not None:
+            self.acl.disconnected(conn.client)
+
+    def reload(self) -> None:
+        """SIGHUP: the authorizer reads its rules again."""
+        if self.acl is not None:
+            self.acl.reload()
+
+    def may_publish(self, conn: ConnectionPort, topic: str, qos: int, retain: bool) -> bool:
+        return self._check(conn.client, Action.PUBLISH, topic, qos, retain, "publish")
+
+    def may_subscribe(
+        self, conn: ConnectionPort, topic_filter: str, qos: int, what: str = "subscribe"
+    ) -> bool:
+        return self._check(conn.client, Action.SUBSCRIBE, topic_filter, qos, False, what)
+
+    def may_receive_retained(self, conn: ConnectionPort, message: Message) -> bool:
+        """A retained message matched a new subscription: may the client
+        subscribe to its very topic? (`a/#` may be allowed, `a/secret` not)."""
+        if not self.authorizes:
+            return True
+        check = self._check
+        return check(conn.client, Action.SUBSCRIBE, message.topic, message.qos, False, "retained")
+
+    async def may_publish_will(self, message: Message) -> bool:
+        """A will about to go out: may its client (as it last connected here;
+        unknown: no user name, no address) publish it now?"""
+        sender = message.sender
+        client = self._identities.get(sender) or ClientInfo(sender, None, "", 0)
+        acl = self.acl
+        added = acl is not None and await acl.connected(client)  # unless still connected
+        try:
+            return self._check(
+                client, Action.PUBLISH, message.topic, message.qos, message.retain, "will"
+            )
+        finally:
+            if added and acl is not None:
+                acl.disconnected(client)
+
+    def _check(
+        self,
+        client: ClientInfo | None,
+        action: Action,
+        topic: str,
+        qos: int,
+        retain: bool,
+        what: str,
+    ) -> bool:
+        """The authorizer's answer, then the client.check_acl hook's (which may
+        change it); a refusal is logged and counted."""
         if client is None:
             return True
         allowed = not self.authorizes or self.authorizer.allowed(client, action, topic, qos, retain)
+        by = "the authorizer"
+        if not allowed and self.acl is not None:
+            by = self.acl.rule(client, action, topic, qos, retain)
         if self.hooks.has("client.check_acl"):
-            allowed = bool(self.hooks.fold("client.check_acl", allowed, client, action, topic))
+            hooked = bool(self.hooks.fold("client.check_acl", allowed, client, action, topic))
+            if hooked != allowed:
+                by = "the client.check_acl hook"
+            allowed = hooked
+        if not allowed:
+            self.metrics.inc(DENIED[action])
+            log.warning(
+                "%s %s denied: client %s, user %s, peer %s, by %s",
+                what, topic, client.client_id, client.username, client.peer or "?", by,
+            )  # fmt: skip
         return allowed
+
+    @property
+    def checks_publish(self) -> bool:
+        """Whether some publish can be refused (by the authorizer or a hook)."""
+        acl = self.acl
+        asks = self.authorizes and (acl is None or acl.publish_checked)
+        return asks or self.hooks.has("client.check_acl")
 
     @property
     def gates_publish(self) -> bool:
         """Whether a PUBLISH needs the authorizer or a hook (else: one flag check)."""
-        hooks = self.hooks
-        return self.authorizes or hooks.has("message.publish") or hooks.has("client.check_acl")
+        return self.checks_publish or self.hooks.has("message.publish")

@@ -8,9 +8,13 @@ the SUBACK waits for the log's acknowledgement, then the retained messages
 go out per retain handling. If the log (or the session store) cannot take
 the events in its bounded time, the routes are put back as they were and
 the SUBACK carries the failure: 0x80 per filter (3.x), 0x83 "implementation
-specific error" (5.0). An UNSUBSCRIBE stops routing at once the same way; a
-refused one routes again, and 5.0 gets UNSUBACK 0x80 while a 3.x connection,
-whose UNSUBACK cannot fail, is closed (it resends).
+specific error" (5.0). A filter the authorizer refuses gets 0x87 (5.0) /
+0x80 (3.x) and the others go on; a retained message goes out only if the
+client may subscribe to its very topic, and a resumed session's
+subscriptions are checked again (`recheck`), a refused one dropped. An
+UNSUBSCRIBE stops routing at once the same way; a refused one routes again,
+and 5.0 gets UNSUBACK 0x80 while a 3.x connection, whose UNSUBACK cannot
+fail, is closed (it resends).
 """
 
 from __future__ import annotations
@@ -143,11 +147,28 @@ class Subscriptions:
         for event in events if logged else ():
             self.seams.hooks.run("session.subscribed", session.client_id, event.filter)
         now = now_ms()
+        seams = self.seams
         for topic_filter, options in retained:
             for message in self.retained.match(topic_filter, now):
+                if seams.authorizes and not seams.may_receive_retained(conn, message):
+                    continue
                 self.dispatch.deliver(session, for_subscriber(message, options, True))
         self.delivery.schedule()
         conn.resume_processing()
+
+    def recheck(self, conn: ConnectionPort, session: Session) -> None:
+        """A resumed session's subscriptions under today's rules: one now
+        denied stops routing at once and its Unsubscribed is logged."""
+        if not self.seams.authorizes:
+            return
+        events: list[Unsubscribed] = []
+        for topic_filter, options in list(session.subs.items()):
+            if self.seams.may_subscribe(conn, topic_filter, options.qos, "restored subscription"):
+                continue
+            self.routes.route(session, topic_filter, None)
+            events.append(self._unsubscribed_event(session, topic_filter))
+        if events:
+            self.spawn(self._log_client_events(session, events))
 
     def unsubscribe(self, conn: ConnectionPort, request: UnsubscribeRequest) -> None:
         """Seam: apply an UNSUBSCRIBE and answer UNSUBACK. Routing stops here;
@@ -162,20 +183,17 @@ class Subscriptions:
         for topic_filter in request.topic_filters:
             existed = topic_filter in session.subs
             if existed:
-                events.append(
-                    Unsubscribed(
-                        client_id=session.client_id,
-                        version=0,
-                        node=self.node_id,
-                        ts_ms=0,
-                        filter=topic_filter,
-                    )
-                )
+                events.append(self._unsubscribed_event(session, topic_filter))
                 undo.append((topic_filter, self.routes.route(session, topic_filter, None)))
             codes.append(
                 ReasonCode.SUCCESS if existed else ReasonCode.NO_SUBSCRIPTION_EXISTED
             )
         self.spawn(self._unsubscribed(conn, session, request.packet_id, codes, events, undo))
+
+    def _unsubscribed_event(self, session: Session, topic_filter: str) -> Unsubscribed:
+        return Unsubscribed(
+            client_id=session.client_id, version=0, node=self.node_id, ts_ms=0, filter=topic_filter
+        )
 
     async def _unsubscribed(
         self,

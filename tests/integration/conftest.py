@@ -132,6 +132,7 @@ class Paho:
         will_delay: int | None = None,
         username: str | None = None,
         password: str | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         import queue
 
@@ -176,7 +177,7 @@ class Paho:
                 connect_props.SessionExpiryInterval = session_expiry
             clean_start = clean
         self.client.connect(
-            "127.0.0.1",
+            host,
             port,
             keepalive=keepalive,
             clean_start=clean_start,

@@ -31,6 +31,9 @@ def test_env_vars_are_the_fixed_names() -> None:
         "WEIR_KAFKA_TOPIC_PREFIX",
         "WEIR_ALLOW_ANONYMOUS",
         "WEIR_PASSWORD_FILE",
+        "WEIR_ACL_FILE",
+        "WEIR_ACL_NO_MATCH",
+        "WEIR_ACL_REDIS",
         "WEIR_CONFIG",
     } == ENV_VARS
     read = {o.env for o in settings.OPTIONS if o.env} | {"WEIR_CONFIG"}

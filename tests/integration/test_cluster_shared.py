@@ -18,6 +18,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ import pytest
 from services.mqtt.packets import Properties, Publish, Subscription
 from tests.integration.conftest import Paho
 from tests.integration.rawclient import LEVELS, V5, Raw, opened
+from tests.integration.test_cluster_nodes import NodeProc
 from tests.support.backend_node import BackendNode, backend_settings, start_node
 from tests.support.wait import wait_until
 
@@ -97,10 +99,10 @@ def offline(runner: BackendNode, client_id: str) -> bool:
     return bool(runner.call(read))
 
 
-def member(made: list[Paho], runner: BackendNode, name: str, v5: bool = True, **kw: Any) -> Paho:
+def member(made: list[Paho], port: int, name: str, v5: bool = True, **kw: Any) -> Paho:
     """A Paho member of GROUP, also subscribed to its own barrier topic bar/<name>
     (first: a node that has seen the member in the log has seen that too)."""
-    client = Paho(runner.mqtt_port, name, v5=v5, **kw)
+    client = Paho(port, name, v5=v5, **kw)
     made.append(client)
     client.connack()
     client.subscribe(f"bar/{name}", 1)
@@ -108,8 +110,8 @@ def member(made: list[Paho], runner: BackendNode, name: str, v5: bool = True, **
     return client
 
 
-def publisher(made: list[Paho], runner: BackendNode, name: str, v5: bool = True) -> Paho:
-    client = Paho(runner.mqtt_port, name, v5=v5)
+def publisher(made: list[Paho], port: int, name: str, v5: bool = True) -> Paho:
+    client = Paho(port, name, v5=v5)
     made.append(client)
     client.connack()
     return client
@@ -147,9 +149,9 @@ def test_members_only_on_the_other_node_get_every_message_once(
     """Before: A dropped every message (no local member). Now each goes to one member on B."""
     a, b = cluster.start("a"), cluster.start("b")
     cluster.linked()
-    members = {name: member(clients, b, name, v5) for name in ("b1", "b2")}
+    members = {name: member(clients, b.mqtt_port, name, v5) for name in ("b1", "b2")}
     sees(a, {"b1": "b", "b2": "b"})
-    pub = publisher(clients, a, "pub-a", v5)
+    pub = publisher(clients, a.mqtt_port, "pub-a", v5)
     sent = publish(pub, 12)
     got = collect(members, 12)
     assert sorted(got["b1"] + got["b2"]) == sorted(sent)
@@ -171,9 +173,9 @@ def test_a_member_on_each_node_per_strategy(
     a = cluster.start("a", shared_subscription_strategy=strategy)
     b = cluster.start("b", shared_subscription_strategy=strategy)
     cluster.linked()
-    members = {"a1": member(clients, a, "a1"), "b1": member(clients, b, "b1")}
+    members = {"a1": member(clients, a.mqtt_port, "a1"), "b1": member(clients, b.mqtt_port, "b1")}
     sees(a, {"a1": "a", "b1": "b"})
-    pubs = [publisher(clients, a, "pub-1"), publisher(clients, a, "pub-2")]
+    pubs = [publisher(clients, a.mqtt_port, "pub-1"), publisher(clients, a.mqtt_port, "pub-2")]
     sent = publish(pubs[0], 10, "p1", "job/one") + publish(pubs[1], 10, "p2", "job/two")
     got = collect(members, 20)
     assert sorted(got["a1"] + got["b1"]) == sorted(sent)
@@ -206,10 +208,13 @@ def test_local_member_first_when_preferred(cluster: Cluster, clients: list[Paho]
     a = cluster.start("a", shared_local=True)
     b = cluster.start("b", shared_local=True)
     cluster.linked()
-    members = {"a1": member(clients, a, "a1"), "b1": member(clients, b, "b1")}
+    members = {"a1": member(clients, a.mqtt_port, "a1"), "b1": member(clients, b.mqtt_port, "b1")}
     sees(a, {"a1": "a", "b1": "b"})
     sees(b, {"a1": "a", "b1": "b"})
-    pub_a, pub_b = publisher(clients, a, "pub-a"), publisher(clients, b, "pub-b")
+    pub_a, pub_b = (
+        publisher(clients, a.mqtt_port, "pub-a"),
+        publisher(clients, b.mqtt_port, "pub-b"),
+    )
     from_a, from_b = publish(pub_a, 6, "a"), publish(pub_b, 6, "b")
     got = collect(members, 12)
     assert got == {"a1": from_a, "b1": from_b}
@@ -236,7 +241,7 @@ def test_qos1_to_a_persistent_member_elsewhere_survives_its_disconnect(
     p = opened(raws, b, "pers", level, **kw)
     assert p.subscribe(Subscription(SHARED, 1)).reason_codes == (1,)
     sees(a, {"pers": "b"})
-    pub = publisher(clients, a, "pub-a", level == V5)
+    pub = publisher(clients, a.mqtt_port, "pub-a", level == V5)
     sent = publish(pub, 3)  # each PUBACK came once the copy was stored
     first = [p.expect(Publish) for _ in sent]
     assert [(m.payload, m.qos, m.dup) for m in first] == [(s, 1, False) for s in sent]
@@ -261,15 +266,44 @@ def test_leaving_member_hands_its_unacked_to_a_member_on_a_third_node(
         kw["properties"] = Properties(receive_maximum=1)
     m1 = opened(raws, nodes["b"], "m1", level, **kw)
     assert m1.subscribe(Subscription(SHARED, 1)).reason_codes == (1,)
-    m2 = member(clients, nodes["c"], "m2", level == V5)
+    m2 = member(clients, nodes["c"].mqtt_port, "m2", level == V5)
     sees(nodes["a"], {"m1": "b", "m2": "c"})
     sees(nodes["b"], {"m1": "b", "m2": "c"})
     sender = next(s for s in (f"pub-{i}" for i in range(64)) if crc_pick(s, ["m1", "m2"]) == "m1")
-    pub = publisher(clients, nodes["a"], sender, level == V5)
+    pub = publisher(clients, nodes["a"].mqtt_port, sender, level == V5)
     sent = publish(pub, 4)
     assert m1.expect(Publish).payload == sent[0]
     m1.close()  # its clean session ends on B with every message unacknowledged
     got = collect({"m2": m2}, 4)
     assert sorted(got["m2"]) == sorted(sent)
     # A barrier from B: a second copy from B would be on the same link ahead of it.
-    no_more({"m2": m2}, publisher(clients, nodes["b"], "pub-b", level == V5))
+    no_more({"m2": m2}, publisher(clients, nodes["b"].mqtt_port, "pub-b", level == V5))
+
+
+def test_members_on_a_dead_node_are_skipped(
+    cluster: Cluster, clients: list[Paho], redis_url: str, tmp_path: Path
+) -> None:
+    """B, a `weir up` process, is killed: B logs nothing for b1, so A's directory
+    may still say b1 is online there. Once membership says B is dead, every
+    message goes to a1 (none is forwarded to the dead node)."""
+    a = cluster.start("a")
+    b = NodeProc("b", redis_url, cluster.bootstrap, cluster.prefix, tmp_path)
+    try:
+        router = a.node.services.cluster
+        wait_until(functools.partial(router.links.is_connected, "b"), "A linked to B",
+                   PROPAGATION_S)  # fmt: skip
+        members = {"a1": member(clients, a.mqtt_port, "a1"), "b1": member(clients, b.port, "b1")}
+        sees(a, {"a1": "a", "b1": "b"})
+        pub = publisher(clients, a.mqtt_port, "pub-a")
+        got = collect(members, len(publish(pub, 4)))
+        assert (len(got["a1"]), len(got["b1"])) == (2, 2)
+        b.proc.kill()
+        b.proc.wait()
+        del members["b1"]
+        wait_until(lambda: not a.call(lambda: router.is_live("b")), "A sees B dead",
+                   PROPAGATION_S)  # fmt: skip
+        later = publish(pub, 6, "later")
+        assert collect(members, 6) == {"a1": later}
+        no_more(members, pub)
+    finally:
+        b.stop()

@@ -154,6 +154,8 @@ class Settings:
     acl_no_match: str = "deny"  # for what no rule matched (the built-in rules allow the rest)
     acl_redis: bool = False  # per-user rules in Redis too, weir:acl:<user> (auth.aclredis)
     server_reference: str | None = None  # where a drained node sends 5.0 clients (0x9C)
+    # A node whose heartbeat is this old is dead; survivors take over its sessions and wills.
+    cluster_ttl_s: float = 10.0
 
 
 Convert = Callable[[Any], Any]
@@ -255,6 +257,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("acl_no_match", _choice(ACL_NO_MATCH), "WEIR_ACL_NO_MATCH"),
     Option("acl_redis", _bool, "WEIR_ACL_REDIS"),
     Option("server_reference", _text),
+    Option("cluster_ttl_s", _float(0.5)),
     Option("listeners.host", _text, "WEIR_MQTT_HOST"),
     Option("listeners.mqtt_port", _int(0, MAX_PORT), "WEIR_MQTT_PORT"),
     Option("listeners.ws_port", _optional_port, "WEIR_WS_PORT"),

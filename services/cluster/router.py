@@ -63,6 +63,15 @@ class LocalNode(Protocol):
         if ours is older, and tell `node` about what is queued for it later."""
         ...
 
+    def node_joined(self, node_id: str) -> None:
+        """Membership shows `node_id` live (new, or back)."""
+        ...
+
+    def node_died(self, node_id: str) -> None:
+        """Membership shows `node_id` dead (its heartbeat lapsed): take over
+        what it held (DESIGN 5). Its link is already gone."""
+        ...
+
 
 class _Ignore:
     def deliver_forwarded(self, message: Message, client_ids: Sequence[str]) -> None:
@@ -72,6 +81,12 @@ class _Ignore:
         pass
 
     def kicked(self, client_id: str, epoch: int, node: str) -> None:
+        pass
+
+    def node_joined(self, node_id: str) -> None:
+        pass
+
+    def node_died(self, node_id: str) -> None:
         pass
 
 
@@ -162,9 +177,11 @@ class ClusterRouter(LinkHandler):
         for member in change.joined:
             log.info("node %s joined at %s", member.node_id, member.address)
             await self.links.set_peer(member.node_id, member.address)
+            self.local.node_joined(member.node_id)
         for node_id in change.died:
             log.info("node %s died", node_id)
             await self.links.remove_peer(node_id)
+            self.local.node_died(node_id)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 

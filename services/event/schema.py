@@ -44,8 +44,11 @@ SUBSCRIPTIONS: Final = "subscriptions"
 RETAINED: Final = "retained"
 TOPIC_SUFFIXES: Final = (SESSIONS, SUBSCRIPTIONS, RETAINED)
 
-CloseReason: TypeAlias = Literal["normal", "keepalive", "takenover", "kicked", "error"]
-CLOSE_REASONS: Final = frozenset({"normal", "keepalive", "takenover", "kicked", "error"})
+# "nodedown": the node holding the connection died; a survivor logged its end (DESIGN 5).
+CloseReason: TypeAlias = Literal["normal", "keepalive", "takenover", "kicked", "error", "nodedown"]
+CLOSE_REASONS: Final = frozenset(
+    {"normal", "keepalive", "takenover", "kicked", "error", "nodedown"}
+)
 
 
 class EventSchemaError(ValueError):

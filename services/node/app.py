@@ -145,6 +145,11 @@ def parser() -> argparse.ArgumentParser:
         help="on a drain (SIGUSR1), MQTT 5 clients are told to use this server (host:port)",
     )
     p.add_argument(
+        "--cluster-ttl",
+        dest="cluster_ttl_s",
+        help="seconds without a heartbeat after which a node is dead and taken over (10)",
+    )
+    p.add_argument(
         "--allow-anonymous",
         dest="allow_anonymous",
         action="store_const",
@@ -233,7 +238,10 @@ def cluster_router(settings: Settings, client: Any) -> ClusterRouter:
     host = settings.listeners.host
     advertise = socket.gethostname() if host in WILDCARD_HOSTS else host
     return ClusterRouter(
-        settings.node_id, RedisMembership(client), host=host, advertise_host=advertise
+        settings.node_id,
+        RedisMembership(client, settings.cluster_ttl_s),
+        host=host,
+        advertise_host=advertise,
     )
 
 
@@ -272,7 +280,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
     from services.retain.store import MemoryRetainStore
     from services.session.api import SessionError
     from services.session.memory import MemorySessionStore
-    from services.session.redis import RedisSessionStore, bounded, connect
+    from services.session.redis import RedisSessionStore, RedisWillStore, bounded, connect
     from services.statestore.redis import RedisStateStore
 
     started: list[Any] = []
@@ -308,6 +316,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
         tiers = Tiers()
         memory_sessions = MemorySessionStore()
         sessions = TieredSessionStore(memory_sessions, RedisSessionStore(client), tiers)
+        wills = RedisWillStore(client)
         queue = TieredQueueStore(
             # Clean sessions die with their connection anyway: drop the oldest.
             MemoryQueueStore(memory_sessions, limit=settings.limits.queue_limit, full=DROP_OLDEST),
@@ -323,6 +332,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
             state=RedisStateStore(client, settings.kafka_topic_prefix),
             endpoints=(redis_url, bootstrap),
             seams=seams_for(settings, client),
+            wills=wills,
         )
         what = f"redis {redis_url}, kafka {bootstrap}"
         if started:

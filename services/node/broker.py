@@ -15,8 +15,10 @@ imports run (each imports only parts above it):
 - `dispatch.Dispatch`: PUBLISH to every matching session, shared groups
   (through `shared`), QoS 2 ordering, retained messages;
 - `subscriptions.Subscriptions`: SUBSCRIBE / UNSUBSCRIBE, retained on subscribe;
+- `wills.Wills`: wills stored with the session, published once cluster-wide;
 - `cm.ConnectionManager`: connections, session open / takeover / end /
-  expiry, wills, resume.
+  expiry, wills, resume;
+- `orphans.Orphans`: a dead node's sessions and wills, taken over.
 
 `Broker` builds them (the composition root, `services.node.app`, picks the
 stores and the event log) and is what a connection sees (`ports.BrokerPort`)
@@ -46,15 +48,18 @@ from services.node.cm import ConnectionManager
 from services.node.delivery import Delivery
 from services.node.dispatch import Dispatch
 from services.node.logstate import LogState
+from services.node.orphans import Orphans
 from services.node.ports import ConnectionPort, Session, SubOptions, Turn
 from services.node.remote import Remote
 from services.node.routes import Routes
 from services.node.seams import Seams
 from services.node.subscriptions import Subscriptions
 from services.node.timers import TimerWheel
+from services.node.wills import Wills
 from services.queue.api import QueueStore
 from services.retain.api import RetainStore
-from services.session.api import SessionStore
+from services.session.api import SessionStore, WillStore
+from services.session.memory import MemoryWillStore
 from services.settings import Limits
 
 if TYPE_CHECKING:
@@ -78,6 +83,7 @@ class Broker:
         shared_strategy: str = "round_robin",
         seams: Seams | None = None,
         shared_local: bool = False,
+        wills: WillStore | None = None,
     ) -> None:
         self.node_id = node_id
         self.channel_config = channel_config
@@ -100,6 +106,7 @@ class Broker:
             node_id, self.routes, self.delivery, lambda: self.logstate.view, sessions.mark_durable
         )
         self.delivery.on_stored = self.remote.notify_stored
+        self.logstate.moved = self.remote.moved_by_log
         self.dispatch = Dispatch(
             node_id, self.routes, self.delivery, self.remote, sessions, queue,
             self.logstate, loop, self.spawn, shared_strategy, shared_local, self.seams,
@@ -109,10 +116,18 @@ class Broker:
             node_id, channel_config, self.routes, self.dispatch, self.delivery,
             self.logstate, sessions, retain, self.spawn, self.seams,
         )  # fmt: skip
+        self.wills = Wills(
+            node_id, wills if wills is not None else MemoryWillStore(),
+            self.dispatch.publish_will, loop, self.spawn,
+        )  # fmt: skip
         self.cm = ConnectionManager(
             node_id, limits, self.routes, self.dispatch, self.remote, self.delivery,
-            self.logstate, sessions, queue, loop, self.spawn, self.seams,
+            self.logstate, sessions, queue, loop, self.spawn, self.seams, self.wills,
         )  # fmt: skip
+        self.orphans = Orphans(
+            node_id, sessions, self.wills, self.logstate, self.spawn, self._peer_alive
+        )
+        self.cm.is_dead = self.orphans.dead.__contains__
         self.cm.recheck = self.subscriptions.recheck  # resumed subscriptions, under the ACL
         # The per-packet calls go straight to their part (no facade hop).
         self.publish: Callable[[ConnectionPort, Route], None] = self.dispatch.publish
@@ -140,6 +155,10 @@ class Broker:
     @cluster.setter
     def cluster(self, router: ClusterRouter | None) -> None:
         self.remote.cluster = router
+
+    def _peer_alive(self, node_id: str) -> bool:
+        cluster = self.remote.cluster
+        return cluster is not None and node_id in cluster.peers()
 
     def _publisher(self) -> ConnectionPort | None:
         return self.turn.publisher
@@ -220,6 +239,12 @@ class Broker:
 
     def kicked(self, client_id: str, epoch: int, node: str) -> None:
         self.remote.kicked(client_id, epoch, node)
+
+    def node_joined(self, node_id: str) -> None:
+        self.orphans.node_joined(node_id)
+
+    def node_died(self, node_id: str) -> None:
+        self.orphans.node_died(node_id)
 
     # -- shutdown -------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ A reconnect on this node first waits for its previous connection's end.
 When a connection ends (`connection_ended`) its session is released with its
 expiry (0: discarded now) and SessionClosed logged; an expiring offline
 session ends on a timer and its expiry is logged exactly once (`_expired`).
-A will goes out at once or after its delay, unless the session resumes
+Wills are stored with the session and published once cluster-wide
+(`wills`): at once or after their delay, unless the session resumes
 first. Every flush of output happens once per loop turn (`mark_dirty`).
 """
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import time
@@ -29,7 +29,7 @@ from typing import Any
 from services.event.api import EventLogError
 from services.event.schema import Event, SessionClosed, SessionExpired, SessionOpened
 from services.mqtt.actions import OpenSession
-from services.mqtt.packets import NO_PROPERTIES, Message, ReasonCode, Will
+from services.mqtt.packets import ReasonCode, Will
 from services.node.delivery import Delivery
 from services.node.dispatch import Dispatch
 from services.node.logstate import LogState
@@ -38,6 +38,7 @@ from services.node.remote import Remote
 from services.node.routes import Routes
 from services.node.seams import Seams
 from services.node.shared import unacked
+from services.node.wills import Wills
 from services.queue.api import Inflight, QueueStore
 from services.session.api import Fenced, SessionError, SessionStore
 from services.settings import Limits
@@ -64,6 +65,7 @@ class ConnectionManager:
         loop: asyncio.AbstractEventLoop,
         spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
         seams: Seams,
+        wills: Wills,
     ) -> None:
         self.node_id = node_id
         self.limits = limits
@@ -77,11 +79,12 @@ class ConnectionManager:
         self.loop = loop
         self.spawn = spawn
         self.seams = seams
+        self.wills = wills
+        self.is_dead: Callable[[str], bool] = lambda node: False  # set by the orphans part
         self.connections: set[ConnectionPort] = set()
         self._dirty: list[ConnectionPort] = []
         self._flush_scheduled = False
         self._no_connections: asyncio.Event | None = None
-        self._wills: dict[str, tuple[asyncio.TimerHandle, Message]] = {}
         self._resend: dict[ConnectionPort, list[Inflight]] = {}  # newest last: pop() is next
         self._resending: set[ConnectionPort] = set()
         self._ending: dict[str, asyncio.Task[Any]] = {}  # client -> its session's end_session
@@ -135,6 +138,7 @@ class ConnectionManager:
             await asyncio.wait({ending}, timeout=ENDING_WAIT_S)
         hooks = self.seams.hooks
         hooks.run("client.connect", client_id, conn.client)
+        known = self.logstate.view.session(client_id) is not None  # may have a stored will
         old = self.routes.sessions.get(client_id)
         if old is not None and old.conn is not None and old.conn is not conn:
             old_conn = old.conn
@@ -198,11 +202,6 @@ class ConnectionManager:
         if session.expiry_handle is not None:
             session.expiry_handle.cancel()
             session.expiry_handle = None
-        pending_will = self._wills.pop(client_id, None)
-        if pending_will is not None:
-            pending_will[0].cancel()
-            if fresh:  # the old session ended here: its delayed will goes now
-                self.dispatch.publish_will(pending_will[1])
         session.epoch = claim.epoch
         session.expiry_s = action.session_expiry_s
         session.ready = False
@@ -229,6 +228,13 @@ class ConnectionManager:
             )
             conn.resume_processing()
             return
+        will = action.connect.will
+        will_delay_s = 0 if will is None else will.properties.will_delay_interval or 0
+        conn.will_token = token = self.wills.token()
+        await self.wills.opened(
+            client_id, token, will, min(will_delay_s, action.session_expiry_s), fresh,
+            known or claim.session_present or claim.previous_node is not None,
+        )  # fmt: skip
         conn.carry_out(conn.channel.session_opened(claim.session_present, incoming))
         opened = "session.resumed" if claim.session_present else "session.created"
         self.seams.metrics.inc(f"sessions.{opened.partition('.')[2]}")
@@ -292,8 +298,9 @@ class ConnectionManager:
             # Taken over on this node: the session lives on, so a delayed will
             # waits; open_session cancels it or, on a clean start, sends it now.
             expiry_s = session.expiry_s
-        if will is not None and client_id is not None:
-            self._schedule_will(client_id, will, min(will_delay_s, expiry_s))
+        token = conn.will_token
+        if token is not None and client_id is not None:
+            self.wills.ended(client_id, token, will is not None, min(will_delay_s, expiry_s))
 
     def _ended(self, client_id: str, task: asyncio.Task[Any]) -> None:
         if self._ending.get(client_id) is task:
@@ -305,6 +312,14 @@ class ConnectionManager:
         if session.conn is not None or session.epoch != epoch:
             return
         expiry_s = session.expiry_s if conn_gone else 0
+        if self._moved_away(client_id):
+            # Taken over on another node (the log says so): the session lives on
+            # there, so neither its end nor its routes are ours to drop.
+            with contextlib.suppress(SessionError):
+                await self.store.release(client_id, epoch, expiry_s)
+                if expiry_s == 0:
+                    await self.queue.discard(client_id, epoch)
+            return
         closed: Event | None = None
         try:
             closed = SessionClosed(
@@ -340,6 +355,10 @@ class ConnectionManager:
         if expiry_s and expiry_s < NEVER_EXPIRES and session.conn is None:
             session.expiry_handle = self.loop.call_later(expiry_s, self._expire, session, epoch)
 
+    def _moved_away(self, client_id: str) -> bool:
+        entry = self.logstate.view.session(client_id)
+        return entry is not None and entry.online and entry.node != self.node_id
+
     def _expire(self, session: Session, epoch: int) -> None:
         session.expiry_handle = None
         if session.conn is None and session.epoch == epoch:
@@ -355,8 +374,10 @@ class ConnectionManager:
         `epoch` is 0 for a session recovered from the log (its epoch is not
         there): Redis says which epoch is current."""
         entry = self.logstate.view.session(client_id)
-        if entry is None or entry.online or entry.node != self.node_id:
-            return  # ended or reclaimed in the log already, or another node's to log
+        if entry is None or entry.online:
+            return  # ended or reclaimed in the log already
+        if entry.node != self.node_id and not self.is_dead(entry.node):
+            return  # another node's to log (a dead node's: every survivor's)
         what = "the session store"
         try:
             version = await self._expiry_version(client_id, epoch, entry.version)
@@ -407,33 +428,6 @@ class ConnectionManager:
             self.dispatch.shared.redispatch(group, topic_filter, messages, session.client_id)
         self.delivery.schedule()
 
-    def _schedule_will(self, client_id: str, will: Will, delay_s: int) -> None:
-        props = will.properties
-        expiry = props.message_expiry_interval
-        message = Message(
-            topic=will.topic,
-            payload=will.payload,
-            qos=will.qos,
-            retain=will.retain,
-            properties=dataclasses.replace(props, will_delay_interval=None)
-            if props is not NO_PROPERTIES
-            else props,
-            sender=client_id,
-            expires_at_ms=None if expiry is None else now_ms() + expiry * 1000,
-        )
-        if delay_s <= 0:
-            self.dispatch.publish_will(message)
-            return
-        old = self._wills.pop(client_id, None)
-        if old is not None:
-            old[0].cancel()
-        handle = self.loop.call_later(delay_s, self._will_due, client_id, message)
-        self._wills[client_id] = (handle, message)
-
-    def _will_due(self, client_id: str, message: Message) -> None:
-        self._wills.pop(client_id, None)
-        self.dispatch.publish_will(message)
-
     def acked(self, conn: ConnectionPort, packet_id: int) -> None:
         session = conn.session
         if session is not None:
@@ -481,9 +475,7 @@ class ConnectionManager:
                 conn.close()
 
     def close(self) -> None:
-        for handle, _ in self._wills.values():
-            handle.cancel()
-        self._wills.clear()
+        self.wills.close()
         for session in self.routes.sessions.values():
             if session.expiry_handle is not None:
                 session.expiry_handle.cancel()

@@ -76,6 +76,7 @@ class Connection(asyncio.Protocol):
         "max_outgoing_packet",
         "session",
         "transport",
+        "will_token",
     )
 
     def __init__(self, broker: BrokerPort) -> None:
@@ -101,6 +102,7 @@ class Connection(asyncio.Protocol):
         self.dirty = False
         self.dropped = 0
         self.max_outgoing_packet: int | None = None  # the client's Maximum Packet Size
+        self.will_token: str | None = None  # its will in the will store (services.node.wills)
 
     # -- asyncio.Protocol ---------------------------------------------------
 

@@ -115,6 +115,7 @@ class LogState:
         self.events = events
         self.view = ClusterView(self._on_subscribe, self._on_unsubscribe)
         self._tail: asyncio.Task[None] | None = None
+        self.moved: Callable[[str], None] = lambda client_id: None  # set by the broker
 
     # -- the one path -------------------------------------------------------
 
@@ -168,6 +169,8 @@ class LogState:
                 self._expire_later(session, entry.expires_at_ms)
             return
         moved = entry is not None and entry.online and entry.node != table.node_id
+        if moved and local is not None and local.conn is not None:
+            self.moved(client_id)  # a newer connection elsewhere: ours goes
         ended = entry is None and local is not None and local.durable
         if local is not None and local.conn is None and (moved or ended):
             if local.expiry_handle is not None:  # the log has its end, or it lives elsewhere

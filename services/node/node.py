@@ -29,7 +29,8 @@ from services.node.timers import TimerWheel
 from services.node.websocket import WebSocketProtocol
 from services.queue.api import QueueStore
 from services.retain.api import RetainStore
-from services.session.api import SessionStore
+from services.session.api import SessionStore, WillStore
+from services.session.memory import MemoryWillStore
 from services.settings import Settings
 from services.statestore.api import StateStore
 
@@ -48,6 +49,7 @@ class Services:
     seams: Seams = field(default_factory=Seams)  # auth, hooks, metrics: allow-all, no-op
     state: StateStore | None = None  # the Spark job's state store: start from it (DESIGN 6)
     endpoints: tuple[str, str] | None = None  # (redis URL, kafka bootstrap) when not memory
+    wills: WillStore = field(default_factory=MemoryWillStore)  # Redis beside a Redis store
 
 
 def channel_config(settings: Settings, authenticate: bool = False) -> ChannelConfig:
@@ -92,6 +94,7 @@ class Node:
             shared_local=settings.shared_local,
             events=self.services.events,
             seams=self.services.seams,
+            wills=self.services.wills,
         )
         self.broker = broker
         started = await bootstrap.start(broker.logstate, self.services.state, settings.node_id)
@@ -101,6 +104,7 @@ class Node:
         if self.services.cluster is not None:
             await self.services.cluster.start(broker)  # join: peers link to us from now on
             broker.cluster = self.services.cluster
+        broker.orphans.restarted()  # wills a previous run of this node was to publish
         gc.freeze()
         host = settings.listeners.host
         try:

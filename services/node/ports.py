@@ -119,6 +119,7 @@ class ConnectionPort(Protocol):
     client: ClientInfo | None  # who it is, once its CONNECT was read
     closed: bool
     max_outgoing_packet: int | None  # the client's Maximum Packet Size
+    will_token: str | None  # its will's token in the will store, once its session opened
 
     @property
     def peer(self) -> str: ...

@@ -124,13 +124,25 @@ class Remote:
         if session is None or session.epoch >= epoch:
             return
         self.moved[client_id] = node
-        if session.conn is None:
-            return
+        self._close_taken_over(session)
+
+    def moved_by_log(self, client_id: str) -> None:
+        """The log says the client's newest session is online on another node: a
+        connection here is older, so it goes (a clean session has no epoch to
+        compare across nodes; this keeps one connection per client id)."""
+        session = self.routes.sessions.get(client_id)
+        if session is not None:
+            self._close_taken_over(session)
+
+    @staticmethod
+    def _close_taken_over(session: Session) -> None:
         conn = session.conn
+        if conn is None:
+            return
         session.conn = None
         session.ready = False
+        conn.carry_out(conn.channel.taken_over())  # its will waits for the session's expiry
         conn.session = None
-        conn.carry_out(conn.channel.taken_over())
 
     def kick_previous(self, client_id: str, previous: str | None, epoch: int) -> None:
         """Takeover across nodes: the node that had the client closes its connection."""

@@ -45,7 +45,14 @@ from services.queue.api import (
     TakeResult,
     shifted,
 )
-from services.session.api import Claim, SessionError, SessionInfo, SessionStore, StoreUnavailable
+from services.session.api import (
+    Adopted,
+    Claim,
+    SessionError,
+    SessionInfo,
+    SessionStore,
+    StoreUnavailable,
+)
 
 log = logging.getLogger("weir.stores")
 
@@ -135,6 +142,16 @@ class TieredSessionStore:
 
     async def get(self, client_id: str) -> SessionInfo | None:
         return await self._of(client_id).get(client_id)
+
+    async def orphans(self, node: str) -> list[str]:
+        """A dead node's persistent sessions (its clean ones died with its memory)."""
+        return await self.durable.orphans(node)
+
+    async def adopt(self, client_id: str, dead: str) -> Adopted | None:
+        adopted = await self.durable.adopt(client_id, dead)
+        if adopted is not None and adopted.expiry_s > 0:
+            self.tiers.durable.add(client_id)
+        return adopted
 
     async def close(self) -> None:
         for task in list(self._cleanup):

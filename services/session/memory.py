@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from services.session.api import Claim, SessionInfo
+from services.session.api import Adopted, Claim, SessionInfo, StoredWill
 from services.store.records import ClientRecord, ClientRecords, hlc_next
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry interval meaning "never"
@@ -67,8 +67,76 @@ class MemorySessionStore(ClientRecords):
             return None
         return SessionInfo(client_id, rec.node, rec.epoch, rec.expiry_s, rec.online)
 
+    async def orphans(self, node: str) -> list[str]:
+        return [
+            cid
+            for cid in list(self._clients)
+            if (rec := self.record(cid)) is not None and rec.online and rec.node == node
+        ]
+
+    async def adopt(self, client_id: str, dead: str) -> Adopted | None:
+        rec = self.record(client_id)
+        if rec is None or not rec.online or rec.node != dead:
+            return None
+        now_us = self._wall_us()
+        rec.epoch = hlc_next(rec.epoch, now_us)
+        rec.version = hlc_next(rec.version, now_us)
+        adopted = Adopted(client_id, rec.epoch, rec.version, rec.expiry_s)
+        if rec.expiry_s <= 0:
+            del self._clients[client_id]
+        else:
+            rec.node, rec.online = None, False
+            never = rec.expiry_s >= NEVER_EXPIRES
+            rec.expires_at = None if never else self._clock() + rec.expiry_s
+        return adopted
+
     def mark_durable(self, client_id: str) -> None:
         return None  # one tier: nothing to choose
 
     async def close(self) -> None:
         return None
+
+
+class MemoryWillStore:
+    """Wills in one process's memory, with the Redis store's semantics."""
+
+    def __init__(self) -> None:
+        self._wills: dict[str, tuple[StoredWill, str]] = {}  # client -> (will, token)
+
+    async def put(
+        self, client_id: str, node: str, token: str, message: bytes | None, delay_s: int
+    ) -> StoredWill | None:
+        old = self._wills.pop(client_id, None)
+        if message is not None:
+            self._wills[client_id] = (StoredWill(message, delay_s, node, 0), token)
+        return None if old is None else old[0]
+
+    async def arm(self, client_id: str, token: str, due_ms: int) -> bool:
+        cur = self._wills.get(client_id)
+        if cur is None or cur[1] != token:
+            return False
+        will = cur[0]
+        self._wills[client_id] = (StoredWill(will.message, will.delay_s, will.node, due_ms), token)
+        return True
+
+    async def take(self, client_id: str, token: str) -> bytes | None:
+        cur = self._wills.get(client_id)
+        if cur is None or cur[1] != token:
+            return None
+        del self._wills[client_id]
+        return cur[0].message
+
+    async def orphans(self, node: str) -> list[str]:
+        return [cid for cid, (will, _) in self._wills.items() if will.node == node]
+
+    async def adopt(
+        self, client_id: str, dead: str, node: str, token: str, now_ms: int
+    ) -> StoredWill | None:
+        cur = self._wills.get(client_id)
+        if cur is None or cur[0].node != dead:
+            return None
+        will = cur[0]
+        due = will.due_ms or now_ms + will.delay_s * 1000
+        adopted = StoredWill(will.message, will.delay_s, node, due)
+        self._wills[client_id] = (adopted, token)
+        return adopted

@@ -15,7 +15,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from services.session.api import Claim, Fenced, SessionInfo
+from services.session.api import Adopted, Claim, Fenced, SessionInfo, StoredWill
 from services.store.redis import (
     DEFAULT_TIMEOUT_S,
     FENCED,
@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "KEY_SUFFIXES",
     "RedisSessionStore",
+    "RedisWillStore",
     "bounded",
     "client_keys",
     "connect",
@@ -37,6 +38,7 @@ __all__ = [
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry interval meaning "never"
 TOPIC_VERSION_TTL_MS = 86_400_000  # versions are clocks, so the key may be forgotten
+SCAN_COUNT = 2000  # keys per SCAN step of an orphan search (node death: rare, so a scan)
 
 
 class RedisSessionStore:
@@ -47,6 +49,7 @@ class RedisSessionStore:
         self._release = load_script(client, "services.session", "release.lua")
         self._version = load_script(client, "services.session", "version.lua")
         self._topic_version = load_script(client, "services.session", "topic_version.lua")
+        self._adopt = load_script(client, "services.session", "adopt.lua")
 
     @classmethod
     def from_url(cls, url: str, timeout: float = DEFAULT_TIMEOUT_S) -> RedisSessionStore:
@@ -85,8 +88,95 @@ class RedisSessionStore:
         owner = node.decode() if isinstance(node, bytes) and is_online else None
         return SessionInfo(client_id, owner, int(epoch), int(expiry or 0), is_online)
 
+    async def orphans(self, node: str) -> list[str]:
+        fields = await _scan(self._client, b"{c:*}:s", ("node", "online"), self._timeout)
+        return [cid for cid, (owner, online) in fields if owner == node.encode() and online == b"1"]
+
+    async def adopt(self, client_id: str, dead: str) -> Adopted | None:
+        keys = client_keys(client_id)
+        got = await self._run(self._adopt, keys, [dead, NEVER_EXPIRES])
+        if not got:
+            return None
+        epoch, version, expiry = got
+        return Adopted(client_id, int(epoch), int(version), int(expiry))
+
     def mark_durable(self, client_id: str) -> None:
         return None  # one tier: nothing to choose
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+async def _scan(
+    client: aioredis.Redis, pattern: bytes, fields: tuple[str, ...], limit_s: float
+) -> list[tuple[str, list[Any]]]:
+    """(client id, the hash fields) for every `{c:<id>}:<suffix>` key matching pattern."""
+    out: list[tuple[str, list[Any]]] = []
+    cursor = 0
+    while True:
+        cursor, keys = await bounded(client.scan(cursor, match=pattern, count=SCAN_COUNT), limit_s)
+        if keys:
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hmget(key, list(fields))
+            values = await bounded(pipe.execute(), limit_s)
+            for key, got in zip(keys, values, strict=True):
+                raw = key if isinstance(key, bytes) else key.encode()
+                out.append((raw[3 : raw.rindex(b"}")].decode(), got))
+        if cursor == 0:
+            return out
+
+
+class RedisWillStore:
+    """Wills in Redis: one hash `{c:<id>}:w` per client, changed only by Lua."""
+
+    def __init__(self, client: aioredis.Redis, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self._client = client
+        self._timeout = timeout
+        self._put = load_script(client, "services.session", "will_put.lua")
+        self._arm = load_script(client, "services.session", "will_arm.lua")
+        self._take = load_script(client, "services.session", "will_take.lua")
+        self._adopt = load_script(client, "services.session", "will_adopt.lua")
+
+    @classmethod
+    def from_url(cls, url: str, timeout: float = DEFAULT_TIMEOUT_S) -> RedisWillStore:
+        return cls(connect(url, timeout), timeout)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    @staticmethod
+    def _key(client_id: str) -> list[bytes]:
+        return [("{c:" + client_id + "}:w").encode()]
+
+    async def _run(self, script: AsyncScript, client_id: str, args: list[Any]) -> Any:
+        return await bounded(script(keys=self._key(client_id), args=args), self._timeout)
+
+    async def put(
+        self, client_id: str, node: str, token: str, message: bytes | None, delay_s: int
+    ) -> StoredWill | None:
+        old = await self._run(self._put, client_id, [node, token, message or b"", delay_s])
+        if not old:
+            return None
+        blob, delay, owner, due = old
+        return StoredWill(blob, int(delay or 0), (owner or b"").decode(), int(due or 0))
+
+    async def arm(self, client_id: str, token: str, due_ms: int) -> bool:
+        return bool(await self._run(self._arm, client_id, [token, due_ms]))
+
+    async def take(self, client_id: str, token: str) -> bytes | None:
+        got = await self._run(self._take, client_id, [token])
+        return bytes(got) if got else None
+
+    async def orphans(self, node: str) -> list[str]:
+        fields = await _scan(self._client, b"{c:*}:w", ("n",), self._timeout)
+        return [cid for cid, (owner,) in fields if owner == node.encode()]
+
+    async def adopt(
+        self, client_id: str, dead: str, node: str, token: str, now_ms: int
+    ) -> StoredWill | None:
+        got = await self._run(self._adopt, client_id, [dead, node, token, now_ms])
+        if not got:
+            return None
+        blob, delay, due = got
+        return StoredWill(bytes(blob), int(delay or 0), node, int(due))

@@ -12,7 +12,7 @@ import queue
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,10 @@ SESSION_TAKEN_OVER = 142
 
 
 class NodeProc:
-    def __init__(self, node_id: str, redis_url: str, kafka: str, prefix: str, tmp: Path) -> None:
+    def __init__(
+        self, node_id: str, redis_url: str, kafka: str, prefix: str, tmp: Path,
+        extra: Sequence[str] = (),
+    ) -> None:  # fmt: skip
         self.node_id = node_id
         self.port = free_port()
         self.log = tmp / f"{node_id}.log"
@@ -38,7 +41,7 @@ class NodeProc:
             "--node-id", node_id, "--host", "127.0.0.1",
             "--mqtt-port", str(self.port), "--ws-port", "0",
             "--redis", redis_url, "--kafka", kafka, "--kafka-topic-prefix", prefix,
-            "--data-dir", str(tmp / node_id),
+            "--data-dir", str(tmp / node_id), *extra,
         ]  # fmt: skip
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)

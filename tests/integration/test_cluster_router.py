@@ -20,6 +20,8 @@ class Local:
         self.forwarded: list[tuple[Message, tuple[str, ...]]] = []
         self.queued: list[tuple[str, ...]] = []
         self.kicks: list[tuple[str, int, str]] = []
+        self.joined: list[str] = []
+        self.died: list[str] = []
 
     def deliver_forwarded(self, message: Message, client_ids: Sequence[str]) -> None:
         self.forwarded.append((message, tuple(client_ids)))
@@ -29,6 +31,12 @@ class Local:
 
     def kicked(self, client_id: str, epoch: int, node: str) -> None:
         self.kicks.append((client_id, epoch, node))
+
+    def node_joined(self, node_id: str) -> None:
+        self.joined.append(node_id)
+
+    def node_died(self, node_id: str) -> None:
+        self.died.append(node_id)
 
 
 class Cluster:
@@ -86,11 +94,13 @@ async def test_notifies_merge_per_turn_and_kick_arrives(cluster: Cluster) -> Non
 
 
 async def test_a_dead_node_is_unlinked(cluster: Cluster) -> None:
-    a, _ = await cluster.node("a")
+    a, a_local = await cluster.node("a")
     b, _ = await cluster.node("b")
     assert await a.wait_peers(["b"], 5.0)
+    assert a_local.joined == ["b"] and a_local.died == []
     await b.stop()
     await until(lambda: a.peers() == [])
+    await until(lambda: a_local.died == ["b"])  # told after the link is gone: take over
     assert a.forward(Message("t", b"", 1), {"b": ["x"]}) == 1  # held: b might be joining
     assert a.links.held() == ["b"]
     await until(lambda: a.links.held() == [], timeout=10.0)  # given up after a TTL

@@ -1,0 +1,173 @@
+"""Wills: stored with the session, published once cluster-wide, delay included.
+
+Theory of operation. A connection whose CONNECT carries a will gets a token,
+and the will is stored under it (`WillStore.put`, before CONNACK); a new
+connection of the same client replaces it and gets the replaced will back,
+which it publishes at once if the old session ended (clean start), the old
+will had no delay, or its delay has passed; otherwise the session resumed in
+time and the will is never sent [MQTT-3.1.3-9]. When a connection ends with
+its will due (`ended`), the will goes out after min(will delay, session
+expiry): at once, or on a timer here after `arm` recorded when it is due, so
+that a survivor can still send it if this node dies meanwhile. Every publish
+first removes the will under its token (`take`): only one of the owner, a
+new connection and a survivor can get it, so it goes out exactly once; a
+node that dies between taking and publishing loses it (at most once).
+
+A node that finds another node dead (`adopt_from`), or itself restarted,
+adopts the wills that node was to publish: due ones go out at once, the
+others on a timer here. If the will store cannot be reached when a
+connection opens, its will is kept in this node's memory only (and logged):
+a clean session works without Redis, and only this node's death loses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from services.mqtt.packets import NO_PROPERTIES, Message, Will
+from services.node.ports import now_ms
+from services.session.api import SessionError, StoredWill, WillStore
+from services.store import serial
+
+log = logging.getLogger("weir.wills")
+
+
+def will_message(client_id: str, will: Will) -> Message:
+    """The message a will publishes (its expiry counts from when it goes out)."""
+    props = will.properties
+    if props is not NO_PROPERTIES:
+        props = dataclasses.replace(props, will_delay_interval=None)
+    return Message(will.topic, will.payload, will.qos, will.retain, props, sender=client_id)
+
+
+def due_now(old: StoredWill, fresh: bool, now: int) -> bool:
+    """Whether a will replaced by a new connection goes out: the old session
+    ended, the will had no delay, or its delay has passed."""
+    return fresh or old.delay_s <= 0 or 0 < old.due_ms <= now
+
+
+class Wills:
+    def __init__(
+        self,
+        node_id: str,
+        store: WillStore,
+        publish: Callable[[Message], object],
+        loop: asyncio.AbstractEventLoop,
+        spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
+    ) -> None:
+        self.node_id = node_id
+        self.store = store
+        self._publish = publish
+        self.loop = loop
+        self.spawn = spawn
+        self._timers: dict[str, asyncio.TimerHandle] = {}  # client -> its will's timer here
+        self._local: dict[str, Message] = {}  # token -> a will the store did not take
+
+    @staticmethod
+    def token() -> str:
+        return secrets.token_hex(8)
+
+    async def opened(
+        self, client_id: str, token: str, will: Will | None, delay_s: int, fresh: bool,
+        known: bool,
+    ) -> None:  # fmt: skip
+        """A connection of the client opens its session: store its will and
+        publish the one it replaces if that is due. `known`: the client may
+        have a stored will (a session of it exists); without a will of its own
+        and none known, nothing is asked."""
+        if will is None and not known:
+            return
+        message = None if will is None else will_message(client_id, will)
+        blob = None if message is None else serial.dumps(message)
+        try:
+            old = await self.store.put(client_id, self.node_id, token, blob, delay_s)
+        except SessionError as exc:
+            if message is not None:
+                log.warning("will of %s kept in memory only: %s", client_id, exc)
+                self._local[token] = message
+            return
+        self._cancel(client_id)
+        if old is not None and due_now(old, fresh, now_ms()):
+            self._send(old.message)
+
+    def ended(self, client_id: str, token: str, will_due: bool, delay_s: int) -> None:
+        """Connection `token` ended: its will goes out after delay_s, or (not
+        will_due: a normal DISCONNECT) never."""
+        local = self._local.pop(token, None)
+        if local is not None:
+            if will_due:
+                self._later(client_id, delay_s, lambda: self._publish_message(local))
+            return
+        if not will_due:
+            self.spawn(self._take(client_id, token, publish=False))
+        else:
+            if delay_s > 0:
+                self.spawn(self._arm(client_id, token, now_ms() + delay_s * 1000))
+            self._due_at(client_id, token, delay_s)
+
+    async def adopt_from(self, dead: str) -> int:
+        """Take over the wills the dead node `dead` was to publish; how many.
+        Raises SessionError if the store cannot be read (the caller retries)."""
+        count = 0
+        for client_id in await self.store.orphans(dead):
+            token = self.token()
+            will = await self.store.adopt(client_id, dead, self.node_id, token, now_ms())
+            if will is None:
+                continue
+            count += 1
+            self._due_at(client_id, token, max(0.0, (will.due_ms - now_ms()) / 1000))
+        return count
+
+    def _due_at(self, client_id: str, token: str, delay_s: float) -> None:
+        if delay_s <= 0:
+            self.spawn(self._take(client_id, token, True))
+        else:
+            self._later(client_id, delay_s, lambda: self.spawn(self._take(client_id, token, True)))
+
+    async def _arm(self, client_id: str, token: str, due_ms: int) -> None:
+        try:
+            await self.store.arm(client_id, token, due_ms)
+        except SessionError as exc:  # the timer here still sends it
+            log.warning("due time of %s's will not stored: %s", client_id, exc)
+
+    async def _take(self, client_id: str, token: str, publish: bool) -> None:
+        try:
+            blob = await self.store.take(client_id, token)
+        except SessionError as exc:
+            log.warning("will of %s not %s: %s", client_id, "sent" if publish else "dropped", exc)
+            return
+        if blob is not None and publish:
+            self._send(blob)
+
+    def _send(self, blob: bytes) -> None:
+        self._publish_message(serial.loads(blob))
+
+    def _publish_message(self, message: Message) -> None:
+        expiry = message.properties.message_expiry_interval
+        if expiry is not None:
+            message = dataclasses.replace(message, expires_at_ms=now_ms() + expiry * 1000)
+        self._publish(message)
+
+    def _later(self, client_id: str, delay_s: float, fire: Callable[[], object]) -> None:
+        self._cancel(client_id)
+
+        def due() -> None:
+            self._timers.pop(client_id, None)
+            fire()
+
+        self._timers[client_id] = self.loop.call_later(delay_s, due)
+
+    def _cancel(self, client_id: str) -> None:
+        handle = self._timers.pop(client_id, None)
+        if handle is not None:
+            handle.cancel()
+
+    def close(self) -> None:
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()

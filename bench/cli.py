@@ -84,9 +84,12 @@ def _positive_float(text: str) -> float:
     return value
 
 
+MAX_PORT = 65535
+
+
 def _port(text: str) -> int:
     value = int(text)
-    if not 0 < value < 65536:
+    if not 0 < value <= MAX_PORT:
         raise argparse.ArgumentTypeError(f"not a TCP port: {text}")
     return value
 
@@ -108,6 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("scenario", choices=(*SCENARIOS, "idle"))
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=_port, default=1883)
+    parser.add_argument(
+        "--sub-port",
+        type=_port,
+        help="subscribers connect here, publishers to --port: two nodes of one cluster "
+        "(the run first waits until the subscribers' routes reach the --port node)",
+    )
+    parser.add_argument(
+        "--ports",
+        type=_positive_int,
+        default=1,
+        help="idle: spread the connections over this many consecutive ports from --port "
+        "(the nodes of weir up --nodes N)",
+    )
     parser.add_argument("--qos", type=int, choices=(0, 1), default=0)
     parser.add_argument("--messages", type=_positive_int, help="messages published, at most")
     parser.add_argument(
@@ -162,6 +178,7 @@ def _run_once(args: argparse.Namespace, host: str, port: int, pid: int | None) -
             duration=args.duration,
             version=version,
             broker_pid=pid,
+            ports=args.ports,  # not with a peer (_validate)
         )
         return run_idle(idle)
     messages = args.messages or DEFAULT_MESSAGES.get(
@@ -182,6 +199,7 @@ def _run_once(args: argparse.Namespace, host: str, port: int, pid: int | None) -
         broker_pid=pid,
         persistent=args.persistent,
         cleanup=args.cleanup,
+        sub_port=args.sub_port,  # not with a peer (_validate)
     )
     redis_url = args.redis_url if (host, port) == (args.host, args.port) else None
     before = snapshot(redis_url) if redis_url else None
@@ -210,8 +228,16 @@ def _validate(args: argparse.Namespace) -> None:
             f"--connections {args.connections} needs --workers >= "
             f"{math.ceil(args.connections / PER_WORKER_MAX)} ({PER_WORKER_MAX} per process)"
         )
-    if args.scenario == "idle" and (args.persistent or args.redis_url):
-        raise UsageError("--persistent and --redis-url apply to the message scenarios, not idle")
+    if args.scenario == "idle" and (args.persistent or args.redis_url or args.sub_port):
+        raise UsageError(
+            "--persistent, --redis-url and --sub-port apply to the message scenarios, not idle"
+        )
+    if args.ports > 1 and args.scenario != "idle":
+        raise UsageError("--ports applies to idle; the message scenarios take --sub-port")
+    if args.port + args.ports - 1 > MAX_PORT:
+        raise UsageError(f"--ports {args.ports} from --port {args.port} passes port {MAX_PORT}")
+    if (args.sub_port or args.ports > 1) and (args.vs or args.spawn_mosquitto):
+        raise UsageError("--sub-port and --ports measure a cluster; --vs compares one broker")
     if not 0 <= args.size <= MAX_PAYLOAD:
         raise UsageError(f"--size must be 0..{MAX_PAYLOAD}, not {args.size}")
     if args.messages:

@@ -8,7 +8,9 @@ connects. Every worker opens its share with at most `concurrency` handshakes
 in flight, reports ("connected", ...), and holds its connections until the
 parent, having read the broker's VmRSS, says "close". RSS per connection is
 (after - before) / connected: the broker's cost of an idle session, buffers
-included.
+included. With `ports` > 1 connection i goes to port + i % ports (the nodes
+of `weir up --nodes N`), and the RSS is that of every process listening on
+those ports, summed.
 """
 
 from __future__ import annotations
@@ -52,10 +54,15 @@ class IdleConfig:
     concurrency: int = DEFAULT_CONCURRENCY
     version: int = wire.MQTT_311
     broker_pid: int | None = None
+    ports: int = 1
 
     @property
     def broker(self) -> str:
-        return f"{self.host}:{self.port}"
+        last = f"-{self.port + self.ports - 1}" if self.ports > 1 else ""
+        return f"{self.host}:{self.port}{last}"
+
+    def port_of(self, index: int) -> int:
+        return self.port + index % self.ports
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +108,7 @@ async def _open_all(
             try:
                 client = await open_client(
                     cfg.host,
-                    cfg.port,
+                    cfg.port_of(index),
                     f"wb-{run_id}-i{index}",
                     version=cfg.version,
                     local_addr=(source_address(index), 0) if loopback else None,
@@ -158,7 +165,9 @@ def run_idle(cfg: IdleConfig) -> Result:
     """Open `cfg.connections` idle connections and report rate and the broker's RSS."""
     broker_pids = [cfg.broker_pid] if cfg.broker_pid else []
     if not broker_pids and is_local(cfg.host):
-        broker_pids = find_listener_pids(cfg.port)  # several with SO_REUSEPORT workers: RSS summed
+        # several with SO_REUSEPORT workers or --ports: RSS summed
+        ports = range(cfg.port, cfg.port + cfg.ports)
+        broker_pids = sorted({pid for port in ports for pid in find_listener_pids(port)})
     rss_before = _rss_sum(broker_pids)
     context = multiprocessing.get_context("spawn")
     run_id = secrets.token_hex(4)
@@ -228,6 +237,7 @@ def _idle_result(
             "failed": sum(r.failed for r in reports),
             "connect_rate_per_s": round(connected / elapsed, 1) if elapsed else 0.0,
             "workers": cfg.workers,
+            "ports": cfg.ports,
             "broker_pid": broker_pids[0] if broker_pids else None,
             "broker_pids": broker_pids,
             "broker_rss_before_kib": rss_before,

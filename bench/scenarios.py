@@ -31,7 +31,7 @@ from typing import Any
 
 import uvloop
 
-from bench import wire
+from bench import crossnode, wire
 from bench.client import BenchClient, PacedPublisher, Publisher, Tally, open_client, subscribe
 from bench.errors import BenchError, BrokerUnavailable
 from bench.pipe import receive
@@ -74,6 +74,11 @@ class RunConfig:
     broker_pid: int | None = None
     persistent: bool = False
     cleanup: bool = True
+    sub_port: int | None = None  # subscribers on another node of a cluster (bench.crossnode)
+
+    def port_for(self, role: str) -> int:
+        """Subscribers ("s<n>") connect to `sub_port` when set, everyone else to `port`."""
+        return self.sub_port if self.sub_port and role.startswith("s") else self.port
 
     def client_id(self, plan: Plan, role: str) -> str:
         """Random per run; with `persistent`, fixed per scenario and role (e.g. "p3", "s0")."""
@@ -239,7 +244,7 @@ async def connect_subscribers(
         tally = Tally(spec.publishers, per_publisher, latency=plan.paced)
         client = await open_client(
             cfg.host,
-            cfg.port,
+            cfg.port_for(f"s{i}"),
             cfg.client_id(plan, f"s{i}"),
             version=cfg.version,
             tally=tally,
@@ -289,7 +294,7 @@ async def discard_sessions(cfg: RunConfig, plan: Plan) -> int:
         try:
             client = await open_client(
                 cfg.host,
-                cfg.port,
+                cfg.port_for(role),
                 cfg.client_id(plan, role),
                 version=cfg.version,
                 wait_s=cfg.connect_timeout,
@@ -308,6 +313,7 @@ async def run_plan(cfg: RunConfig, plan: Plan) -> Result:
     broker_pid = cfg.broker_pid or (find_listener_pid(cfg.port) if is_local(cfg.host) else None)
     load_before = round(os.getloadavg()[0], 2)
     subscribers = await connect_subscribers(cfg, plan)
+    routes = await crossnode.wait_for_routes(cfg, plan, [(t, s) for _, t, s in subscribers])
     gc.collect()
     gc.disable()
     try:
@@ -333,6 +339,7 @@ async def run_plan(cfg: RunConfig, plan: Plan) -> Result:
         gc.enable()
     result = _result(cfg, plan, outcome, tallies, expected, duration)
     result.extra.update(usage)
+    result.extra.update(routes)
     result.extra["load_avg_1m"] = load_before
     if cfg.persistent:
         result.extra["persistent"] = True

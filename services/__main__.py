@@ -15,6 +15,7 @@ USAGE = """usage: weir <command> [options]
 
 commands:
   up                 run the broker (embedded default: its own Redis and Kafka)
+  drain [NODE-ID...] tell nodes of `up --nodes/--workers` to send their clients elsewhere
   bench              run the load generator against a broker, optionally --vs a peer
   streams run NAME   run a Spark job over the event log (state, analytics)
   streams verify     compare the state store and the live nodes with a replay of the log
@@ -28,6 +29,12 @@ def _up(argv: Sequence[str]) -> int:
     from services.node.app import main as up_main
 
     return up_main(argv)
+
+
+def _drain(argv: Sequence[str]) -> int:
+    from services.node.drain import main as drain_main
+
+    return drain_main(argv)
 
 
 def _bench(argv: Sequence[str]) -> int:
@@ -71,6 +78,7 @@ def _passwd(argv: Sequence[str]) -> int:
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "passwd": _passwd,
     "up": _up,
+    "drain": _drain,
     "bench": _bench,
     "streams": _streams,
     "report": _report,

@@ -30,11 +30,11 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from services.node.backends import BackendError, start_backends
 from services.settings import Settings, SettingsError, exposure_error, is_loopback, load
 
 if TYPE_CHECKING:
     from services.cluster.router import ClusterRouter
-    from services.embedded.redis_server import RedisServer
     from services.node.node import Services
     from services.node.seams import Seams
 
@@ -103,7 +103,16 @@ def parser() -> argparse.ArgumentParser:
         dest="workers",
         type=int,
         help="run N node processes sharing the MQTT port (SO_REUSEPORT), each a cluster "
-        "node <node-id>-<i> on the shared Redis and Kafka (see services.node.workers)",
+        "node <node-id>-<i> on the shared Redis and Kafka, restarted if it dies "
+        "(see services.node.supervisor)",
+    )
+    p.add_argument(
+        "--nodes",
+        dest="nodes",
+        type=int,
+        help="run N cluster nodes <node-id>-<i> on consecutive MQTT (and WebSocket) ports "
+        "from --mqtt-port, on one Redis and Kafka, restarted if they die; pid and log "
+        "files in <data-dir>/nodes (see services.node.supervisor)",
     )
     p.add_argument(
         "--reuse-port",
@@ -245,21 +254,6 @@ def cluster_router(settings: Settings, client: Any) -> ClusterRouter:
     )
 
 
-class BackendError(Exception):
-    """A backend could not be started or reached; the message is one line."""
-
-
-def _start_redis(settings: Settings) -> RedisServer:
-    """The embedded redis-server, its data under <data-dir>/redis."""
-    from services.embedded.redis_server import RedisServer, RedisServerError
-
-    data = Path(settings.data_dir).resolve() / "redis"  # it runs in that directory
-    try:
-        return RedisServer(data, profile=settings.durability).start()
-    except (RedisServerError, OSError) as exc:
-        raise BackendError(f"cannot start redis-server: {exc}") from None
-
-
 REDIS_START_TIMEOUT_S = 5.0  # a reachable Redis answers PING in milliseconds
 
 
@@ -269,7 +263,6 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
     if settings.backend == "memory":
         yield build_services(settings), "memory backends"
         return
-    from services.embedded.kafka import EmbeddedKafka, EmbeddedKafkaError
     from services.embedded.redis_server import RedisServer
     from services.event.kafka import KafkaEventLog, KafkaSettings
     from services.node.node import Services
@@ -286,19 +279,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
     started: list[Any] = []
     closers: list[Any] = []
     try:
-        redis_url = settings.redis_url
-        if redis_url is None:
-            server = _start_redis(settings)
-            started.append(server)
-            redis_url = server.url
-        bootstrap = settings.kafka_bootstrap
-        if bootstrap is None:
-            try:
-                kafka = EmbeddedKafka().start()
-            except (EmbeddedKafkaError, OSError) as exc:
-                raise BackendError(f"cannot start the embedded Kafka: {exc}") from None
-            started.append(kafka)
-            bootstrap = kafka.bootstrap
+        redis_url, bootstrap = start_backends(settings, started)
         client = connect(redis_url, REDIS_START_TIMEOUT_S)
         closers.append(client.aclose)
         try:
@@ -474,6 +455,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         args = parse_args(argv)
         workers, reuse_port = args.pop("workers", None), bool(args.pop("reuse_port", None))
+        nodes = args.pop("nodes", None)
         spark = bool(args.pop("spark", None))
         settings = load(args)
         exposed = exposure_error(settings)
@@ -485,10 +467,10 @@ def main(argv: Sequence[str]) -> int:
     except SettingsError as exc:
         print(f"weir up: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    if workers is not None:
-        from services.node.workers import supervise
+    if workers is not None or nodes is not None:
+        from services.node.supervisor import supervise
 
-        return supervise(settings, _without_workers(argv), workers, spark=spark)
+        return supervise(settings, _without_workers(argv), nodes, workers, spark=spark)
     if spark and settings.backend == "memory":
         print(
             "weir up: --spark needs Redis and Kafka; --backend memory has neither", file=sys.stderr
@@ -499,14 +481,14 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _without_workers(argv: Sequence[str]) -> list[str]:
-    """The worker's arguments: no --workers, and no --spark (the supervisor
-    runs the one state-store job)."""
+    """A supervised node's arguments: no --workers / --nodes, and no --spark
+    (the supervisor runs the one state-store job)."""
     out, skip = [], False
     for arg in argv:
         if skip:
             skip = False
-        elif arg == "--workers":
+        elif arg in ("--workers", "--nodes"):
             skip = True
-        elif not arg.startswith("--workers=") and arg != "--spark":
+        elif not arg.startswith(("--workers=", "--nodes=")) and arg != "--spark":
             out.append(arg)
     return out

@@ -1,4 +1,5 @@
-"""`weir up --workers N`: N cluster nodes sharing one MQTT port (SO_REUSEPORT)."""
+"""`weir up --workers N`: N cluster nodes sharing one MQTT port (SO_REUSEPORT),
+restarted by the supervisor when one dies."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.proc import find_listener_pids
+from services.node.pidfiles import NodeFiles, nodes_dir
 from tests.integration.conftest import Paho
 from tests.support.ports import free_port
 
@@ -26,7 +28,7 @@ WORKERS = 2
 CLIENTS = 6  # enough that the kernel puts some on each worker
 
 
-def test_workers_share_the_port_and_route_between_each_other(
+def test_workers_share_the_port_route_between_each_other_and_a_killed_one_restarts(
     redis_url: str, kafka_bootstrap: str, kafka_topic_prefix: str, tmp_path: Path
 ) -> None:
     port = free_port()
@@ -70,12 +72,26 @@ def test_workers_share_the_port_and_route_between_each_other(
                     subs[i].message(timeout=0.1)
                     pending.discard(i)
         assert not pending, f"subscribers {sorted(pending)} got nothing in {n} probes"
+
+        files = NodeFiles("w-1", nodes_dir(tmp_path / "data"))
+        old = int(files.pid.read_text())
+        os.kill(old, signal.SIGKILL)  # the group goes on; the supervisor starts it again
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while log.read_bytes().count(b"node w-1 ready, mqtt on ") < 2:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)  # polling the supervisor's log for the restarted worker's ready line
+        assert f"node w-1 (pid {old}) was killed by SIGKILL; restarting it" in log.read_text()
+        new = int(files.pid.read_text())
+        other = int(NodeFiles("w-2", files.root).pid.read_text())
+        assert new != old and find_listener_pids(port) == sorted([new, other])
         for c in clients:
             c.close()
         clients.clear()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log.read_text()
         assert find_listener_pids(port) == []
+        assert not files.pid.exists()
     finally:
         for c in clients:
             with contextlib.suppress(Exception):

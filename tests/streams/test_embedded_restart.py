@@ -20,6 +20,7 @@ import redis
 
 from services.embedded.redis_server import free_port
 from tests.integration.conftest import Paho
+from tests.support.supervised import alive, descendants
 from tests.support.wait import wait_until
 
 READY_S = 120.0  # a node start plus, the second time, a re-seed of the log
@@ -109,33 +110,6 @@ def test_restart_of_weir_up_spark_keeps_sessions_subscriptions_queues_and_retain
         sub.close()
     finally:
         stop(proc)
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below `pid` (children, their children...)."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry))
-    found, todo = set(), [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_no_process_outlives_weir_up_killed_with_sigkill(tmp_path: Path) -> None:

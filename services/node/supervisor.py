@@ -1,0 +1,371 @@
+"""`weir up --nodes N` / `--workers N`: a supervisor for N node processes on one machine.
+
+Theory of operation. One process holds at most about 19,900 connections
+(20,000 open files, a hard limit here) and uses one core (DESIGN 11). The
+supervisor starts the shared backends once (an embedded redis-server and
+Kafka, unless --redis / --kafka name existing ones), then N `weir up`
+processes, and with --spark the one state-store job. Each process is a
+full cluster node with its own id (`<node-id>-<i>`, i from 1): it claims
+sessions in Redis, logs to Kafka, joins the membership and forwards to the
+others over cluster links.
+
+- `--nodes N`: node i listens on MQTT port + i - 1 (and WebSocket port +
+  i - 1 when one is set); a port of 0 gives each node a free port, kept
+  across its restarts.
+- `--workers N`: every node listens on the same MQTT (and WebSocket) port
+  with SO_REUSEPORT, so the kernel spreads new connections over them and
+  clients see one broker.
+
+Files (`services.node.pidfiles`): `<data-dir>/nodes/<id>.pid`, `<id>.log`
+(the node's stdout and stderr, appended across restarts) and `<id>/` (its
+data dir). A node is ready when its log shows its ready line since its
+last start; the supervisor then prints its own ready line for it.
+
+Restarts. A node that exits 0 was asked to (a drain, `weir drain`, or a
+SIGTERM of its own): it is not restarted. Any other exit after it has
+been ready once is a death: it is restarted with the same id, ports and
+arguments after RESTART_FIRST_S, doubling with each restart in the last
+RESTART_WINDOW_S up to RESTART_MAX_S; at RESTARTS_PER_WINDOW restarts in
+that window it is given up on (said on stderr), and the others keep
+serving throughout. Exit 2 (bad configuration) is given up on at once. A
+node that exits before its first ready line fails the start: everything
+stops with exit 1, as one `weir up` whose port is taken does. When no node
+is left running or waiting to restart, the supervisor stops: exit 0 if
+every node exited 0, else 1.
+
+Stop: SIGINT / SIGTERM stop all in order: the nodes (SIGTERM, they
+disconnect their clients and flush; bounded, then killed), then the Spark
+job, then Kafka, then Redis. Every child is tied to the supervisor with
+PR_SET_PDEATHSIG (`services.embedded.process`): if the supervisor is
+killed, even by SIGKILL, nothing outlives it: the nodes get SIGKILL with
+the embedded backends (which they could not flush to any more), or
+SIGTERM when both backends are external ones (they flush and exit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from services.embedded.process import child_options
+from services.node.backends import BackendError, start_backends
+from services.node.pidfiles import NodeFiles, nodes_dir
+from services.settings import Settings
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
+MAX_PROCESSES = 64
+MAX_PORT = 65535
+STOP_TIMEOUT_S = 30.0  # per node: its shutdown grace plus flushing the log
+POLL_S = 0.2  # how often the supervisor looks at its nodes
+RESTART_FIRST_S = 1.0  # first restart delay: a crash loop costs at most one start a second
+RESTART_MAX_S = 16.0
+RESTART_WINDOW_S = 60.0
+RESTARTS_PER_WINDOW = 5  # then the node is given up on: it fails at every start
+READY_MARK = b" ready, mqtt on "  # the node's ready line (services.node.app)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def plan_error(settings: Settings, nodes: int | None, workers: int | None) -> str | None:
+    """Why these options cannot run, in one line, or None."""
+    if nodes is not None and workers is not None:
+        return "--nodes and --workers exclude each other (separate ports, or one shared port)"
+    count, flag = (nodes, "--nodes") if nodes is not None else (workers, "--workers")
+    assert count is not None
+    if not 1 <= count <= MAX_PROCESSES:
+        return f"{flag} must be 1..{MAX_PROCESSES}, not {count}"
+    if settings.backend == "memory":
+        return f"{flag} needs shared backends (Redis and Kafka); --backend memory is one process"
+    if nodes is not None:
+        listeners = settings.listeners
+        for name, port in (("--mqtt-port", listeners.mqtt_port), ("--ws-port", listeners.ws_port)):
+            if port and port + count - 1 > MAX_PORT:
+                return (
+                    f"--nodes {count} from {name} {port} needs ports up to "
+                    f"{port + count - 1}; the last is {MAX_PORT}"
+                )
+    return None
+
+
+@dataclass
+class Slot:
+    """One node the supervisor keeps running, across its restarts."""
+
+    node_id: str
+    args: list[str]
+    mqtt_port: int
+    files: NodeFiles
+    proc: subprocess.Popen[bytes] | None = None
+    ready: bool = False  # this start printed its ready line
+    served: bool = False  # some start did
+    log_from: int = 0  # where this start's output begins in the log
+    restarts: deque[float] = field(default_factory=deque)  # monotonic times
+    restart_at: float | None = None
+    ended: str = ""  # "exited" (0) or "given up"
+    death_signal: int = signal.SIGKILL  # what it gets if the supervisor dies
+
+    def start(self) -> None:
+        self.files.root.mkdir(parents=True, exist_ok=True)
+        self.log_from = self.files.log.stat().st_size if self.files.log.exists() else 0
+        with self.files.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.args,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                **child_options(self.death_signal),
+            )
+        self.files.write_pid(self.proc.pid)
+        self.ready, self.restart_at = False, None
+
+    def saw_ready(self) -> bool:
+        with self.files.log.open("rb") as log:
+            log.seek(self.log_from)
+            return READY_MARK in log.read()
+
+    def last_log_line(self) -> str:
+        with contextlib.suppress(OSError):
+            lines = self.files.log.read_bytes()[self.log_from :].decode(errors="replace")
+            return (lines.strip().splitlines() or [""])[-1]
+        return ""
+
+
+def node_args(
+    argv: Sequence[str], settings: Settings, files: NodeFiles, redis_url: str, kafka: str,
+    mqtt_port: int, ws_port: int | None, reuse_port: bool,
+) -> list[str]:  # fmt: skip
+    args = [
+        sys.executable, "-m", "services", "up", *argv,
+        "--node-id", files.node_id,
+        "--redis", redis_url, "--kafka", kafka,
+        "--mqtt-port", str(mqtt_port),
+        "--data-dir", str(files.data),
+    ]  # fmt: skip
+    if reuse_port:
+        args.append("--reuse-port")
+    if ws_port is not None:
+        args += ["--ws-port", str(ws_port)]
+    return args
+
+
+def _ports(settings: Settings, count: int, shared: bool) -> list[tuple[int, int | None]]:
+    """(mqtt, ws) per node: one port for all (workers) or consecutive ones (nodes)."""
+    host, listeners = settings.listeners.host, settings.listeners
+    if shared:
+        mqtt = listeners.mqtt_port or free_port(host)
+        ws = listeners.ws_port if listeners.ws_port != 0 else free_port(host)
+        return [(mqtt, ws)] * count
+    out: list[tuple[int, int | None]] = []
+    for i in range(count):
+        mqtt = listeners.mqtt_port + i if listeners.mqtt_port else free_port(host)
+        ws = listeners.ws_port
+        if ws is not None:
+            ws = ws + i if ws else free_port(host)
+        out.append((mqtt, ws))
+    return out
+
+
+class _Stop:
+    """SIGINT / SIGTERM, noted for the supervisor's loop."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Stop:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def supervise(
+    settings: Settings,
+    argv: Sequence[str],
+    nodes: int | None = None,
+    workers: int | None = None,
+    spark: bool = False,
+) -> int:
+    error = plan_error(settings, nodes, workers)
+    if error is not None:
+        print(f"weir up: {error}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    count = nodes if nodes is not None else workers
+    assert count is not None
+    started: list[Any] = []
+    slots: list[Slot] = []
+    job: subprocess.Popen[bytes] | None = None
+    with _Stop() as stop:
+        try:
+            redis_url, kafka = start_backends(settings, started)
+            root = nodes_dir(settings.data_dir)
+            ports = _ports(settings, count, shared=workers is not None)
+            for i, (mqtt_port, ws_port) in enumerate(ports, start=1):
+                files = NodeFiles(f"{settings.node_id}-{i}", root)
+                args = node_args(
+                    argv, settings, files, redis_url, kafka, mqtt_port, ws_port, workers is not None
+                )
+                slot = Slot(files.node_id, args, mqtt_port, files)
+                if not started:  # real backends outlive us: the nodes may flush to them
+                    slot.death_signal = signal.SIGTERM
+                slots.append(slot)
+            _say_plan(settings, slots, workers is not None, redis_url, kafka, root)
+            for slot in slots:
+                if not stop.requested:
+                    slot.start()
+            if spark and not stop.requested:  # one job for all; it waits out a re-seed (streams)
+                from services.node import sparkjob
+
+                job = sparkjob.start(settings, redis_url, kafka)
+                print(f"weir: state-store Spark job started (pid {job.pid})", flush=True)
+            return _watch(slots, stop, settings.listeners.host)
+        except (BackendError, _StartFailed) as exc:
+            print(f"weir: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        finally:
+            _stop_all(slots)
+            if job is not None:
+                from services.node import sparkjob
+
+                code = sparkjob.stop(job)
+                print(f"weir: state-store Spark job stopped (exit {code})", flush=True)
+            for service in reversed(started):  # Kafka, then Redis
+                with contextlib.suppress(Exception):
+                    service.stop()
+
+
+def _say_plan(
+    settings: Settings, slots: list[Slot], shared: bool, redis_url: str, kafka: str, root: Path
+) -> None:
+    host, ports = settings.listeners.host, [s.mqtt_port for s in slots]
+    where = (
+        f"{len(slots)} workers sharing mqtt {host}:{ports[0]}"
+        if shared
+        else f"{len(slots)} nodes on mqtt {host}:" + ",".join(map(str, ports))
+    )
+    print(
+        f"weir: {where} (redis {redis_url}, kafka {kafka}); pid and log files in {root}",
+        flush=True,
+    )
+
+
+class _StartFailed(Exception):
+    pass
+
+
+def _watch(slots: list[Slot], stop: _Stop, host: str) -> int:
+    """Keep the nodes running until a stop is asked for or none is left."""
+    while not stop.requested:
+        now = time.monotonic()
+        for slot in slots:
+            if slot.ended:
+                continue
+            if slot.restart_at is not None:
+                if now >= slot.restart_at:
+                    slot.start()
+                continue
+            assert slot.proc is not None
+            code = slot.proc.poll()
+            if code is not None:
+                _ended(slot, code, now)
+            elif not slot.ready and slot.saw_ready():
+                slot.ready = slot.served = True
+                print(
+                    f"weir: node {slot.node_id} ready, mqtt on {host}:{slot.mqtt_port} "
+                    f"(pid {slot.proc.pid}, log {slot.files.log})",
+                    flush=True,
+                )
+        if all(slot.ended for slot in slots):
+            clean = all(slot.ended == "exited" for slot in slots)
+            print("weir: no node left running; stopping", file=sys.stderr, flush=True)
+            return EXIT_OK if clean else EXIT_FAILED
+        time.sleep(POLL_S)
+    return EXIT_OK
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited {code}"
+
+
+def _ended(slot: Slot, code: int, now: float) -> None:
+    """Node `slot` exited with `code`: leave it, give up on it, or restart it later."""
+    assert slot.proc is not None
+    pid, how = slot.proc.pid, _how(code)
+    if code == 0:
+        slot.ended = "exited"
+        slot.files.remove_pid()
+        print(f"weir: node {slot.node_id} (pid {pid}) exited 0 (drained or stopped); "
+              "not restarted", flush=True)  # fmt: skip
+        return
+    if not slot.served:
+        raise _StartFailed(
+            f"node {slot.node_id} {how} before it was ready: {slot.last_log_line()} "
+            f"(log {slot.files.log})"
+        )
+    while slot.restarts and now - slot.restarts[0] > RESTART_WINDOW_S:
+        slot.restarts.popleft()
+    if code == EXIT_BAD_CONFIG or len(slot.restarts) >= RESTARTS_PER_WINDOW:
+        slot.ended = "given up"
+        slot.files.remove_pid()
+        why = (
+            "bad configuration"
+            if code == EXIT_BAD_CONFIG
+            else f"{len(slot.restarts)} restarts within {RESTART_WINDOW_S:.0f} s"
+        )
+        print(
+            f"weir: node {slot.node_id} (pid {pid}) {how}; giving up on it after {why} "
+            f"(the others keep serving; log {slot.files.log})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    slot.files.remove_pid()  # until it runs again
+    delay = min(RESTART_MAX_S, RESTART_FIRST_S * 2 ** len(slot.restarts))
+    slot.restarts.append(now)
+    slot.restart_at = now + delay
+    print(
+        f"weir: node {slot.node_id} (pid {pid}) {how}; restarting it in {delay:.0f} s "
+        f"(restart {len(slot.restarts)} within {RESTART_WINDOW_S:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _stop_all(slots: list[Slot]) -> None:
+    running = [s.proc for s in slots if s.proc is not None and s.proc.poll() is None]
+    for proc in running:
+        proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for slot in slots:
+        slot.files.remove_pid()

@@ -24,7 +24,7 @@ turns "none matched" into the configured `no_match`.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
 
@@ -65,6 +65,10 @@ class Rule:
     qos: frozenset[int] | None = None
     retain: bool | None = None
     source: str = ""  # where it was written: "acl.toml rule 3", "redis weir:acl:bob"
+    actions: frozenset[Action] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:  # an Enum's .value costs a descriptor call per check
+        object.__setattr__(self, "actions", self.covers.value)
 
     def __str__(self) -> str:
         what = "allow" if self.allow else "deny"
@@ -172,7 +176,7 @@ def rule_matches(
     qos: int,
     retain: bool,
 ) -> bool:
-    if action not in rule.covers.value:
+    if action not in rule.actions:
         return False
     if rule.user is not None and client.username != rule.user:
         return False
@@ -208,7 +212,7 @@ def may_deny(rules: tuple[Rule, ...], action: Action, no_match_allows: bool) -> 
     """Whether some client could be denied `action` under these rules: False
     once a catch-all allow for it comes before any deny that covers it."""
     for rule in rules:
-        if action not in rule.covers.value:
+        if action not in rule.actions:
             continue
         if not rule.allow:
             return True

@@ -66,6 +66,8 @@ class Acl:
             allow=no_match == "allow", source=f"no rule matched, no_match {no_match}"
         )
         self._connections: dict[ClientInfo, _Connection] = {}
+        self._last_client: ClientInfo | None = None  # the last one decided for, and its
+        self._last: _Connection | None = None  # state (hashing a ClientInfo costs more)
         self._mtime = self._stat()
         self._checked = time.monotonic()
         if self.path is None:  # the built-in rules leave Redis a say only if it is there
@@ -90,7 +92,11 @@ class Acl:
         """The rule that decides (the first match, or `no_match`)."""
         if time.monotonic() - self._checked >= self.reload_check_s:
             self._check_file()
-        conn = self._connections.get(client)
+        if client is self._last_client:  # a connection's packets come in runs
+            conn = self._last
+        else:
+            conn = self._connections.get(client)
+            self._last_client, self._last = client, conn
         if conn is None:
             return self._evaluate(client, peer_address(client.peer), (), action, topic, qos, retain)
         key = (action, topic, qos, retain)
@@ -129,10 +135,12 @@ class Acl:
         if self.redis is not None and client.username:
             rules = await self.redis.fetch(client.username)
         self._connections[client] = _Connection(peer_address(client.peer), rules)
+        self._last_client = self._last = None
         return True
 
     def disconnected(self, client: ClientInfo) -> None:
         self._connections.pop(client, None)
+        self._last_client = self._last = None
 
     # -- the file --------------------------------------------------------------------------
 

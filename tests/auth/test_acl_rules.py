@@ -276,8 +276,12 @@ def test_answers_are_cached_per_connection_until_reload(tmp_path: Path) -> None:
     assert not may(acl, who(client_id="other"), PUB, "x"), "another connection, no cache"
     path.write_text('[[rule]]\npermission = "deny"\n')
     assert acl.reload() and not may(acl, c, PUB, "x")
+    path.write_text('[[rule]]\npermission = "allow"\ntopics = ["x"]\n')
+    assert acl.reload() and may(acl, c, PUB, "x")
     acl.disconnected(c)
     assert c not in acl._connections
+    acl.rules = ()
+    assert not may(acl, c, PUB, "x"), "its cache went with its connection"
 
 
 def test_read_names_a_missing_file(tmp_path: Path) -> None:

@@ -315,9 +315,10 @@ def test_a_missing_or_malformed_acl_file_stops_weir_up_in_one_line(tmp_path: Pat
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 2 and "Traceback" not in err, err
         assert len(err.strip().splitlines()) == 1 and str(path) in err
-    proc = weir_up("--mqtt-port", "0", "--acl-no-match", "maybe")
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 2 and "acl_no_match" in err and len(err.strip().splitlines()) == 1
+    for args, named in ((("--acl-no-match", "maybe"), "acl_no_match"), (("--acl-redis",), "Redis")):
+        proc = weir_up("--mqtt-port", "0", *args)  # (--backend memory: no Redis)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2 and named in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_sighup_rereads_the_acl_file(tmp_path: Path, clients: list[Paho]) -> None:

@@ -37,7 +37,6 @@ from services.node.ports import ConnectionPort, Session, SubOptions, now_ms
 from services.node.remote import Remote
 from services.node.routes import Routes
 from services.node.seams import Seams
-from services.node.shared import unacked
 from services.node.wills import Wills
 from services.queue.api import Inflight, QueueStore
 from services.session.api import Fenced, SessionError, SessionStore
@@ -424,9 +423,7 @@ class ConnectionManager:
             items += await self.queue.take(session.client_id, session.epoch, 1 << 16)
         except SessionError:
             return
-        for (group, topic_filter), messages in unacked(items).items():
-            self.dispatch.shared.redispatch(group, topic_filter, messages, session.client_id)
-        self.delivery.schedule()
+        self.dispatch.shared.hand_over(items, session.client_id)
 
     def acked(self, conn: ConnectionPort, packet_id: int) -> None:
         session = conn.session

@@ -77,7 +77,9 @@ class Dispatch:
         self.spawn = spawn
         self.seams = seams
         self.turn = turn
-        self.shared = Shared(node_id, routes, remote, self.deliver, shared_strategy, shared_local)
+        self.shared = Shared(
+            node_id, routes, remote, delivery, self.deliver, shared_strategy, shared_local
+        )
         self._held_routes: dict[ConnectionPort, list[Route]] = {}  # behind a QoS 2 being stored
 
     async def set_retained(self, message: Message) -> bool:

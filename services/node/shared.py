@@ -30,8 +30,8 @@ for it), its node told to take it (`Remote.enqueue`). Every copy carries
 
 Redispatch (as EMQX's): the unacknowledged QoS 1/2 copies of a member that
 leaves (`unacked` sorts them per group) go to `redispatch(group, filter,
-messages)`: each to one other candidate, once, as a new delivery there (DUP
-0); with no candidate left it is dropped and counted. A forwarded copy whose
+messages)` (`hand_over` does both): each to one other candidate, once, as a
+new delivery there (DUP 0); with no candidate left it is dropped and counted. A forwarded copy whose
 member is gone by the time it arrives is redispatched by the receiving node.
 """
 
@@ -46,6 +46,7 @@ from typing import TypeVar
 
 from services.cluster.view import SessionEntry
 from services.mqtt.packets import Message
+from services.node.delivery import Delivery
 from services.node.ports import Session, SubOptions, now_ms
 from services.node.remote import Remote
 from services.node.routes import Routes, for_subscriber
@@ -85,6 +86,7 @@ class Shared:
         node_id: str,
         routes: Routes,
         remote: Remote,
+        delivery: Delivery,
         deliver: Callable[[Session, Message], None],
         strategy: str,
         prefer_local: bool,
@@ -92,6 +94,7 @@ class Shared:
         self.node_id = node_id
         self.routes = routes
         self.remote = remote
+        self.delivery = delivery
         self.deliver = deliver
         self.strategy = strategy
         self.prefer_local = prefer_local or strategy == "local"
@@ -200,6 +203,15 @@ class Shared:
                 continue
             self.deliver(session, self._copy(message, options, message.share))
 
+    def hand_over(self, items: Iterable[Inflight], exclude: str) -> int:
+        """A leaving member's inflight and queued items (`QueueStore.pending`
+        and `take`): its unacknowledged shared copies to other members of their
+        groups (`unacked`, then `redispatch` per group). Returns how many went."""
+        return sum(
+            self.redispatch(group, topic_filter, messages, exclude)
+            for (group, topic_filter), messages in unacked(items).items()
+        )
+
     def redispatch(
         self,
         group: str,
@@ -211,7 +223,7 @@ class Shared:
         (`$share/group/filter`) other than `exclude`, as a new delivery (DUP 0);
         an offline persistent member only when none is live. Returns how many
         went; the rest (no member) are dropped and counted. Call on the loop;
-        the copies are stored with this turn's delivery batch."""
+        the copies go with this turn's delivery batch (scheduled here)."""
         now = now_ms()
         live = [
             m for m in messages if m.qos > 0 and (m.expires_at_ms is None or m.expires_at_ms > now)
@@ -221,6 +233,7 @@ class Shared:
         group_filter = (group, topic_filter)
         members = self.routes.trie.match_shared(live[0].topic).get(group_filter, [])
         sent = sum(self.dispatch(m, group_filter, members, exclude) for m in live)
+        self.delivery.schedule()
         self.redispatched += sent
         self.dropped += len(live) - sent
         return sent

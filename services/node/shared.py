@@ -8,7 +8,10 @@ group's live members anywhere (`dispatch`):
 - live: connected here (CONNACK sent), or online on another node per the
   log's session directory while membership says that node is alive;
 - an offline persistent member is a candidate only when no member is live
-  (its queue keeps the message until it comes back).
+  (its queue keeps the message until it comes back); so is a persistent
+  member the directory still shows online on a node membership says is
+  dead (its queue outlives that node; the notice to the node is held, then
+  dropped, by the link, as for any message to a node it does not know).
 
 `shared_local` (or the strategy `local`) narrows the choice to the members
 connected to this node when there is one. The strategy (EMQX's names) picks
@@ -147,13 +150,11 @@ class Shared:
                 here.append((client_id, options, session, None))
                 continue
             entry = view.session(client_id) if view is not None else None
-            if (
-                entry is not None
-                and entry.online
-                and entry.node != self.node_id
-                and self.remote.is_live(entry.node)
-            ):
-                there.append((client_id, options, None, entry))
+            if entry is not None and entry.online and entry.node != self.node_id:
+                if self.remote.is_live(entry.node):
+                    there.append((client_id, options, None, entry))
+                elif entry.persistent:  # its node died: its queue waits for it
+                    offline.append((client_id, options, None, entry))
             elif session is not None and session.expiry_s > 0:
                 offline.append((client_id, options, session, None))
         if here and (self.prefer_local or not there):

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from services.event.schema import SessionOpened, Subscribed
 from services.mqtt import codec
 from services.mqtt.packets import Message, Publish, Suback, Subscribe, Subscription, Unsubscribe
 from services.node import shared
@@ -112,3 +113,45 @@ async def test_hash_strategies_pick_by_sorted_client_id(strategy: str) -> None:
     expected = sorted(transports)[zlib.crc32(key.encode()) % 3]
     await wait_for(lambda: bool(publishes(transports[expected])), f"{expected} got it")
     assert [n for n, t in transports.items() if publishes(t)] == [expected]
+
+
+class DeadPeers:
+    """A cluster router to which every other node is dead."""
+
+    def __init__(self) -> None:
+        self.notified: list[tuple[str, str]] = []
+
+    def is_live(self, node_id: str) -> bool:
+        return False
+
+    def notify(self, node_id: str, client_id: str) -> None:
+        self.notified.append((node_id, client_id))
+
+    def forward(self, message: Message, targets: object) -> int:
+        raise AssertionError("nothing is forwarded to a dead node")
+
+
+async def test_persistent_member_of_a_dead_node_keeps_getting_its_copies() -> None:
+    """The directory still says p is online on "gone", which membership says is
+    dead (its end is not logged yet): p's queue outlives that node, so the copy
+    goes there instead of nowhere."""
+    h = await make_harness(settings())
+    epoch = (await h.broker.store.claim("p", "gone", False, 300)).epoch
+    opened = SessionOpened(
+        client_id="p", version=1, node="gone", ts_ms=0, epoch=epoch, clean_start=False,
+        expiry_s=300, protocol=5,
+    )  # fmt: skip
+    h.broker.logstate.apply(opened)
+    h.broker.logstate.apply(
+        Subscribed(client_id="p", version=2, node="gone", ts_ms=0, filter="$share/g/t", qos=1)
+    )
+    h.broker.cluster = DeadPeers()  # type: ignore[assignment]
+    assert h.broker.publish_message(Message("t", b"kept", 1, sender="pub")) == 1
+    taken: list[Inflight] = []
+
+    async def stored() -> bool:
+        taken.extend(await h.broker.queue.take("p", epoch, 10))
+        return bool(taken)
+
+    await wait_for(stored, "the copy in p's queue")
+    assert [(i.message.payload, i.message.share) for i in taken] == [(b"kept", ("g", "t"))]

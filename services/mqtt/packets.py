@@ -342,10 +342,10 @@ class Message:
     `properties` never carries a topic alias. `expires_at_ms` is wall-clock
     milliseconds (so it means the same on every node), None for no expiry.
     `sender` is the publishing client id (no-local needs it). `share` is the
-    shared subscription (group, filter) a copy was dispatched for, None for
-    any other copy: it travels with the copy (cluster link, queue), so the
-    receiving node applies that subscription and a leaving member's copies
-    can go to another member of the group. It is never sent to a client.
+    shared subscription (group, filter) a QoS 1/2 or forwarded copy was
+    dispatched for, None otherwise: it travels with the copy (link, queue),
+    so the receiving node applies that subscription and a leaving member's
+    copies can go to another member of the group. Never sent to a client.
     """
 
     topic: str

@@ -28,8 +28,9 @@ through `deliver`; a clean session elsewhere forwarded over the cluster link
 to that one client (`Remote.forward_to`), whose node applies the group's
 subscription (`deliver_forwarded`); a persistent session elsewhere through
 its Redis queue in this node's delivery batch (the publisher's PUBACK waits
-for it), its node told to take it (`Remote.enqueue`). Every copy carries
-`Message.share`, so the link and the queue keep which group it was for.
+for it), its node told to take it (`Remote.enqueue`). Every forwarded copy
+and every QoS 1/2 copy carries `Message.share`, so the link and the queue
+keep which group it was for.
 
 Redispatch (as EMQX's): the unacknowledged QoS 1/2 copies of a member that
 leaves (`unacked` sorts them per group) go to `redispatch(group, filter,
@@ -130,7 +131,9 @@ class Shared:
 
     @staticmethod
     def _copy(message: Message, options: SubOptions, group_filter: GroupFilter) -> Message:
-        return dataclasses.replace(for_subscriber(message, options, False), share=group_filter)
+        """The member's form, tagged with its group when it can be queued unacknowledged."""
+        copy = for_subscriber(message, options, False)
+        return dataclasses.replace(copy, share=group_filter) if copy.qos else copy
 
     def _candidates(
         self, members: Sequence[tuple[str, SubOptions]], exclude: str | None

@@ -287,7 +287,9 @@ def test_members_on_a_dead_node_are_skipped(
     may still say b1 is online there. Once membership says B is dead, every
     message goes to a1 (none is forwarded to the dead node)."""
     a = cluster.start("a")
-    b = NodeProc("b", redis_url, cluster.bootstrap, cluster.prefix, tmp_path)
+    b = NodeProc(
+        "b", redis_url, cluster.bootstrap, cluster.prefix, tmp_path, ["--cluster-ttl", "2"]
+    )  # its heartbeat lapses 2 s after the kill
     try:
         router = a.node.services.cluster
         wait_until(functools.partial(router.links.is_connected, "b"), "A linked to B",

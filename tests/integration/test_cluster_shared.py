@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from services.mqtt.packets import Properties, Publish, Subscription
+from services.mqtt.packets import Properties, Puback, Publish, Subscription
 from tests.integration.conftest import Paho
 from tests.integration.rawclient import LEVELS, V5, Raw, opened
 from tests.integration.test_cluster_nodes import NodeProc
@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.kafka]
 
 PROPAGATION_S = 20.0  # the log's tail and a membership poll, on a busy machine
 COLLECT_S = 10.0
+PAUSE_MS = 1000  # Redis writes paused: well within a store call's bound (2 s): none fails
 GROUP = ("g", "job/#")
 SHARED = "$share/g/job/#"
 
@@ -309,3 +310,27 @@ def test_members_on_a_dead_node_are_skipped(
         no_more(members, pub)
     finally:
         b.stop()
+
+
+def test_puback_for_a_persistent_member_elsewhere_waits_for_redis(
+    cluster: Cluster, raws: list[Raw], redis_url: str
+) -> None:
+    """The copy for a persistent member on B is stored by A before A answers:
+    with Redis's writes paused, no PUBACK comes; once they resume, it does, and
+    the member gets the message."""
+    import redis
+
+    a, b = cluster.start("a"), cluster.start("b")
+    cluster.linked()
+    props = Properties(session_expiry_interval=300)
+    p = opened(raws, b, "pers", V5, clean_start=False, properties=props)
+    assert p.subscribe(Subscription(SHARED, 1)).reason_codes == (1,)
+    sees(a, {"pers": "b"})
+    pub = opened(raws, a, "pub-a", V5)
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
+        pub.send(Publish("job/x", b"stored-first", qos=1, packet_id=7))
+        assert pub.nothing(within=PAUSE_MS / 2000), "PUBACK before the store took the copy"
+    assert pub.expect(Puback, timeout=COLLECT_S).packet_id == 7
+    got = p.expect(Publish, timeout=COLLECT_S)
+    assert (got.payload, got.qos) == (b"stored-first", 1)

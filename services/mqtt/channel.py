@@ -64,7 +64,6 @@ from services.mqtt.channel_connect import (
 from services.mqtt.channel_connect import (
     wall_ms as default_wall_ms,
 )
-from services.mqtt.channel_errors import QuotaExceeded
 from services.mqtt.channel_inbound import InboundFlow
 from services.mqtt.channel_outbound import (
     PUBACK_STAGE,
@@ -74,7 +73,7 @@ from services.mqtt.channel_outbound import (
 )
 from services.mqtt.channel_states import SERVER_DISCONNECT_CODES, TRANSITIONS, State
 from services.mqtt.channel_subscribe import SubscribeFlow
-from services.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
+from services.mqtt.errors import MQTTError, ProtocolError, QuotaExceeded, UnsupportedProtocolVersion
 from services.mqtt.packets import (
     NO_PROPERTIES,
     PACKET_TYPES,

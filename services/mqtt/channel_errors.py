@@ -16,7 +16,3 @@ class RetainNotSupported(MQTTError):
 
 class SubscriptionIdentifiersNotSupported(MQTTError):
     reason_code = ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED
-
-
-class QuotaExceeded(MQTTError):
-    reason_code = ReasonCode.QUOTA_EXCEEDED

@@ -60,6 +60,12 @@ class PayloadFormatInvalid(MQTTError):
     reason_code = ReasonCode.PAYLOAD_FORMAT_INVALID
 
 
+class QuotaExceeded(MQTTError):
+    """A limit of this server, not of the spec (packets before CONNACK, user properties)."""
+
+    reason_code = ReasonCode.QUOTA_EXCEEDED
+
+
 class UnsupportedProtocolLevel(UnsupportedProtocolVersion):
     """CONNECT named a protocol name / level pair Weir does not speak.
 

@@ -11,6 +11,7 @@ from services.mqtt.errors import (
     PacketTooLarge,
     PayloadFormatInvalid,
     ProtocolError,
+    QuotaExceeded,
     TopicAliasInvalid,
     TopicNameInvalid,
     UnsupportedProtocolLevel,
@@ -26,6 +27,7 @@ from services.mqtt.packets import (
     Subscription,
     Unsubscribe,
 )
+from services.mqtt.properties import MAX_USER_PROPERTIES
 from tests.support.codec_golden import MQTT, h
 
 BAD: list[tuple[str, int, str, type[MQTTError]]] = [
@@ -243,6 +245,20 @@ def test_5_allows_empty_topic_with_alias_and_repeated_user_properties() -> None:
     assert used == len(data)
     assert packet == Publish("", b"x", properties=Properties(
         topic_alias=5, user_property=(("k", "1"), ("k", "2"))))
+
+
+def test_5_user_properties_are_capped() -> None:
+    """MAX_USER_PROPERTIES in one block decode; one more is Quota Exceeded (0x97)."""
+    pairs = tuple((f"k{i}", "v") for i in range(MAX_USER_PROPERTIES + 1))
+    at_cap = encode(Publish("a", b"", properties=Properties(user_property=pairs[:-1])), 5)
+    packet, _ = decode(at_cap, 5) or (None, 0)
+    assert isinstance(packet, Publish) and len(packet.properties.user_property) == len(pairs) - 1
+    over = encode(Publish("a", b"", properties=Properties(user_property=pairs)), 5)
+    with pytest.raises(QuotaExceeded):
+        decode(over, 5)
+    connect = encode(Connect("c", 5, properties=Properties(user_property=pairs)), 5)
+    with pytest.raises(QuotaExceeded):
+        decode(connect, 0)
 
 
 def test_5_allows_password_without_user_name() -> None:

@@ -27,7 +27,9 @@ class ChannelConfig:
     server_keep_alive: int | None = None
     """Seconds; when set, replaces a 5.0 client's keep alive (Server Keep Alive)."""
     max_keep_alive: int = 65535
-    """Seconds; a larger 5.0 keep alive is lowered to this and announced."""
+    """Seconds; a larger 5.0 keep alive is lowered to this and announced, a larger
+    3.x one is refused (CONNACK 2, identifier rejected, as Mosquitto: 3.x has no
+    way to be told). 0, no keep alive, stays allowed."""
     max_qos: int = 2
     retain_available: bool = True
     wildcard_subscriptions: bool = True

@@ -131,7 +131,10 @@ def negotiate(
     keep_alive, server_keep_alive = connect.keep_alive, None
     if v5 and config.server_keep_alive is not None:
         keep_alive = server_keep_alive = config.server_keep_alive
-    elif v5 and keep_alive > config.max_keep_alive:
+    elif keep_alive > config.max_keep_alive:
+        if not v5:  # 3.x cannot be told a Server Keep Alive: refused, as Mosquitto does
+            detail = f"keep alive {keep_alive} s over the maximum {config.max_keep_alive} s"
+            return Refusal(RC.CLIENT_IDENTIFIER_NOT_VALID, detail)
         keep_alive = server_keep_alive = config.max_keep_alive
 
     if v5:

@@ -83,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-keep-alive",
         dest="limits.max_keep_alive_s",
-        help="largest keep alive in seconds; a 5.0 client's larger one is lowered to it",
+        help="largest keep alive in seconds; a 5.0 client's larger one is lowered to it, a 3.x "
+        "client's is refused (CONNACK 2)",
     )
     p.add_argument(
         "--receive-maximum",

@@ -223,6 +223,21 @@ def test_keep_alive_negotiation(
     assert acts[0].packet.properties.server_keep_alive == announced
 
 
+@pytest.mark.parametrize("level", [V3, V311])
+def test_3x_keep_alive_over_the_maximum_is_refused(level: int) -> None:
+    """3.x cannot be told a Server Keep Alive: CONNACK 2 (identifier rejected, as
+    Mosquitto does), no will, close. At the maximum, or 0, it is accepted."""
+    cfg = ChannelConfig(max_keep_alive=100)
+    ch = new_channel(cfg)
+    acts = ch.receive(make_connect(level, keep_alive=101), NOW)
+    assert isinstance(acts[0], Send) and acts[0].packet == Connack(False, 2)
+    assert isinstance(acts[-1], Close) and acts[-1].will is None
+    for keep_alive in (100, 0):
+        ok = new_channel(cfg)
+        assert isinstance(ok.receive(make_connect(level, keep_alive=keep_alive), NOW)[0],
+                          OpenSession)
+
+
 @pytest.mark.parametrize(
     ("level", "clean", "requested", "cfg", "expiry", "announced"),
     [

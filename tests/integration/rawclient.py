@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import socket
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -28,7 +28,6 @@ from services.mqtt.packets import (
     Subscribe,
     Subscription,
 )
-from tests.integration.conftest import NodeRunner
 
 WAIT_S = 5.0
 V311 = 4
@@ -36,6 +35,14 @@ V5 = 5
 LEVELS = [pytest.param(V311, id="v311"), pytest.param(V5, id="v5")]
 BARRIER_PACKET_ID = 0xFEED  # the sentinel's packet id (tests use small ones)
 _SENTINELS = itertools.count(1)  # barrier payloads, unique in a test run
+
+
+class Listening(Protocol):
+    """A node the helpers below can reach: a `NodeRunner` in a thread, or a node
+    process (tests/support/live_node.py)."""
+
+    @property
+    def mqtt_port(self) -> int: ...
 
 
 class Closed(Exception):
@@ -166,7 +173,7 @@ class Raw:
         self.sock.close()
 
 
-def opened(raws: list[Raw], node: NodeRunner, cid: str, level: int = V311, **kw: Any) -> Raw:
+def opened(raws: list[Raw], node: Listening, cid: str, level: int = V311, **kw: Any) -> Raw:
     r = Raw(node.mqtt_port, level)
     raws.append(r)
     ack = r.connect(cid, **kw)
@@ -174,12 +181,17 @@ def opened(raws: list[Raw], node: NodeRunner, cid: str, level: int = V311, **kw:
     return r
 
 
-def assert_alive(raws: list[Raw], node: NodeRunner, level: int = V311) -> None:
+def assert_alive(raws: list[Raw], node: Listening, level: int = V311) -> None:
     """Another connection still works end to end after someone misbehaved."""
     a = opened(raws, node, f"alive-{len(raws)}", level)
-    a.subscribe(Subscription("alive/check", 1))
-    a.send(Publish("alive/check", b"ok", qos=1, packet_id=9))
-    got = [a.recv(), a.recv()]
+    round_trip(a, "alive/check")
+
+
+def round_trip(r: Raw, topic: str, packet_id: int = 9) -> None:
+    """SUBSCRIBE to `topic` and PUBLISH to it at QoS 1: the PUBACK and the message come."""
+    r.subscribe(Subscription(topic, 1), packet_id=packet_id)
+    r.send(Publish(topic, b"ok", qos=1, packet_id=packet_id))
+    got = [r.recv(), r.recv()]
     kinds = {type(p) for p in got}
     assert kinds == {Puback, Publish}, got
 

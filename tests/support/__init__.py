@@ -8,5 +8,6 @@ A test module imports from here, never from another test module.
 - `eventlog`: read a Kafka event log back;
 - `channel`: building blocks of the pure Channel tests;
 - `codec_golden`: golden bytes for every control packet at every level;
-- `bench_cli`: run `weir bench` and parse its JSON lines.
+- `bench_cli`: run `weir bench` and parse its JSON lines;
+- `live_node`: `weir up --backend memory` as a process, with its RSS and open files.
 """

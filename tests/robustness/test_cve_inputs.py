@@ -10,10 +10,11 @@ where the input exists at that level, and checks that:
 The last test repeats every case many times and bounds the node's RSS growth.
 
 Where a case is a CVE of another broker, the number is in its name's comment.
-Checks that the conformance tests already make in a thread-run node (all the
-malformed-packet tables of tests/integration/test_conformance_raw.py) are not
-repeated here; these are the inputs named by issue 11 and the CVEs, run
-against the process a user starts.
+These are the inputs issue 11 names and the CVEs; a few of them are also in
+the malformed-packet tables of tests/integration/test_conformance_raw.py (a
+node in a thread, one level each). Here they run against the process a user
+starts, on both levels, with the bystander, the new connection and the
+memory bound; the rest of those tables is not repeated.
 """
 
 from __future__ import annotations

@@ -12,7 +12,10 @@ One run, on an embedded Tansu broker and a redis-server started here:
    date" line, so the JVM's start is reported apart), and the peak memory
    of the job's whole process tree (driver, JVM, Python workers);
 4. produce a tail (1% more clients' events), start another node: time to
-   ready from the state store plus the tail;
+   ready from the state store plus the tail; with `--starts N` (N > 1), then
+   N more rounds of the two starts on the same log and store (the full
+   replay with the store's keys renamed away), alternating, and the medians
+   and their ratio (the fold runs once; the rounds see the same load);
 5. lag: the job running with a 1 s trigger while a producer writes
    `--lag-rate` events/s, 10 s of warm-up then `--lag-s` seconds measured,
    each 100 ms a probe (a retained event); the lag of a probe is from its produce to its
@@ -28,6 +31,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,6 +56,7 @@ from bench.replay import (
 from services.embedded.kafka import EmbeddedKafka, free_port
 from services.embedded.redis_server import RedisServer
 from services.event.schema import Event, RetainedSet, Subscribed, encode
+from services.statestore.redis import state_keys
 
 JOB_TIMEOUT_S = 1800.0
 NODE_READY_TIMEOUT_S = 600.0
@@ -145,6 +150,36 @@ def node_ready(url: str, bootstrap: str, prefix: str, data: Path) -> tuple[float
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def rounds(url: str, bootstrap: str, prefix: str, data: Path, n: int) -> dict[str, Any]:
+    """n rounds of (full replay, state store + tail) node starts on one log and store:
+    for the replay, the store's keys are renamed away (and back after)."""
+    store = redis.Redis.from_url(url)
+    keys = list(state_keys(prefix).values())
+    replay: list[float] = []
+    from_store: list[float] = []
+    for i in range(n):
+        for key in keys:
+            if store.exists(key):
+                store.rename(key, key + ":away")
+        try:
+            replay.append(node_ready(url, bootstrap, prefix, data / f"r{i}")[0])
+        finally:
+            for key in keys:
+                if store.exists(key + ":away"):
+                    store.rename(key + ":away", key)
+        from_store.append(node_ready(url, bootstrap, prefix, data / f"s{i}")[0])
+    store.close()
+    median_replay, median_store = statistics.median(replay), statistics.median(from_store)
+    return {
+        "rounds": n,
+        "rounds_full_replay_s": [round(t, 2) for t in replay],
+        "rounds_from_store_s": [round(t, 2) for t in from_store],
+        "rounds_median_full_replay_s": round(median_replay, 2),
+        "rounds_median_from_store_s": round(median_store, 2),
+        "rounds_median_speedup": round(median_replay / median_store, 2),
+    }
 
 
 def tail_events(clients: int, first: int) -> Iterator[Event]:
@@ -255,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lag-s", type=float, default=60.0, help="0: skip the lag run")
     p.add_argument("--lag-rate", type=int, default=2000, help="events/s during the lag run")
     p.add_argument("--lag-only", action="store_true", help="only the lag run")
+    p.add_argument(
+        "--starts", type=int, default=1, help="N > 1: N more rounds of both node starts (medians)"
+    )
     args = p.parse_args(argv)
     result: dict[str, Any] = {"events": args.events, "clients": args.clients}
     with tempfile.TemporaryDirectory(prefix="weir-bench-streams-") as tmp:
@@ -287,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             result["ready_speedup"] = round(
                 result["ready_full_replay_s"] / result["ready_from_store_s"], 2
             )
+            if args.starts > 1:
+                result.update(rounds(server.url, kafka.bootstrap, prefix, data, args.starts))
             if args.lag_s > 0:
                 result.update(lag(kafka.bootstrap, server.url, data, args.lag_s, args.lag_rate))
         finally:
@@ -298,6 +338,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['fold_events_per_s']:,}/s (job wall {result['job_wall_s']} s, peak "
         f"{result['job_peak_mib']} MiB); ready: full replay {result['ready_full_replay_s']} s, "
         f"state store + tail {result['ready_from_store_s']} s ({result['ready_speedup']}x)"
+        + (
+            f"; medians of {result['rounds']} rounds: full replay "
+            f"{result['rounds_median_full_replay_s']} s, state store + tail "
+            f"{result['rounds_median_from_store_s']} s ({result['rounds_median_speedup']}x)"
+            if "rounds" in result
+            else ""
+        )
         + (
             f"; lag at {result['lag_rate']}/s with a 1 s trigger: p50 {result['lag_p50_s']} s, "
             f"p99 {result['lag_p99_s']} s, max {result['lag_max_s']} s"

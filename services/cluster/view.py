@@ -34,7 +34,10 @@ SessionClosed with expiry_s > 0; absent after the session ended.
 The node mirrors subscription changes into its routing trie through the
 `on_subscribe(client_id, filter, options)` and
 `on_unsubscribe(client_id, filter)` callbacks; options replacing options
-call on_subscribe again.
+call on_subscribe again. A state store snapshot's rows
+(`load_subscriptions`, the same rules in bulk) reach it one client at a
+time through `on_subscribe_many(client_id, [(filter, options), ...])`
+when that is given.
 """
 
 from __future__ import annotations
@@ -115,6 +118,9 @@ class ViewSnapshot:
 
 SubscribeHook = Callable[[str, str, SubscriptionOptions], None]
 UnsubscribeHook = Callable[[str, str], None]
+# One client's new subscriptions at once: (client_id, [(filter, options), ...]).
+SubscribeManyHook = Callable[[str, list[tuple[str, SubscriptionOptions]]], None]
+OPTIONS_MEMO = 65_536  # distinct (options, version) sets shared while a snapshot loads
 
 
 def _ignore_subscribe(client_id: str, filter_: str, options: SubscriptionOptions) -> None:
@@ -137,15 +143,32 @@ class _ClientSubs:
             return opts.version
         return self.gone.get(filter_, 0)
 
+    def takes(self, filter_: str, version: int) -> bool:
+        """Whether a subscription at `version` is newer than what is held;
+        if so, a tombstone it replaces is dropped (the caller makes it live)."""
+        if version <= self.floor:
+            return False
+        held = self.live.get(filter_)
+        if held is not None:
+            return version > held.version
+        gone = self.gone
+        if gone:
+            if version <= gone.get(filter_, 0):
+                return False
+            gone.pop(filter_, None)
+        return True
+
 
 class ClusterView:
     def __init__(
         self,
         on_subscribe: SubscribeHook = _ignore_subscribe,
         on_unsubscribe: UnsubscribeHook = _ignore_unsubscribe,
+        on_subscribe_many: SubscribeManyHook | None = None,
     ) -> None:
         self.on_subscribe = on_subscribe
         self.on_unsubscribe = on_unsubscribe
+        self.on_subscribe_many = on_subscribe_many
         self._sessions: dict[str, SessionEntry] = {}
         self._session_versions: dict[str, int] = {}
         self._subs: dict[str, _ClientSubs] = {}
@@ -228,25 +251,15 @@ class ClusterView:
         retain_handling: int,
         subscription_id: int | None,
     ) -> bool:
-        # subs.held() inlined: replay runs this a million times
         subs = self._subs.get(client_id)
         if subs is None:
             subs = self._subs[client_id] = _ClientSubs()
-        if version <= subs.floor:
+        if not subs.takes(filter_, version):
             return False
-        live = subs.live
-        held = live.get(filter_)
-        if held is not None:
-            if version <= held.version:
-                return False
-        elif subs.gone:
-            if version <= subs.gone.get(filter_, 0):
-                return False
-            subs.gone.pop(filter_, None)
         opts = SubscriptionOptions(
             qos, no_local, retain_as_published, retain_handling, subscription_id, version
         )
-        live[filter_] = opts
+        subs.live[filter_] = opts
         self.on_subscribe(client_id, filter_, opts)
         return True
 
@@ -278,16 +291,53 @@ class ClusterView:
         """The bulk form of applying Subscribed / Unsubscribed events, for a
         snapshot's rows: (client, filter, version, live, qos, no_local,
         retain_as_published, retain_handling, subscription_id, ts_ms, node).
-        Same rules as `apply`; returns how many changed the view."""
-        subscribe, unsubscribe = self._subscribe, self._unsubscribe
+        Same rules as `apply`; returns how many changed the view. A client's
+        consecutive rows reach `on_subscribe_many` in one call (when set,
+        else `on_subscribe` each), and equal options of equal versions share
+        one object: a fleet's clients subscribe alike, a million rows hold a
+        few thousand distinct ones."""
         changed = 0
+        memo: dict[tuple[Any, ...], SubscriptionOptions] = {}
+        client: str | None = None
+        subs = _ClientSubs()
+        batch: list[tuple[str, SubscriptionOptions]] = []
         for client_id, filter_, version, live, qos, nl, rap, rh, sid, _ts, _node in rows:
-            if live:
-                changed += subscribe(client_id, filter_, version, qos, nl, rap, rh, sid)
-            else:
-                changed += unsubscribe(client_id, filter_, version)
+            if client_id != client or not live:
+                if batch:  # hooks in row order: the batch before an unsubscribe
+                    self._subscribed_many(client, batch)
+                    batch = []
+                if not live:
+                    changed += self._unsubscribe(client_id, filter_, version)
+                    continue
+                client = client_id
+                subs = self._subs.get(client_id) or self._subs.setdefault(client_id, _ClientSubs())
+            # subs.takes() is True for a filter new to the client: asked only otherwise
+            held = filter_ in subs.live or subs.gone or version <= subs.floor
+            if held and not subs.takes(filter_, version):
+                continue
+            key = (qos, nl, rap, rh, sid, version)
+            opts = memo.get(key)
+            if opts is None:
+                opts = SubscriptionOptions(*key)
+                if len(memo) < OPTIONS_MEMO:
+                    memo[key] = opts
+            subs.live[filter_] = opts
+            batch.append((filter_, opts))
+            changed += 1
+        if batch:
+            self._subscribed_many(client, batch)
         self.applied += changed
         return changed
+
+    def _subscribed_many(
+        self, client_id: str | None, batch: list[tuple[str, SubscriptionOptions]]
+    ) -> None:
+        assert client_id is not None
+        if self.on_subscribe_many is not None:
+            self.on_subscribe_many(client_id, batch)
+            return
+        for filter_, opts in batch:
+            self.on_subscribe(client_id, filter_, opts)
 
     def _clear_below(self, client_id: str, version: int) -> bool:
         subs = self._subs.get(client_id)

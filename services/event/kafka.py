@@ -368,7 +368,10 @@ class KafkaEventLog:
             raise EventLogClosed("event log is closed")
         events: list[tuple[str, int, int, Event]] = []
         eofs: list[tuple[str, int]] = []
-        for msg in consumer.consume(BATCH, timeout_s):
+        # What is fetched already, else wait for the first record only:
+        # consume(BATCH, t) waits out t unless BATCH records come, which
+        # added REPLAY_POLL_S to the end of every replay.
+        for msg in consumer.consume(BATCH, 0) or consumer.consume(1, timeout_s):
             err = msg.error()
             if err is not None:
                 if _is_eof(err):

@@ -29,13 +29,15 @@ it). A pruned node left in a cached list is empty forever and contributes
 nothing. Exact filters are looked up afresh on every match.
 
 Precondition: `match` takes a valid topic name (no wildcards); the codec and
-channel validate names before routing. `add` validates filters.
+channel validate names before routing. `add` validates filters. `add_many`
+is `add` for one key's filters in one call (a node start loads a million
+subscriptions client by client); `add` is its one-filter case.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 from services.mqtt.errors import TopicFilterInvalid
@@ -126,8 +128,10 @@ class _Node(_Entries[V]):
 
     __slots__ = ("children", "hash", "plus")
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self) -> None:  # _Entries' slots set here: a million nodes skip the super() call
+        self.one: tuple[str, V] | None = None
+        self.subs: dict[str, tuple[str, V]] | None = None
+        self.shared: dict[tuple[str, str], dict[str, tuple[str, V]]] | None = None
         self.children: dict[str, _Node[V]] | None = None  # exact levels only
         self.plus: _Node[V] | None = None
         self.hash: _Node[V] | None = None
@@ -149,18 +153,6 @@ class _Node(_Entries[V]):
             return self.hash
         children = self.children
         return None if children is None else children.get(level)
-
-    def make_child(self, level: str) -> _Node[V]:
-        node: _Node[V] = _Node()
-        if level == "+":
-            self.plus = node
-        elif level == "#":
-            self.hash = node
-        elif self.children is None:
-            self.children = {sys.intern(level): node}
-        else:
-            self.children[sys.intern(level)] = node
-        return node
 
     def drop_child(self, level: str) -> None:
         if level == "+":
@@ -205,42 +197,86 @@ class TopicTrie(Generic[V]):
         log, whose writers validated it at SUBSCRIBE), so a replay of a
         million subscriptions does not validate them again.
         """
-        shared = parse_shared(topic_filter)
-        if shared is None:
-            if not checked:
-                validate_topic_filter(topic_filter)
-            path = topic_filter
-        else:
-            path = shared[1]
+        return self.add_many(key, ((topic_filter, value),), checked) == 1
+
+    def add_many(self, key: str, entries: Iterable[tuple[str, V]], checked: bool = False) -> int:
+        """`add(filter, key, value, checked)` for each (filter, value) of one
+        key, in order; returns how many pairs were new. The bulk form a
+        node start uses: one client's subscriptions in one call."""
         key = sys.intern(key)
-        entries: _Entries[V] | None
-        if "+" in path or "#" in path:
-            node = self._root
-            created = False
-            for level in path.split("/"):
-                child = node.child(level)
-                if child is None:
-                    child = node.make_child(level)
-                    created = True
-                node = child
+        exact = self._exact
+        created = False
+        new = 0
+        held: dict[str, None] | None = None
+        entry: tuple[str, V] | None = None
+        try:
+            for topic_filter, value in entries:
+                # parse_shared only for what may be shared (it raises for a bad `$share...`)
+                shared = parse_shared(topic_filter) if topic_filter[:6] == "$share" else None
+                if shared is None:
+                    if not checked:
+                        validate_topic_filter(topic_filter)
+                    path = topic_filter
+                else:
+                    path = shared[1]
+                entries_: _Entries[V] | None
+                if "+" in path or "#" in path:
+                    entries_, made = self._path(path)
+                    created = created or made
+                else:
+                    entries_ = exact.get(path)
+                    if entries_ is None:
+                        entries_ = exact[path] = _Entries()
+                if entry is None or entry[1] is not value:  # one tuple per distinct value
+                    entry = (key, value)
+                if shared is not None:
+                    if not entries_.put_shared(shared, entry):
+                        continue
+                elif entries_.one is None and entries_.subs is None:
+                    entries_.one = entry  # put(entry) on an empty filter, inlined
+                elif not entries_.put(entry):
+                    continue
+                new += 1
+                by_key = self._by_key
+                if by_key is not None:
+                    if held is None:
+                        held = by_key.get(key)
+                        if held is None:
+                            held = by_key[key] = {}
+                    held[topic_filter] = None
+        finally:  # what was added counts, and a new node voids the cache, even on a raise
             if created:
                 self._cache.clear()
-            entries = node
-        else:
-            entries = self._exact.get(path)
-            if entries is None:
-                entries = self._exact[path] = _Entries()
-        entry = (key, value)
-        new = entries.put(entry) if shared is None else entries.put_shared(shared, entry)
-        if new:
-            self._count += 1
-            by_key = self._by_key
-            if by_key is not None:
-                held = by_key.get(key)
-                if held is None:
-                    held = by_key[key] = {}
-                held[topic_filter] = None
+            self._count += new
         return new
+
+    def _path(self, path: str) -> tuple[_Node[V], bool]:
+        """The node of wildcard filter `path`, made with its missing
+        ancestors; True if any node was made. (`child`, inlined, and
+        the making: a node start makes a million nodes.)"""
+        node = self._root
+        made = False
+        for level in path.split("/"):
+            if level == "+":
+                child = node.plus
+                if child is None:
+                    child = node.plus = _Node()
+                    made = True
+            elif level == "#":
+                child = node.hash
+                if child is None:
+                    child = node.hash = _Node()
+                    made = True
+            else:
+                children = node.children
+                if children is None:
+                    children = node.children = {}
+                child = children.get(level)
+                if child is None:
+                    child = children[sys.intern(level)] = _Node()
+                    made = True
+            node = child
+        return node, made
 
     def remove(self, topic_filter: str, key: str) -> bool:
         """Unsubscribe; True if the (filter, key) pair existed. Prunes empty nodes."""

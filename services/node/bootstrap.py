@@ -74,28 +74,41 @@ async def start(logstate: LogState, state: StateStore | None, node_id: str) -> S
     await events.start()
     if state is None:
         return Started("log", replayed=await logstate.replay())
-    began = time.monotonic()
+    # One pause of the collector over reading the store and loading it: the
+    # read's million rows would otherwise be traversed by the first
+    # collection between the two (see gc_paused). A re-seed runs outside it.
+    with gc_paused():
+        began = time.monotonic()
+        snapshot, log_empty = await _read(events, state)
+        if snapshot is not None and not snapshot.empty and not log_empty:
+            return await _load(logstate, snapshot, time.monotonic() - began)
+    if snapshot is None or snapshot.empty:
+        return Started("log", replayed=await logstate.replay())
+    await _reseed_once(events, state, snapshot, node_id)
+    return Started("re-seeded log", replayed=await logstate.replay())
+
+
+async def _read(events: EventLog, state: StateStore) -> tuple[StateSnapshot | None, bool]:
+    """The store's snapshot (None: none, or unreadable) and whether the log is empty."""
     # The log's emptiness is probed while the store is read (a consumer's
     # round trips, in a thread): it decides between snapshot + tail and re-seed.
     empty = asyncio.ensure_future(events.is_empty())
     try:
-        snapshot = await state.load()
+        return await state.load(), await empty
     except StateStoreError as exc:
         log.warning("%s; replaying the whole log instead", exc)
-        snapshot = None
+        return None, await empty  # raises EventLogError: the node cannot start
     finally:
-        log_empty = await empty  # raises EventLogError: the node cannot start
-    if snapshot is None or snapshot.empty:
-        return Started("log", replayed=await logstate.replay())
-    read_s = time.monotonic() - began
-    if log_empty:
-        await _reseed_once(events, state, snapshot, node_id)
-        return Started("re-seeded log", replayed=await logstate.replay())
+        if not empty.done():  # only when the load was cancelled
+            empty.cancel()
+
+
+async def _load(logstate: LogState, snapshot: StateSnapshot, read_s: float) -> Started:
+    """Snapshot, then the log's tail from the offsets it reflects."""
     started = time.monotonic()
-    with gc_paused():
-        loaded = load_snapshot(logstate.view, logstate.apply, snapshot)
-        loaded_s = time.monotonic() - started
-        tail = await events.replay(logstate.apply, snapshot.offsets)
+    loaded = load_snapshot(logstate.view, logstate.apply, snapshot)
+    loaded_s = time.monotonic() - started
+    tail = await logstate.events.replay(logstate.apply, snapshot.offsets)
     log.info(
         "read %d state store entries in %.2f s, loaded them in %.2f s, then replayed %d "
         "events of the log's tail in %.2f s",

@@ -88,7 +88,8 @@ def gc_paused() -> Iterator[None]:
     """The garbage collector off while a start builds its state: replay builds
     millions of objects and frees few, so generational passes over the growing
     heap would cost about a third of the time. What was built is then frozen
-    (kept out of later collections, as the node does after start anyway)."""
+    (kept out of later collections, as the node does after start anyway).
+    Nested pauses are one pause (the outer one turns the collector back on)."""
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -113,7 +114,7 @@ class LogState:
         self.store = store
         self.spawn = spawn
         self.events = events
-        self.view = ClusterView(self._on_subscribe, self._on_unsubscribe)
+        self.view = ClusterView(self._on_subscribe, self._on_unsubscribe, self._on_subscribe_many)
         self._tail: asyncio.Task[None] | None = None
         self.moved: Callable[[str], None] = lambda client_id: None  # set by the broker
 
@@ -148,6 +149,23 @@ class LogState:
         session = table.sessions.get(client_id)
         if session is not None:
             session.subs[filter_] = opts
+
+    def _on_subscribe_many(
+        self, client_id: str, items: list[tuple[str, SubscriptionOptions]]
+    ) -> None:
+        """One client's subscriptions from a snapshot: `_on_subscribe` in bulk."""
+        cached = _SUB_OPTIONS.get  # sub_options(o), inlined for the usual hit
+        pairs = [
+            (f, cached((o.qos, o.no_local, o.retain_as_published, o.subscription_id))
+             or sub_options(o))
+            for f, o in items
+        ]  # fmt: skip
+        table = self.table
+        table.trie.add_many(client_id, pairs, checked=True)
+        table.invalidate_plans()
+        session = table.sessions.get(client_id)
+        if session is not None:
+            session.subs.update(pairs)
 
     def _on_unsubscribe(self, client_id: str, filter_: str) -> None:
         table = self.table

@@ -3,14 +3,16 @@
 Theory of operation. The store is a handful of hashes under one hash tag,
 `{<topic prefix>state}:` (`state_keys`; the same names as the writer's,
 which a test keeps in step). `load` reads the offsets first, then the
-rest with HSCAN in large pages. Subscriptions are one field per client (a
-JSON object of compact values, filter -> "version|live|qos|..."), so a
-million subscriptions of 100,000 clients are 100,000 fields in a few
-round trips, and one client's arrive together (the routing trie is built
-client by client, which keeps it cache-friendly). Sessions and retained
-messages are stored as the log's own event JSON and decoded by the event
-catalogue; an entry that does not decode is counted and skipped, never a
-failed start.
+rest with HSCAN in large pages (sessions, retained and floors at once;
+the subscriptions' next page asked for while one is parsed).
+Subscriptions are one field per client (a JSON object of compact values,
+filter -> "version|live|qos|...", '/' unescaped), so a million
+subscriptions of 100,000 clients are 100,000 fields in a few round trips,
+and one client's arrive together: the view and the routing trie load
+them client by client, one call each (`ClusterView.load_subscriptions`).
+Sessions and retained messages are stored as the log's own event JSON and
+decoded by the event catalogue; an entry that does not decode is counted
+and skipped, never a failed start.
 
 Re-seeding (DESIGN 6): a node that finds the log empty and the store not
 claims the re-seed with SET NX (one node of several), writes the store's
@@ -20,9 +22,11 @@ log generation, which tells the Spark job its checkpoint is void.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any, Final, cast
 
 import redis.asyncio as aioredis
@@ -54,6 +58,8 @@ STATE_KEYS: Final = (
 SCAN_PAGE: Final = 20_000  # hash fields per HSCAN call: ~1 MiB replies, few round trips
 SEP: Final = "\0"
 TAIL_CACHE: Final = 65_536  # distinct parsed subscription tails kept while loading
+_json_object = json.JSONDecoder().decode  # str in: json.loads' bytes sniffing skipped
+_new_row = tuple.__new__
 
 
 def state_keys(topic_prefix: str) -> dict[str, str]:
@@ -70,8 +76,9 @@ def parse_subscriptions(
     subscriptions mostly share it, and a node loads a million at start."""
     client_id = client.decode()
     cache = {} if tails is None else tails
-    out = []
-    for filter_, value in json.loads(blob).items():
+    out: list[StoredSubscription] = []
+    append = out.append
+    for filter_, value in _json_object(blob.decode()).items():
         v, _, rest = value.partition("|")
         tail = cache.get(rest)
         if tail is None:
@@ -88,7 +95,8 @@ def parse_subscriptions(
             )
             if len(cache) < TAIL_CACHE:
                 cache[rest] = tail
-        out.append(StoredSubscription(client_id, filter_, int(v), *tail))
+        # StoredSubscription(...) without its Python-level __new__: a million rows
+        append(_new_row(StoredSubscription, (client_id, filter_, int(v), *tail)))
     return out
 
 
@@ -114,12 +122,24 @@ class RedisStateStore:
 
     async def _scan(self, key: str) -> dict[bytes, bytes]:
         out: dict[bytes, bytes] = {}
-        cursor = 0
-        while True:
-            cursor, page = await self.client.hscan(key, cursor, count=SCAN_PAGE)
-            out.update(cast(dict[bytes, bytes], page))
-            if cursor == 0:
-                return out
+        async for page in self._pages(key):
+            out.update(page)
+        return out
+
+    async def _pages(self, key: str) -> AsyncIterator[dict[bytes, bytes]]:
+        """HSCAN's pages; the next one is asked for before this one is handed
+        over, so Redis prepares it while the caller parses this one."""
+        pending = asyncio.ensure_future(self.client.hscan(key, 0, count=SCAN_PAGE))
+        try:
+            while True:
+                cursor, page = await pending
+                if cursor != 0:
+                    pending = asyncio.ensure_future(self.client.hscan(key, cursor, count=SCAN_PAGE))
+                yield cast(dict[bytes, bytes], page)
+                if cursor == 0:
+                    return
+        finally:
+            pending.cancel()  # the caller stopped early (a no-op once done)
 
     async def load(self) -> StateSnapshot | None:
         try:
@@ -132,18 +152,28 @@ class RedisStateStore:
         # The offsets first: the state read after them is at least as new.
         offsets = await self._offsets()
         generation = cast(bytes | None, await self.client.hget(keys["meta"], "generation"))
-        sessions, bad_sessions = decode_all(SESSIONS, await self._scan(keys["sessions"]))
-        retained, bad = decode_all(RETAINED, await self._scan(keys["retained"]))
+        raw_sessions, raw_retained, raw_floors = await asyncio.gather(
+            *(self._scan(keys[name]) for name in ("sessions", "retained", "floors"))
+        )  # each on its own connection: Redis reads one while the client takes another in
+        sessions, bad_sessions = decode_all(SESSIONS, raw_sessions)
+        retained, bad = decode_all(RETAINED, raw_retained)
         bad += bad_sessions
-        floors = {f.decode(): int(v) for f, v in (await self._scan(keys["floors"])).items()}
+        floors = {f.decode(): int(v) for f, v in raw_floors.items()}
         subscriptions: list[StoredSubscription] = []
         tails: dict[str, tuple[Any, ...]] = {}
-        for client, blob in (await self._scan(keys["subs"])).items():
-            try:
-                subscriptions.extend(parse_subscriptions(client, blob, tails))
-            except (ValueError, UnicodeDecodeError, AttributeError) as exc:
-                bad += 1
-                log.warning("state store: skipped the subscriptions of %r: %s", client[:200], exc)
+        seen: set[bytes] = set()  # HSCAN may return a field twice (a rehash meanwhile)
+        async for page in self._pages(keys["subs"]):
+            for client, blob in page.items():
+                if client in seen:
+                    continue
+                seen.add(client)
+                try:
+                    subscriptions.extend(parse_subscriptions(client, blob, tails))
+                except (ValueError, UnicodeDecodeError, AttributeError) as exc:
+                    bad += 1
+                    log.warning(
+                        "state store: skipped the subscriptions of %r: %s", client[:200], exc
+                    )
         if not (offsets or sessions or subscriptions or retained or floors):
             return None
         return StateSnapshot(

@@ -114,7 +114,9 @@ for client in pairs(dirty) do
   if next(objs[client]) == nil then
     redis.call('HDEL', KEYS[5], client)
   else
-    redis.call('HSET', KEYS[5], client, cjson.encode(objs[client]))
+    -- cjson writes '/' as '\/' (every '/' it writes is escaped, so a '\/' is one):
+    -- unescaped, a node's JSON decoder reads the million filters faster.
+    redis.call('HSET', KEYS[5], client, (string.gsub(cjson.encode(objs[client]), '\\/', '/')))
   end
 end
 

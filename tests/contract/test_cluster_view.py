@@ -230,6 +230,53 @@ def test_view_is_a_function_of_the_event_set(ops: list[Op], seed: int) -> None:
     assert feed(ClusterView(), shuffled) == model(events)
 
 
+def as_row(e: Subscribed | Unsubscribed) -> tuple[object, ...]:
+    """A state store row (services.statestore.api.StoredSubscription's fields)."""
+    if isinstance(e, Unsubscribed):
+        return (e.client_id, e.filter, e.version, False, 0, False, False, 0, None, e.ts_ms, e.node)
+    return (
+        e.client_id, e.filter, e.version, True, e.qos, e.no_local, e.retain_as_published,
+        e.retain_handling, e.subscription_id, e.ts_ms, e.node,
+    )  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=ops_strategy, seed=st.integers(0, 2**32 - 1), bulk=st.booleans(), by_version=st.booleans()
+)
+def test_bulk_load_equals_apply_and_its_hooks_mirror_the_view(
+    ops: list[Op], seed: int, bulk: bool, by_version: bool
+) -> None:
+    """load_subscriptions (a snapshot's rows, duplicates and tombstones
+    included, one client's rows together, in any order or by version: a
+    tombstone after its live row) gives the view `apply` gives, and its
+    hooks, in bulk or one by one, leave the trie's mirror equal to it."""
+    events = to_events(ops)
+    rows = [as_row(e) for e in events if isinstance(e, Subscribed | Unsubscribed)]
+    rng = random.Random(seed)
+    rows += rng.sample(rows, len(rows) // 3)
+    rng.shuffle(rows)
+    rows.sort(key=lambda r: (str(r[0]), r[2] if by_version else 0))
+    mirror = Mirror()
+    batches: list[int] = []
+
+    def many(client: str, items: list[tuple[str, SubscriptionOptions]]) -> None:
+        batches.append(len(items))
+        for f, o in items:
+            mirror.subscribe(client, f, o)
+
+    view = ClusterView(mirror.subscribe, mirror.unsubscribe, many if bulk else None)
+    for e in events:
+        if not isinstance(e, Subscribed | Unsubscribed):
+            view.apply(e)
+    view.load_subscriptions(rows)
+    truth = model(events)
+    assert view.snapshot() == truth
+    assert mirror.subs == {(c, f): o for c, f, o in truth.subscriptions}
+    assert bulk or not batches
+    assert sum(batches) <= len(rows) and all(batches)
+
+
 def sub(v: int, f: str = "a/#", c: str = "c") -> Subscribed:
     return Subscribed(client_id=c, version=v, node="n", ts_ms=v, filter=f, qos=1)
 

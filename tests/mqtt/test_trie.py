@@ -38,6 +38,13 @@ keys = st.sampled_from(["c1", "c2", "c3", "c4"])
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("add"), filters(), keys, st.integers(0, 9)),
+        # add_many: filters joined by newlines (which no filter holds)
+        st.tuples(
+            st.just("add_many"),
+            st.lists(filters(), max_size=4).map("\n".join),
+            keys,
+            st.integers(0, 9),
+        ),
         st.tuples(st.just("remove"), filters(), keys, st.just(0)),
         st.tuples(st.just("match"), topics, st.just(""), st.just(0)),
         st.tuples(st.just("remove_key"), st.just(""), keys, st.just(0)),
@@ -82,6 +89,12 @@ def test_trie_equals_brute_force(
         if op == "add":
             assert trie.add(text, key, value) is ((text, key) not in model)
             model[(text, key)] = value
+        elif op == "add_many":
+            batch = text.split("\n") if text else []
+            assert trie.add_many(key, [(f, value) for f in batch]) == len(
+                {f for f in batch if (f, key) not in model}
+            )
+            model.update(((f, key), value) for f in batch)
         elif op == "remove":
             assert trie.remove(text, key) is ((text, key) in model)
             model.pop((text, key), None)
@@ -155,6 +168,20 @@ def test_invalid_filters_are_rejected() -> None:
             trie.add(bad, "c1", 0)
         assert not trie.remove(bad, "c1")
     assert len(trie) == 0
+
+
+def test_add_many_stops_at_an_invalid_filter_keeping_what_it_added() -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    trie.add("q/#", "c0", 0)
+    assert trie.match("x/1") == []  # the walk is cached: no node reaches x/1
+    with pytest.raises(TopicFilterInvalid):
+        trie.add_many("c1", [("x/+", 1), ("y", 2), ("a/#/b", 3), ("z", 4)])
+    assert len(trie) == 3
+    assert trie.filters("c1") == ["x/+", "y"]
+    assert trie.match("x/1") == [("c1", 1)]  # the new node voided the cached walk
+    assert trie.add_many("c1", [("x/+", 5), ("$share/g/x/+", 6)], checked=True) == 1
+    assert trie.match("x/1") == [("c1", 5)]
+    assert trie.match_shared("x/1") == {("g", "x/+"): [("c1", 6)]}
 
 
 def test_remove_key_and_pruning() -> None:

@@ -19,15 +19,14 @@ Frames: u32 length (of what follows) | u8 type | body.
 A frame longer than MAX_FRAME closes the link (the sender is broken).
 
 Batching and back-pressure. Frames wait in the peer's buffer; the first
-frame of a loop turn schedules one flush (`call_soon`), which writes the
-whole buffer in one `transport.write`. While the link is down, connecting,
-or the kernel buffer is full (`pause_writing`), frames stay buffered. Past
-`buffer_limit` bytes, QoS 0 FORWARDs are dropped and counted; other frames
-(QoS 1/2 FORWARD, NOTIFY, KICK) are always kept, and `backlog()` tells the
-broker when to hold its publishers. Frames handed to a transport whose
-connection then breaks are lost: forwarding to clean sessions is at most
-once across a node failure (their sessions die with that node anyway),
-and persistent sessions' messages wait in Redis, not here.
+frame of a loop turn schedules one flush (`call_soon`): one `transport.write`.
+While the link is down, connecting, or paused (`pause_writing`), frames stay
+buffered. Past `buffer_limit` bytes QoS 0 FORWARDs are dropped and counted;
+the rest are kept, and `hold` tells the broker to hold the publisher (bounded)
+until `on_drained`: a slow peer holds back only the publishers that send to
+it, never the others' links. Frames handed to a transport whose connection
+then breaks are lost: forwarding to clean sessions is at most once across a
+node failure (they die with it); persistent sessions' messages are in Redis.
 
 Reconnect: after a failure the dialler waits backoff_min_s, doubling up to
 backoff_max_s, reset by a successful handshake.
@@ -102,12 +101,8 @@ def parse_hello(data: bytes | bytearray) -> tuple[int, str, int] | None:
 
 
 def _ids(client_ids: Sequence[str]) -> bytes:
-    parts = [_U16.pack(len(client_ids))]
-    for cid in client_ids:
-        raw = cid.encode()
-        parts.append(_U16.pack(len(raw)))
-        parts.append(raw)
-    return b"".join(parts)
+    raws = [cid.encode() for cid in client_ids]
+    return _U16.pack(len(raws)) + b"".join(_U16.pack(len(raw)) + raw for raw in raws)
 
 
 def _read_ids(body: bytes, pos: int) -> tuple[list[str], int]:
@@ -265,6 +260,7 @@ class _Peer:
         self.transport: asyncio.Transport | None = None
         self.protocol: _Outbound | None = None
         self.connected = asyncio.Event()
+        self.holding = False  # a publisher waits for this buffer to go out
         self._flush_scheduled = False
         self._task = (
             asyncio.get_running_loop().create_task(self._run()) if address is not None else None
@@ -294,6 +290,12 @@ class _Peer:
         self.stats.writes += 1
         self.frames.clear()
         self.buffered = 0
+        self._drained()
+
+    def _drained(self) -> None:
+        if self.holding:
+            self.holding = False
+            self.links.on_drained(self.node_id)
 
     async def _run(self) -> None:
         backoff = self.links.backoff_min_s
@@ -374,6 +376,7 @@ class Links:
         # Called with a node id we have no address for; when set, frames for it are
         # held (same limits) until `set_peer` names it or `remove_peer` gives up.
         self.on_unknown: Callable[[str], None] | None = None
+        self.on_drained: Callable[[str], None] = lambda node_id: None  # see `hold`
         self._peers: dict[str, _Peer] = {}
         self._inbound: set[asyncio.Transport] = set()
         self._server: asyncio.Server | None = None
@@ -399,6 +402,7 @@ class Links:
         fresh = _Peer(self, node_id, address)
         if peer is not None:
             fresh.frames, fresh.buffered = peer.frames, peer.buffered
+            fresh.holding, peer.holding = peer.holding, False
             fresh.stats = peer.stats
             fresh.schedule_flush()
             await peer.close()
@@ -409,6 +413,7 @@ class Links:
         peer = self._peers.pop(node_id, None)
         if peer is not None:
             await peer.close()
+            peer._drained()  # nothing more will go there: its waiters go on
 
     def peers(self) -> dict[str, str]:
         """The peers with an address (not those only held for)."""
@@ -441,6 +446,14 @@ class Links:
         hold publishers of QoS 1/2 messages that go there."""
         peer = self._peers.get(node_id)
         return peer.buffered if peer is not None else 0
+
+    def hold(self, node_id: str) -> bool:
+        """Past buffer_limit for node_id? Then on_drained(node_id) follows (sent or gone)."""
+        peer = self._peers.get(node_id)
+        if peer is None or peer.buffered <= self.buffer_limit:
+            return False
+        peer.holding = True
+        return True
 
     # -- sending -------------------------------------------------------------
 

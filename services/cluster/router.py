@@ -67,6 +67,11 @@ class LocalNode(Protocol):
         """Membership shows `node_id` live (new, or back)."""
         ...
 
+    def peer_drained(self, node_id: str) -> None:
+        """What was buffered for `node_id` after a `hold` went out (or it is gone):
+        publishers held for it may go on."""
+        ...
+
     def node_died(self, node_id: str) -> None:
         """Membership shows `node_id` dead (its heartbeat lapsed): take over
         what it held (DESIGN 5). Its link is already gone."""
@@ -84,6 +89,9 @@ class _Ignore:
         pass
 
     def node_joined(self, node_id: str) -> None:
+        pass
+
+    def peer_drained(self, node_id: str) -> None:
         pass
 
     def node_died(self, node_id: str) -> None:
@@ -117,6 +125,7 @@ class ClusterRouter(LinkHandler):
             POLL_INTERVAL_S, beat_interval(membership.ttl_s)
         )
         self.links.on_unknown = self._unknown
+        self.links.on_drained = self._drained
         self._held_since: dict[str, float] = {}  # node id -> when we first held frames for it
         self._wake = asyncio.Event()
         self._notify: dict[str, dict[str, None]] = {}
@@ -156,6 +165,9 @@ class ClusterRouter(LinkHandler):
             if change:
                 await self._apply(change)
             await self._expire_held(loop.time())
+
+    def _drained(self, node_id: str) -> None:
+        self.local.peer_drained(node_id)
 
     def _unknown(self, node_id: str) -> None:
         """Frames for a node membership has not shown us yet (the log can be
@@ -236,6 +248,10 @@ class ClusterRouter(LinkHandler):
 
     def backlog(self, node_id: str) -> int:
         return self.links.backlog(node_id)
+
+    def hold(self, node_id: str) -> bool:
+        """node_id's link is backed up: hold the publisher until `peer_drained`."""
+        return self.links.hold(node_id)
 
     def stats(self, node_id: str) -> PeerStats:
         return self.links.stats(node_id)

@@ -27,7 +27,6 @@ import contextlib
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.node.backends import BackendError, start_backends

@@ -107,6 +107,7 @@ class Broker:
         )
         self.delivery.on_stored = self.remote.notify_stored
         self.logstate.moved = self.remote.moved_by_log
+        self.remote.publisher = self._publisher
         self.dispatch = Dispatch(
             node_id, self.routes, self.delivery, self.remote, sessions, queue,
             self.logstate, loop, self.spawn, shared_strategy, shared_local, self.seams,
@@ -242,6 +243,9 @@ class Broker:
 
     def node_joined(self, node_id: str) -> None:
         self.orphans.node_joined(node_id)
+
+    def peer_drained(self, node_id: str) -> None:
+        self.remote.peer_drained(node_id)
 
     def node_died(self, node_id: str) -> None:
         self.orphans.node_died(node_id)

@@ -42,7 +42,7 @@ from services.mqtt.actions import (
 from services.mqtt.channel import Channel
 from services.mqtt.errors import MQTTError
 from services.mqtt.packets import ReasonCode
-from services.node.ports import BrokerPort, ConnectionPort, Session
+from services.node.ports import BrokerPort, ConnectionPort, PeerGate, Session
 
 PUBLISHER_STALL_S = 0.5  # seconds a publisher waits for one slow subscriber to drain
 #   before that subscriber is treated as slow (QoS 0 dropped) until it drains
@@ -90,7 +90,8 @@ class Connection(asyncio.Protocol):
         self._out_bytes = 0
         self._busy = False
         self._deferred = False
-        self._blocked_on: Connection | None = None  # a paused subscriber we wait for
+        # a paused subscriber, or a backed-up cluster link, we wait for
+        self._blocked_on: ConnectionPort | PeerGate | None = None
         self._waiters: list[Connection] | None = None  # publishers waiting for us to drain
         self._slow = False  # paused past the stall bound: drop instead of making anyone wait
         self._read_paused = False
@@ -160,7 +161,7 @@ class Connection(asyncio.Protocol):
         """Publishers held back for this subscriber may go on."""
         waiters, self._waiters = self._waiters, None
         for publisher in waiters or ():
-            publisher._unblock(self)
+            publisher.unblock(self)
 
     # -- incoming -----------------------------------------------------------
 
@@ -220,26 +221,33 @@ class Connection(asyncio.Protocol):
         if not self._deferred and not self._write_paused and self._blocked_on is None:
             self._resume_reading()
 
-    def block_on(self, subscriber: ConnectionPort) -> None:
-        """Back-pressure: a subscriber of ours is over its high-water mark. Stop
+    def block_on(self, subscriber: ConnectionPort | PeerGate) -> None:
+        """Back-pressure: a subscriber of ours is over its high-water mark, or the
+        cluster link to a peer we sent QoS 1/2 messages to is backed up. Stop
         reading our packets until it drains, for at most PUBLISHER_STALL_S."""
-        assert isinstance(subscriber, Connection)
         if self._blocked_on is not None or self.closed:
             return
         self._blocked_on = subscriber
-        if subscriber._waiters is None:
-            subscriber._waiters = [self]
+        if isinstance(subscriber, PeerGate):
+            subscriber.waiters.append(self)
         else:
-            subscriber._waiters.append(self)
+            assert isinstance(subscriber, Connection)
+            if subscriber._waiters is None:
+                subscriber._waiters = [self]
+            else:
+                subscriber._waiters.append(self)
         self._pause_reading()
         self.broker.loop.call_later(PUBLISHER_STALL_S, self._stalled, subscriber)
 
-    def _stalled(self, subscriber: Connection) -> None:
+    def _stalled(self, subscriber: Connection | PeerGate) -> None:
         if self._blocked_on is subscriber:
-            subscriber._slow = True  # until it drains, its QoS 0 messages are dropped
-            self._unblock(subscriber)
+            if isinstance(subscriber, PeerGate):
+                subscriber.slow = True  # not held for again until that link drains
+            else:
+                subscriber._slow = True  # until it drains, its QoS 0 messages are dropped
+            self.unblock(subscriber)
 
-    def _unblock(self, subscriber: Connection) -> None:
+    def unblock(self, subscriber: ConnectionPort | PeerGate) -> None:
         if self._blocked_on is subscriber:
             self._blocked_on = None
             self._continue()

@@ -111,6 +111,25 @@ class Turn:
         self.publisher: ConnectionPort | None = None
 
 
+class PeerGate:
+    """What publishers of QoS 1/2 messages wait on while the cluster link to
+    `node` is backed up (`services.node.remote`); `slow` once a wait timed out,
+    so publishers are not held for it again until it drains."""
+
+    __slots__ = ("holds", "node", "slow", "waiters")
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.slow = False
+        self.waiters: list[ConnectionPort] = []
+        self.holds = 0  # publishers held for it so far (a figure for tests and metrics)
+
+    def wake_waiters(self) -> None:
+        waiters, self.waiters = self.waiters, []
+        for publisher in waiters:
+            publisher.unblock(self)
+
+
 class ConnectionPort(Protocol):
     """What a connection offers the broker's parts."""
 
@@ -145,8 +164,13 @@ class ConnectionPort(Protocol):
         """The answer to a busy action is out: handle the packets held meanwhile."""
         ...
 
-    def block_on(self, subscriber: ConnectionPort) -> None:
-        """Back-pressure: stop reading this publisher until `subscriber` drains."""
+    def block_on(self, subscriber: ConnectionPort | PeerGate) -> None:
+        """Back-pressure: stop reading this publisher until `subscriber` (a local
+        subscriber's connection, or a peer's backed-up link) drains."""
+        ...
+
+    def unblock(self, subscriber: ConnectionPort | PeerGate) -> None:
+        """What this publisher waited for drained: read on."""
         ...
 
     def wake_waiters(self) -> None:

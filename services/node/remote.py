@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from services.cluster.view import ClusterView, SessionEntry
 from services.mqtt.packets import Message
 from services.node.delivery import Delivery
-from services.node.ports import Session
+from services.node.ports import ConnectionPort, PeerGate, Session
 from services.node.routes import RemoteEntry, Routes, delivered_form
 
 if TYPE_CHECKING:
@@ -45,6 +45,8 @@ class Remote:
         self.cluster: ClusterRouter | None = None  # set by the node when it joins a cluster
         self.pending: dict[str, tuple[str, int]] = {}  # client -> (node, batches)
         self.moved: dict[str, str] = {}  # client -> the node that took it over from us
+        self.gates: dict[str, PeerGate] = {}  # peer -> the publishers its backed-up link holds
+        self.publisher: Callable[[], ConnectionPort | None] = lambda: None  # set by the broker
 
     def deliver(self, message: Message, remote: list[RemoteEntry]) -> int:
         """Subscribers online on other nodes (see the module docstring)."""
@@ -70,7 +72,30 @@ class Remote:
             self.enqueue(client_id, entry, delivered)
         if targets:
             cluster.forward(message, targets)
+            if message.qos:
+                for node in targets:
+                    self._hold_for(node)
         return count
+
+    def _hold_for(self, node: str) -> None:
+        """A QoS 1/2 message went into `node`'s link: if that is backed up, its
+        publisher waits (bounded, as for a slow local subscriber) until it drains."""
+        cluster = self.cluster
+        if cluster is None or not cluster.hold(node):
+            return
+        gate = self.gates.get(node)
+        if gate is None:
+            gate = self.gates[node] = PeerGate(node)
+        publisher = self.publisher()
+        if publisher is not None and not gate.slow:
+            gate.holds += 1
+            publisher.block_on(gate)
+
+    def peer_drained(self, node: str) -> None:
+        gate = self.gates.get(node)
+        if gate is not None:
+            gate.slow = False
+            gate.wake_waiters()
 
     def is_live(self, node: str) -> bool:
         """Membership says `node` is alive (this node is not a peer)."""
@@ -92,6 +117,8 @@ class Remote:
         self.moved.pop(client_id, None)
         if self.cluster is not None:
             self.cluster.forward(message, {node: [client_id]})
+            if message.qos:
+                self._hold_for(node)
 
     def notify_stored(self, items: Sequence[tuple[str, Message]]) -> None:
         """A batch is stored: tell the owners of the remote persistent sessions in it."""

@@ -117,6 +117,38 @@ async def test_buffer_limit_drops_only_qos0_forwards_and_counts_them(pair: Pair)
     assert a.backlog("b") == 0
 
 
+async def test_hold_past_the_limit_and_drained_once_the_buffer_went_out(pair: Pair) -> None:
+    rec = Recorder()
+    a = await pair.links("a", Recorder(), buffer_limit=4096)
+    drained: list[str] = []
+    a.on_drained = drained.append
+    await a.set_peer("b", f"127.0.0.1:{free_port()}")  # nothing listens yet
+    assert a.forward("b", Message("q1", b"z" * 1000, 1), ["c"])
+    assert not a.hold("b")  # under the limit: nobody waits
+    for _ in range(5):
+        a.forward("b", Message("q1", b"z" * 1000, 1), ["c"])
+    assert a.hold("b") and not a.hold("nobody")
+    assert drained == []
+    b = await pair.links("b", rec)
+    await a.set_peer("b", b.address)  # the buffer moves to the new address and goes out
+    await until(lambda: drained == ["b"])
+    assert len(rec.events) <= 6 and a.backlog("b") == 0
+    await until(lambda: len(rec.events) == 6)
+    assert drained == ["b"]  # once per hold
+
+
+async def test_a_removed_peer_releases_its_holds(pair: Pair) -> None:
+    a = await pair.links("a", Recorder(), buffer_limit=1024)
+    drained: list[str] = []
+    a.on_drained = drained.append
+    await a.set_peer("b", f"127.0.0.1:{free_port()}")
+    for _ in range(3):
+        a.forward("b", Message("q2", b"z" * 1000, 2), ["c"])
+    assert a.hold("b")
+    await a.remove_peer("b")  # it died: nothing more will go there
+    assert drained == ["b"]
+
+
 async def test_reconnects_after_the_peer_restarts_on_the_same_port(pair: Pair) -> None:
     first, second = Recorder(), Recorder()
     a = await pair.links("a", Recorder())

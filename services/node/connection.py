@@ -7,7 +7,8 @@ packet size from the fixed header, before the body is buffered); each
 packet goes to the channel, and the returned actions are carried out in
 order. Actions that need the broker to wait (open a session, subscribe,
 unsubscribe) mark the connection busy: later packets stay in the buffer
-until the answer is back, so a client's packets keep their order.
+until the answer is back, so a client's packets keep their order; past
+HELD_INPUT_BYTES of them we stop reading until then.
 
 Writes are batched: `write` appends to a list and registers the connection
 with the broker, which flushes every dirty connection once per loop turn.
@@ -50,6 +51,9 @@ EARLY_FLUSH_BYTES = 64 * 1024  # bytes: hand output to the transport within the 
 #   its high-water mark (and pause_writing) reacts before a turn's output piles up
 WORK_BUDGET = 4096  # packets + deliveries one connection may cause per loop turn: about
 #   a millisecond of work, so a publisher with a full buffer cannot stall everyone else
+HELD_INPUT_BYTES = 64 * 1024  # bytes a connection reads while the broker works for it
+#   (CONNECT, SUBSCRIBE) before it stops reading: its packets wait in the buffer, so
+#   without a bound a client pipelining behind its CONNECT filled the node's memory
 
 
 class Connection(asyncio.Protocol):
@@ -128,6 +132,8 @@ class Connection(asyncio.Protocol):
             self._buf = bytearray(data)
         if not self._busy and not self._deferred and self._blocked_on is None:
             self._process()
+        elif self._busy and len(self._buf) > HELD_INPUT_BYTES:
+            self._pause_reading()  # resume_processing reads again
 
     def eof_received(self) -> bool | None:
         return None
@@ -257,6 +263,9 @@ class Connection(asyncio.Protocol):
         self._busy = False
         if not self.closed and self._buf and not self._deferred and self._blocked_on is None:
             self._process()
+        held = self._busy or self._deferred or self._write_paused or self._blocked_on is not None
+        if not held:
+            self._resume_reading()
 
     def _carry_out(self, actions: Sequence[Action]) -> None:
         broker = self.broker

@@ -19,6 +19,7 @@ import pytest
 from services.settings import Listeners, Settings, load
 
 if TYPE_CHECKING:
+    from services.node.seams import Seams
     from tests.integration.rawclient import Raw
 
 START_TIMEOUT_S = 10.0
@@ -26,8 +27,9 @@ _SENTINELS = itertools.count(1)  # barrier payloads, unique in a test run
 
 
 class NodeRunner:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, seams: Seams | None = None) -> None:
         self.settings = settings
+        self.seams = seams  # None: the composition root's (allow all)
         self.node: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -65,7 +67,10 @@ class NodeRunner:
 
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        self.node = Node(self.settings, build_services(self.settings))
+        services = build_services(self.settings)
+        if self.seams is not None:
+            services = replace(services, seams=self.seams)
+        self.node = Node(self.settings, services)
         try:
             await self.node.start()
         except BaseException as exc:

@@ -12,11 +12,7 @@ that reaches another node id than it dialled (a port reused after a
 restart) closes too. Both are `HandshakeRejected`, counted, and retried
 with the same backoff as a refused connection: a rolling upgrade ends them.
 
-Frames: u32 length (of what follows) | u8 type | body.
-  FORWARD  u16 n | n x (u16 len | client id) | message (services.store.serial)
-  NOTIFY   u16 n | n x (u16 len | client id)
-  KICK     u64 epoch | client id
-A frame longer than MAX_FRAME closes the link (the sender is broken).
+The wire format (HELLO, frames) is `services.cluster.frames`.
 
 Batching and back-pressure. Frames wait in the peer's buffer; the first
 frame of a loop turn schedules one flush (`call_soon`): one `transport.write`.
@@ -40,37 +36,30 @@ import logging
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import cast
 
 from services.cluster.api import HandshakeRejected, LinkError
+from services.cluster.frames import (
+    FRAME,
+    MAXFRAME,
+    PROTOCOL_VERSION,
+    LinkHandler,
+    dispatch,
+    forward_frame,
+    hello,
+    kick_frame,
+    notify_frame,
+    parse_hello,
+)
 from services.mqtt.packets import Message
 from services.store import serial
 
 log = logging.getLogger("weir.cluster.links")
 
-PROTOCOL_VERSION = 1
-MAGIC = b"WEIRLINK"
-FORWARD, NOTIFY, KICK = 1, 2, 3
-MAX_FRAME = 256 * 1024 * 1024 + 65536  # the largest MQTT packet, plus targets
 DEFAULT_BUFFER_LIMIT = 8 * 1024 * 1024  # bytes per peer before QoS 0 forwards are dropped
 HANDSHAKE_TIMEOUT_S = 2.0
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
-
-_HELLO = struct.Struct(">8sHH")
-_FRAME = struct.Struct(">IB")
-_U16 = struct.Struct(">H")
-_U64 = struct.Struct(">Q")
-
-
-class LinkHandler(Protocol):
-    """What a node does with frames from its peers (called on the loop)."""
-
-    def on_forward(self, peer: str, message: Message, client_ids: Sequence[str]) -> None: ...
-
-    def on_notify(self, peer: str, client_ids: Sequence[str]) -> None: ...
-
-    def on_kick(self, peer: str, client_id: str, epoch: int) -> None: ...
 
 
 @dataclass(slots=True)
@@ -80,76 +69,6 @@ class PeerStats:
     dropped: int = 0  # QoS 0 forwards dropped past the buffer limit
     connects: int = 0
     rejected: int = 0  # handshakes refused (version or identity)
-
-
-def hello(node_id: str, version: int = PROTOCOL_VERSION) -> bytes:
-    raw = node_id.encode()
-    return _HELLO.pack(MAGIC, version, len(raw)) + raw
-
-
-def parse_hello(data: bytes | bytearray) -> tuple[int, str, int] | None:
-    """(version, node id, bytes used), or None for "need more data"."""
-    if len(data) < _HELLO.size:
-        return None
-    magic, version, n = _HELLO.unpack_from(data, 0)
-    if magic != MAGIC:
-        raise LinkError("not a Weir cluster link")
-    end = _HELLO.size + n
-    if len(data) < end:
-        return None
-    return version, bytes(data[_HELLO.size : end]).decode(), end
-
-
-def _ids(client_ids: Sequence[str]) -> bytes:
-    raws = [cid.encode() for cid in client_ids]
-    return _U16.pack(len(raws)) + b"".join(_U16.pack(len(raw)) + raw for raw in raws)
-
-
-def _read_ids(body: bytes, pos: int) -> tuple[list[str], int]:
-    (n,) = _U16.unpack_from(body, pos)
-    pos += 2
-    out = []
-    for _ in range(n):
-        (k,) = _U16.unpack_from(body, pos)
-        pos += 2
-        out.append(body[pos : pos + k].decode())
-        pos += k
-    return out, pos
-
-
-def _frame(kind: int, body: bytes) -> bytes:
-    return _FRAME.pack(len(body) + 1, kind) + body
-
-
-def forward_frame(message: Message, client_ids: Sequence[str]) -> bytes:
-    return forward_frame_serialized(serial.dumps(message), client_ids)
-
-
-def forward_frame_serialized(blob: bytes, client_ids: Sequence[str]) -> bytes:
-    """A FORWARD of a message already in `serial.dumps` form (one per fan-out)."""
-    return _frame(FORWARD, _ids(client_ids) + blob)
-
-
-def notify_frame(client_ids: Sequence[str]) -> bytes:
-    return _frame(NOTIFY, _ids(client_ids))
-
-
-def kick_frame(client_id: str, epoch: int) -> bytes:
-    return _frame(KICK, _U64.pack(epoch) + client_id.encode())
-
-
-def dispatch(handler: LinkHandler, peer: str, kind: int, body: bytes) -> None:
-    if kind == FORWARD:
-        ids, pos = _read_ids(body, 0)
-        handler.on_forward(peer, serial.loads(body[pos:]), ids)
-    elif kind == NOTIFY:
-        ids, _ = _read_ids(body, 0)
-        handler.on_notify(peer, ids)
-    elif kind == KICK:
-        (epoch,) = _U64.unpack_from(body, 0)
-        handler.on_kick(peer, body[8:].decode(), epoch)
-    else:
-        raise LinkError(f"unknown frame type {kind}")
 
 
 class _Inbound(asyncio.Protocol):
@@ -200,8 +119,8 @@ class _Inbound(asyncio.Protocol):
         assert peer is not None
         try:
             while end - pos >= 5:
-                length, kind = _FRAME.unpack_from(buf, pos)
-                if length > MAX_FRAME or length < 1:
+                length, kind = FRAME.unpack_from(buf, pos)
+                if length > MAXFRAME or length < 1:
                     raise LinkError(f"frame of {length} bytes")
                 if end - pos - 4 < length:
                     break

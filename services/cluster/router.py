@@ -31,13 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from services.cluster.api import Member, Membership, MembershipChange, MembershipUnavailable
-from services.cluster.links import (
-    DEFAULT_BUFFER_LIMIT,
-    LinkHandler,
-    Links,
-    PeerStats,
-    forward_frame_serialized,
-)
+from services.cluster.frames import LinkHandler, forward_frame_serialized
+from services.cluster.links import DEFAULT_BUFFER_LIMIT, Links, PeerStats
 from services.cluster.membership import beat_interval
 from services.mqtt.packets import Message
 from services.store import serial

@@ -8,13 +8,8 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from services.cluster.links import (
-    PROTOCOL_VERSION,
-    LinkHandler,
-    Links,
-    hello,
-    parse_hello,
-)
+from services.cluster.frames import PROTOCOL_VERSION, LinkHandler, hello, parse_hello
+from services.cluster.links import Links
 from services.mqtt.packets import Message, Properties
 from tests.support.ports import free_port
 from tests.support.wait import until

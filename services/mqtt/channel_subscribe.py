@@ -8,7 +8,8 @@ given, is merged back in order into the SUBACK (UNSUBACK). 3.x SUBACKs only
 know the failure code 0x80 and 3.x UNSUBACKs carry no codes at all.
 Breaking a MUST (no filters, a packet id in use, no local on a shared
 subscription, a bad subscription identifier) raises an MQTTError: the
-connection ends.
+connection ends; so do more than `max_topic_filters` filters in one packet
+(Weir's limit, Quota Exceeded).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import replace
 from services.mqtt.actions import Action, Send, SubscribeRequest, UnsubscribeRequest
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.channel_errors import SubscriptionIdentifiersNotSupported
-from services.mqtt.errors import ProtocolError, TopicFilterInvalid
+from services.mqtt.errors import ProtocolError, QuotaExceeded, TopicFilterInvalid
 from services.mqtt.packets import (
     ReasonCode,
     Suback,
@@ -49,6 +50,7 @@ class SubscribeFlow:
             raise ProtocolError("SUBSCRIBE without topic filters")
         if s.packet_id in self._subs:
             raise ProtocolError(f"SUBSCRIBE packet id {s.packet_id} is in use")
+        self._check_count(len(s.subscriptions), "SUBSCRIBE")
         sub_id = None
         if s.properties.subscription_identifier:
             ids = s.properties.subscription_identifier
@@ -92,6 +94,10 @@ class SubscribeFlow:
             return self._failure(RC.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED)
         return None
 
+    def _check_count(self, n: int, what: str) -> None:
+        if n > self._config.max_topic_filters:
+            raise QuotaExceeded(f"{what} of {n} filters, over {self._config.max_topic_filters}")
+
     def _failure(self, code: int) -> int:
         return code if self._v5 else RC.UNSPECIFIED_ERROR
 
@@ -110,6 +116,7 @@ class SubscribeFlow:
             raise ProtocolError("UNSUBSCRIBE without topic filters")
         if u.packet_id in self._unsubs:
             raise ProtocolError(f"UNSUBSCRIBE packet id {u.packet_id} is in use")
+        self._check_count(len(u.topic_filters), "UNSUBSCRIBE")
         codes: list[int | None] = []
         accepted: list[str] = []
         for topic_filter in u.topic_filters:
@@ -141,4 +148,3 @@ class SubscribeFlow:
             raise ValueError(f"expected {sum(c is None for c in codes)} codes, got {answers}")
         it = iter(answers)
         return tuple(next(it) if c is None else c for c in codes)
-

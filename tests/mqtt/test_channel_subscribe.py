@@ -93,6 +93,18 @@ def test_v5_subscribe_connection_errors(
     assert plain(conn(V5, cfg).receive(subscribe, NOW)) == error_close(V5, code)
 
 
+@pytest.mark.parametrize("level", [V311, V5])
+def test_more_topic_filters_than_the_maximum_end_the_connection(level: int) -> None:
+    """max_topic_filters per SUBSCRIBE / UNSUBSCRIBE; one more: 0x97 (3.x: close)."""
+    cfg = ChannelConfig(max_topic_filters=3)
+    at_max = Subscribe(1, tuple(S(f"t/{i}") for i in range(3)))
+    assert isinstance(conn(level, cfg).receive(at_max, NOW)[0], SubscribeRequest)
+    over = Subscribe(1, tuple(S(f"t/{i}") for i in range(4)))
+    assert plain(conn(level, cfg).receive(over, NOW)) == error_close(level, 0x97)
+    unsub = Unsubscribe(1, tuple(f"t/{i}" for i in range(4)))
+    assert plain(conn(level, cfg).receive(unsub, NOW)) == error_close(level, 0x97)
+
+
 def test_packet_id_in_use_is_a_protocol_error() -> None:
     ch = conn(V5)
     ch.receive(Subscribe(3, (S("a"),)), NOW)

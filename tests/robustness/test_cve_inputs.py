@@ -34,7 +34,9 @@ from services.mqtt.packets import (
     Properties,
     Puback,
     Publish,
+    Subscribe,
     Subscription,
+    Unsubscribe,
 )
 from services.mqtt.properties import encode_utf8, encode_varint
 from tests.integration.rawclient import (
@@ -145,6 +147,16 @@ CASES: dict[str, Case] = {
         code=QUOTA_EXCEEDED,
     ),
     "many-user-properties-connect": Case(connect_many_properties, levels=(V5,), first=True),
+    # Thousands of topic filters in one packet: 35 us of the node's loop each, so a
+    # 1 MiB SUBSCRIBE held every other client for seconds.
+    "many-topic-filters-subscribe": Case(
+        lambda lv: encode(Subscribe(1, tuple(Subscription(f"f/{i}") for i in range(MANY))), lv),
+        code=QUOTA_EXCEEDED,
+    ),
+    "many-topic-filters-unsubscribe": Case(
+        lambda lv: encode(Unsubscribe(1, tuple(f"f/{i}" for i in range(MANY))), lv),
+        code=QUOTA_EXCEEDED,
+    ),
     "second-connect": Case(
         lambda lv: encode(Connect("again", protocol_level=lv), lv), code=PROTOCOL_ERROR
     ),

@@ -436,13 +436,14 @@ class Channel:
             return self._close("error", "connection lost")
         return self._close_early("error", "connection lost before CONNACK")
 
-    def protocol_error(self, err: MQTTError) -> list[Action]:
+    def protocol_error(self, err: MQTTError, connect_level: int | None = None) -> list[Action]:
         """What to do about an MQTTError (from the channel or the codec).
 
         Connected: DISCONNECT with the error's reason code (5.0; 0x82 when
         the spec does not allow that code in DISCONNECT), then Close with the
-        will. Before the CONNACK: a refusing CONNACK where the level has a
-        code for it (always on 5.0), then Close without the will.
+        will. Before the CONNACK: a refusing CONNACK where the level has a code
+        for it (always on 5.0; for a CONNECT the codec refused, its level byte
+        is `connect_level`, from `codec.peek_connect_level`), then Close without the will.
         """
         detail = f"{type(err).__name__}: {err}"
         if self.state is State.CLOSED:
@@ -454,11 +455,10 @@ class Channel:
             return self._server_close(code, "error", detail)
         if self.state is State.CONNECTING or self.protocol_level:
             return self._refuse(err.reason_code, detail)
-        if isinstance(err, UnsupportedProtocolVersion) and self.state is State.AWAIT_CONNECT:
-            level = getattr(err, "protocol_level", None)
-            self.protocol_level = (
-                ProtocolLevel.MQTT_5 if level == ProtocolLevel.MQTT_5 else ProtocolLevel.MQTT_3_1_1
-            )
+        level = getattr(err, "protocol_level", connect_level)
+        unsupported = isinstance(err, UnsupportedProtocolVersion)
+        if self.state is State.AWAIT_CONNECT and (unsupported or level == ProtocolLevel.MQTT_5):
+            self.protocol_level = ProtocolLevel.MQTT_5 if level == 5 else ProtocolLevel.MQTT_3_1_1
             return self._refuse(err.reason_code, detail)
         return self._close_early("error", detail)
 

@@ -196,10 +196,12 @@ class Connection(asyncio.Protocol):
                 turn.work += 1
                 self._carry_out(channel.receive(packet, broker.loop.time()))
         except MQTTError as err:
+            # A CONNECT the codec refused: its level byte says whether a CONNACK can tell why.
+            level = None if channel.protocol_level else codec.peek_connect_level(view[used:])
             turn.publisher = outer
             view.release()
             self._buf = None
-            self._carry_out(channel.protocol_error(err))
+            self._carry_out(channel.protocol_error(err, level))
             if not self.closed:
                 self.close()
             return

@@ -27,6 +27,7 @@ from services.mqtt.errors import (
     MalformedPacket,
     MQTTError,
     PacketTooLarge,
+    QuotaExceeded,
     TopicAliasInvalid,
     UnsupportedProtocolVersion,
 )
@@ -328,6 +329,24 @@ def test_codec_version_error_before_connect_answers_with_connack(
 def test_codec_error_before_connect_closes_silently() -> None:
     ch = new_channel()
     assert plain(ch.protocol_error(MalformedPacket("junk"))) == [closed("error")]
+
+
+@pytest.mark.parametrize(
+    ("err", "connect_level", "expected"),
+    [
+        (MalformedPacket("bad client id"), V5, [Send(Connack(False, 0x81))]),
+        (QuotaExceeded("user properties"), V5, [Send(Connack(False, 0x97))]),
+        (UnsupportedProtocolVersion("?"), V5, [Send(Connack(False, 0x84))]),
+        (MalformedPacket("bad client id"), V311, []),  # 3.1.1 has no code for it
+        (MalformedPacket("not a CONNECT"), None, []),
+    ],
+)
+def test_connect_the_codec_refused_is_answered_at_its_level(
+    err: MQTTError, connect_level: int | None, expected: list[Action]
+) -> None:
+    """5.0 (3.1.4): a CONNECT the server refuses may get a CONNACK with the reason."""
+    ch = new_channel()
+    assert plain(ch.protocol_error(err, connect_level)) == [*expected, closed("error")]
 
 
 @pytest.mark.parametrize(

@@ -97,7 +97,7 @@ def connect_many_properties(level: int) -> bytes:
 class Case:
     data: Callable[[int], bytes]  # the bad bytes at a protocol level
     levels: tuple[int, ...] = (V311, V5)
-    code: int | None = None  # the 5.0 DISCONNECT reason code, when connected
+    code: int | None = None  # the 5.0 DISCONNECT reason code (CONNACK, when `first`)
     first: bool = False  # sent as the connection's first bytes, not after a CONNECT
 
 
@@ -126,7 +126,7 @@ CASES: dict[str, Case] = {
         lambda lv: publish_raw(b"a\xed\xa0\x80", lv), code=MALFORMED
     ),
     "invalid-utf8-subscribe-filter": Case(lambda lv: subscribe_raw(b"\xff", lv), code=MALFORMED),
-    "invalid-utf8-client-id": Case(connect_bad_client_id, first=True),
+    "invalid-utf8-client-id": Case(connect_bad_client_id, first=True, code=MALFORMED),
     "wildcard-plus-in-publish-topic": Case(
         lambda lv: publish_raw(b"a/+", lv), code=TOPIC_NAME_INVALID
     ),
@@ -146,7 +146,9 @@ CASES: dict[str, Case] = {
         levels=(V5,),
         code=QUOTA_EXCEEDED,
     ),
-    "many-user-properties-connect": Case(connect_many_properties, levels=(V5,), first=True),
+    "many-user-properties-connect": Case(
+        connect_many_properties, levels=(V5,), first=True, code=QUOTA_EXCEEDED
+    ),
     # Thousands of topic filters in one packet: 35 us of the node's loop each, so a
     # 1 MiB SUBSCRIBE held every other client for seconds.
     "many-topic-filters-subscribe": Case(
@@ -198,6 +200,8 @@ def test_bad_input_closes_only_its_connection(
     assert not any(isinstance(p, Publish) for p in before), before
     if case.first:
         assert not any(isinstance(p, Connack) and p.reason_code == 0 for p in before), before
+        if level == V5 and case.code is not None:  # a CONNECT refused at 5.0: the CONNACK says why
+            assert [p.reason_code for p in before if isinstance(p, Connack)] == [case.code]
     elif level == V5:
         assert v5_disconnect_code(before) == case.code, before
     else:

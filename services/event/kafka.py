@@ -69,6 +69,12 @@ POLL_INTERVAL_S: Final = 0.05  # delivery-report poll period of the producer thr
 BATCH: Final = 1000  # records per consume() call
 REPLAY_POLL_S: Final = 0.2
 TAIL_POLL_S: Final = 0.05  # tail latency added on top of the broker's fetch wait
+# How long the broker may hold a fetch that finds nothing new. A replay's
+# consumer sees each partition's end that much after reaching it (Tansu holds
+# the fetch), so it asks briefly; the tail's consumer, idle most of the
+# time, asks ten times a second.
+REPLAY_FETCH_WAIT_MS: Final = 10
+TAIL_FETCH_WAIT_MS: Final = 100
 ADMIN_TIMEOUT_S: Final = 10.0
 # A replay that reads nothing and reaches no partition end for this long gives
 # up: the broker is gone or stalled (Tansu also stalls silently on a fetch past
@@ -272,8 +278,13 @@ class KafkaEventLog:
     async def replay(self, handler: Handler, start: Offsets | None = None) -> int:
         await self.ensure_topics()
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._worker, self._assign, dict(start or {}))
-        count = await self._consume(handler, until_eof=True)
+        await loop.run_in_executor(
+            self._worker, self._assign, dict(start or {}), REPLAY_FETCH_WAIT_MS
+        )
+        try:
+            count = await self._consume(handler, until_eof=True)
+        finally:  # the tail makes its own consumer (TAIL_FETCH_WAIT_MS) from the positions
+            await loop.run_in_executor(self._worker, self._retire_consumer)
         _trim_heap()
         return count
 
@@ -284,7 +295,7 @@ class KafkaEventLog:
     def _probe_empty(self) -> bool:
         """Read from the beginning of every partition until one yields a
         record (not empty) or all report EOF (empty); bounded by replay_stall_s."""
-        consumer = self._new_consumer()
+        consumer = self._new_consumer(REPLAY_FETCH_WAIT_MS)
         try:
             parts: list[_TP] = []
             for topic in self.topics:
@@ -322,7 +333,12 @@ class KafkaEventLog:
             await loop.run_in_executor(self._worker, self._assign, {})
         await self._consume(handler, until_eof=False)
 
-    def _new_consumer(self) -> Consumer:
+    def _retire_consumer(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+
+    def _new_consumer(self, fetch_wait_ms: int = TAIL_FETCH_WAIT_MS) -> Consumer:
         """A consumer for `assign` (no group is ever joined), reporting partition EOF."""
         config: dict[str, Any] = {
             "bootstrap.servers": self.settings.bootstrap,
@@ -331,15 +347,17 @@ class KafkaEventLog:
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 100,
+            "fetch.wait.max.ms": fetch_wait_ms,
             "logger": log,
             **self.settings.consumer_config,
         }
         return Consumer(config)
 
-    def _assign(self, start: dict[tuple[str, int], int]) -> None:
+    def _assign(
+        self, start: dict[tuple[str, int], int], fetch_wait_ms: int = TAIL_FETCH_WAIT_MS
+    ) -> None:
         if self._consumer is None:
-            self._consumer = self._new_consumer()
+            self._consumer = self._new_consumer(fetch_wait_ms)
         consumer = self._consumer
         parts: list[_TP] = []
         assigned: list[tuple[str, int]] = []

@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services import listener_settings
+from services.listener_settings import ListenerConfig
+
 ENV_VARS: frozenset[str] = frozenset(
     {
         "WEIR_NODE_ID",
@@ -68,6 +71,13 @@ OUTBOUND_LOW_WATER = 16 * 1024  # bytes: resume reading once the buffer drains t
 SUBSCRIBER_QUEUE_BYTES = 1 << 20  # bytes of QoS 0 PUBLISHes held for one slow
 #   subscriber beyond its transport buffer; past it QoS 0 messages are dropped and counted
 SHUTDOWN_GRACE_S = 5.0  # seconds to flush DISCONNECTs before closing sockets anyway
+# Rate limits (services.auth.limits), written as the `limits` package parses them
+# ("100/second", "10 per 5 seconds"); None: no limit. Flapping (services.auth.banned):
+# off by default as in EMQX; on, EMQX's defaults: 15 connects in 1 min -> banned 5 min.
+FLAPPING_MAX_CONNECTS = 15  # CONNECTs of one client id within the window
+FLAPPING_WINDOW_S = 60.0
+FLAPPING_BAN_S = 300.0
+RATE_STORAGES = ("memory", "redis")  # where connection rates and flapping are counted
 QUEUE_FULL_POLICIES = ("refuse", "drop_oldest")  # services.queue.api: at the queue bound,
 #   refuse QoS 1/2 messages (their publishers are not acknowledged) or drop the oldest
 DEFAULT_QUEUE_FULL = "refuse"
@@ -116,6 +126,21 @@ class Listeners:
     host: str = DEFAULT_HOST
     mqtt_port: int = DEFAULT_MQTT_PORT
     ws_port: int | None = DEFAULT_WS_PORT  # None: no WebSocket listener
+    # More listeners (services.listener_settings): TLS and WebSocket over TLS on this
+    # host with these files, and the config file's [[listener]] tables.
+    tls_port: int | None = None
+    wss_port: int | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    cafile: str | None = None
+    verify: str | None = None  # client certificates: none | optional | required
+    cert_username: str = "none"  # cn | dn: the client certificate names the user
+    tables: tuple[ListenerConfig, ...] = ()
+    ports: tuple[tuple[str, int], ...] = ()  # listener name -> port (weir up --nodes)
+
+    def all(self) -> tuple[ListenerConfig, ...]:
+        """Every listener, checked (ValueError)."""
+        return listener_settings.combine(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +155,19 @@ class Limits:
     outbound_low_water: int = OUTBOUND_LOW_WATER
     subscriber_queue_bytes: int = SUBSCRIBER_QUEUE_BYTES
     shutdown_grace_s: float = SHUTDOWN_GRACE_S
+    max_conn_rate: str | None = None  # CONNECTs accepted per listener (0x9F / 3.x: 3)
+    max_conn_rate_per_ip: str | None = None  # CONNECTs accepted per client address
+    client_msg_rate: str | None = None  # PUBLISHes read per client; over: reading pauses
+    client_byte_rate: str | None = None  # bytes read per client; over: reading pauses
+    max_subscriptions: int = 0  # filters per client (0: no limit); over: SUBACK 0x97 / 0x80
+    allow_cidrs: str | None = None  # "10.0.0.0/8,::1": only these addresses may connect
+    deny_cidrs: str | None = None  # these may not (CONNACK 0x87 / 3.x: 5)
+    rate_storage: str = "memory"  # "redis": rates and flapping counted cluster-wide
+    flapping: bool = False
+    flapping_max_connects: int = FLAPPING_MAX_CONNECTS
+    flapping_max_connects_ip: int = 0  # per client address (0: not counted by address)
+    flapping_window_s: float = FLAPPING_WINDOW_S
+    flapping_ban_s: float = FLAPPING_BAN_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +255,30 @@ def _choice(options: tuple[str, ...]) -> Convert:
     return convert
 
 
+def _rate(raw: Any) -> str:
+    """A rate as the `limits` package writes it: "100/second", "10 per 5 seconds"."""
+    import limits
+
+    text = _text(raw)
+    try:
+        item = limits.parse(text)
+    except ValueError:
+        raise ValueError(f"expected a rate such as 100/second, got {text!r}") from None
+    if item.amount < 1:
+        raise ValueError(f"a rate of {item.amount} lets nothing through")
+    return text
+
+
+def _cidrs(raw: Any) -> str:
+    text = _text(raw)
+    for part in text.split(","):
+        try:
+            ipaddress.ip_network(part.strip(), strict=False)
+        except ValueError:
+            raise ValueError(f"expected CIDR[,CIDR...], got {part.strip()!r}") from None
+    return text
+
+
 def _kafka_bootstrap(raw: Any) -> str:
     text = _text(raw)
     for server in text.split(","):
@@ -261,6 +323,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("listeners.host", _text, "WEIR_MQTT_HOST"),
     Option("listeners.mqtt_port", _int(0, MAX_PORT), "WEIR_MQTT_PORT"),
     Option("listeners.ws_port", _optional_port, "WEIR_WS_PORT"),
+    Option("listeners.tls_port", _optional_port),
+    Option("listeners.wss_port", _optional_port),
+    Option("listeners.certfile", _text),
+    Option("listeners.keyfile", _text),
+    Option("listeners.cafile", _text),
+    Option("listeners.verify", _choice(listener_settings.VERIFY)),
+    Option("listeners.cert_username", _choice(listener_settings.CERT_USERNAME)),
+    Option("listeners.tables", listener_settings.tables),  # [[listener]] in the file
+    Option("listeners.ports", listener_settings.port_overrides),
     Option("limits.max_connections", _int(1)),
     Option("limits.max_packet_size", _int(64, 268_435_460)),
     Option("limits.receive_maximum", _int(1, 65_535)),
@@ -271,6 +342,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("limits.outbound_low_water", _int(0)),
     Option("limits.subscriber_queue_bytes", _int(0)),
     Option("limits.shutdown_grace_s", _float(0.0)),
+    Option("limits.max_conn_rate", _rate),
+    Option("limits.max_conn_rate_per_ip", _rate),
+    Option("limits.client_msg_rate", _rate),
+    Option("limits.client_byte_rate", _rate),
+    Option("limits.max_subscriptions", _int(0)),
+    Option("limits.allow_cidrs", _cidrs),
+    Option("limits.deny_cidrs", _cidrs),
+    Option("limits.rate_storage", _choice(RATE_STORAGES)),
+    Option("limits.flapping", _bool),
+    Option("limits.flapping_max_connects", _int(1)),
+    Option("limits.flapping_max_connects_ip", _int(0)),
+    Option("limits.flapping_window_s", _float(1.0)),
+    Option("limits.flapping_ban_s", _float(1.0)),
 )
 _BY_PATH = {option.path: option for option in OPTIONS}
 
@@ -294,6 +378,9 @@ def _read_file(path: str) -> dict[str, Any]:
         raise SettingsError(f"config file {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"config file {path}: {exc}") from None
+    if "listener" in table:  # [[listener]] tables: a list, not a section
+        table = {**table, "listeners": {**table.get("listeners", {}), "tables": table["listener"]}}
+        del table["listener"]
     flat = _flatten(table)
     for key in flat:
         if key not in _BY_PATH:
@@ -340,6 +427,10 @@ def _build(values: Mapping[str, Any]) -> Settings:
         section, _, name = path.rpartition(".")
         sections[section][name] = value
     listeners = Listeners(**sections["listeners"])
+    try:
+        listeners.all()
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     limits = Limits(**sections["limits"])
     if limits.outbound_low_water > limits.outbound_high_water:
         raise SettingsError("limits.outbound_low_water is above limits.outbound_high_water")
@@ -358,13 +449,21 @@ def is_loopback(host: str) -> bool:
 def exposure_error(settings: Settings) -> str | None:
     """Why a node with these settings must not start, or None. A listener
     that other machines can reach needs an authentication backend (a
-    password file) or an explicit allow_anonymous, as Mosquitto 2 asks."""
-    host = settings.listeners.host
-    if is_loopback(host) or settings.allow_anonymous or settings.password_file:
+    password file), client certificates it requires, or an explicit
+    allow_anonymous (the node's or its own), as Mosquitto 2 asks."""
+    if settings.password_file:
         return None
-    return (
-        f"listening on {host} (not loopback) would let any client in without "
-        "authentication; configure a password file (--password-file) or set "
-        "allow_anonymous = true (--allow-anonymous, WEIR_ALLOW_ANONYMOUS=true) to accept "
-        "that, or listen on 127.0.0.1"
-    )
+    for listener in settings.listeners.all():
+        host = listener.host
+        anonymous = listener.allow_anonymous
+        if anonymous is None:
+            anonymous = settings.allow_anonymous
+        if is_loopback(host) or anonymous or listener.client_certs == "required":
+            continue
+        return (
+            f"listener {listener.name}: listening on {host} (not loopback) would let any "
+            "client in without authentication; configure a password file (--password-file), "
+            "require client certificates, or set allow_anonymous = true (--allow-anonymous, "
+            "WEIR_ALLOW_ANONYMOUS=true) to accept that, or listen on 127.0.0.1"
+        )
+    return None

@@ -14,6 +14,11 @@ the same names as tables and keys:
     [limits]
     max_connections = 19000
 
+Listeners beyond the default MQTT and WebSocket ones (TLS, WebSocket over
+TLS, `[[listener]]` tables with their own address, TLS files, client
+certificate rules, CIDR lists and limits) are read by
+`services.listener_settings`.
+
 A bad value anywhere raises `SettingsError` with a one-line message naming
 the option and where it came from; the CLI prints it and exits 2.
 """

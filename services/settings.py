@@ -165,8 +165,6 @@ class Limits:
     client_msg_rate: str | None = None  # PUBLISHes read per client; over: reading pauses
     client_byte_rate: str | None = None  # bytes read per client; over: reading pauses
     max_subscriptions: int = 0  # filters per client (0: no limit); over: SUBACK 0x97 / 0x80
-    allow_cidrs: str | None = None  # "10.0.0.0/8,::1": only these addresses may connect
-    deny_cidrs: str | None = None  # these may not (CONNACK 0x87 / 3.x: 5)
     rate_storage: str = "memory"  # "redis": rates and flapping counted cluster-wide
     flapping: bool = False
     flapping_max_connects: int = FLAPPING_MAX_CONNECTS
@@ -274,16 +272,6 @@ def _rate(raw: Any) -> str:
     return text
 
 
-def _cidrs(raw: Any) -> str:
-    text = _text(raw)
-    for part in text.split(","):
-        try:
-            ipaddress.ip_network(part.strip(), strict=False)
-        except ValueError:
-            raise ValueError(f"expected CIDR[,CIDR...], got {part.strip()!r}") from None
-    return text
-
-
 def _kafka_bootstrap(raw: Any) -> str:
     text = _text(raw)
     for server in text.split(","):
@@ -352,8 +340,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("limits.client_msg_rate", _rate),
     Option("limits.client_byte_rate", _rate),
     Option("limits.max_subscriptions", _int(0)),
-    Option("limits.allow_cidrs", _cidrs),
-    Option("limits.deny_cidrs", _cidrs),
     Option("limits.rate_storage", _choice(RATE_STORAGES)),
     Option("limits.flapping", _bool),
     Option("limits.flapping_max_connects", _int(1)),

@@ -31,14 +31,16 @@ tuple of `ListenerConfig` (`combine`):
 asked for and checked if sent) and "none" without one. `ports` (the hidden
 `--listener-port NAME=PORT`, from `weir up --nodes`) moves a listener to
 another port. Every check that needs no socket is made here (names, ports,
-TLS files, CIDRs), so a bad listener is a `ValueError` with one line that
-the settings module turns into its SettingsError; the TLS files themselves
-are loaded by `services.node.listeners.check`.
+TLS files, which are loaded once to see that they can be, CIDRs), so a bad
+listener is a `ValueError` with one line that the settings module turns
+into its SettingsError.
 """
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -55,6 +57,9 @@ WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 MAX_PORT = 65_535
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+TLS_MINIMUM = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
+VERIFY_MODE = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
+               "required": ssl.CERT_REQUIRED}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +257,18 @@ def combine(listeners: Listeners) -> tuple[ListenerConfig, ...]:
     return tuple(out)
 
 
+def ssl_context(config: ListenerConfig) -> ssl.SSLContext:
+    """The server context of a TLS listener; OSError / ssl.SSLError for bad files."""
+    assert config.certfile is not None and config.keyfile is not None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = TLS_MINIMUM[config.tls_min]
+    context.load_cert_chain(config.certfile, config.keyfile)
+    if config.client_certs != "none":
+        context.load_verify_locations(cafile=config.cafile)
+        context.verify_mode = VERIFY_MODE[config.client_certs]
+    return context
+
+
 def _overlap(a: str, b: str) -> bool:
     return a == b or a in WILDCARD_HOSTS or b in WILDCARD_HOSTS
 
@@ -277,3 +294,30 @@ def _check(config: ListenerConfig) -> None:
     if config.cert_username != "none" and config.client_certs == "none":
         raise ValueError(f"{where}: cert_username = {config.cert_username} needs client "
                          "certificates (a cafile, verify optional or required)")  # fmt: skip
+    try:
+        ssl_context(config)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise ValueError(
+            f"{where}: cannot use certfile {config.certfile} with keyfile {config.keyfile}"
+            + (f" and cafile {config.cafile}" if config.cafile else "")
+            + f": {exc}"
+        ) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`weir up`'s listener shortcuts (the [listeners] options)."""
+    add = parser.add_argument
+    add("--tls-port", dest="listeners.tls_port", help="MQTT over TLS port (8883 is usual)")
+    add("--wss-port", dest="listeners.wss_port", help="MQTT over secure WebSocket port")
+    add("--certfile", dest="listeners.certfile", help="the TLS listeners' certificate (PEM)")
+    add("--keyfile", dest="listeners.keyfile", help="the TLS listeners' private key (PEM)")
+    add("--cafile", dest="listeners.cafile",
+        help="CA certificates that client certificates are checked against (then a client "
+        "certificate is asked for; see --require-client-cert)")  # fmt: skip
+    add("--require-client-cert", dest="listeners.verify", action="store_const",
+        const="required",
+        help="TLS clients must present a certificate the --cafile signed")  # fmt: skip
+    add("--cert-username", dest="listeners.cert_username",
+        help="cn or dn: a client certificate's CN (or its whole DN) is the user name")  # fmt: skip
+    add("--listener-port", dest="listeners.ports", action="append",
+        help=argparse.SUPPRESS)  # NAME=PORT, from the supervisor of --nodes  # fmt: skip

@@ -33,6 +33,8 @@ class ClientInfo:
     username: str | None
     peer: str  # "host:port"
     protocol_level: int
+    listener: str = ""  # the name of the listener it came in on (services.listener_settings)
+    cert_subject: str | None = None  # its TLS client certificate's DN, when it sent one
 
 
 @dataclass(frozen=True, slots=True)

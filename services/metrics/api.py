@@ -14,6 +14,9 @@ from typing import Final, Protocol
 COUNTERS: Final = (
     "connections.accepted",
     "connections.refused",  # past limits.max_connections
+    "listeners.refused_address",  # peers a listener's allow/deny CIDRs refused at accept
+    "listeners.refused_full",  # CONNECTs past a listener's max_connections
+    "listeners.tls_failed",  # TLS handshakes that failed (bad certificate, old TLS, timeout)
     "sessions.created",
     "sessions.resumed",
     "sessions.expired",

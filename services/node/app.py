@@ -29,6 +29,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from services import listener_settings
 from services.node.backends import BackendError, start_backends
 from services.settings import Settings, SettingsError, exposure_error, is_loopback, load
 
@@ -59,6 +60,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--mqtt-port", dest="listeners.mqtt_port", help="MQTT TCP port (1883)")
     p.add_argument("--ws-port", dest="listeners.ws_port", help="MQTT over WebSocket port (8083)")
+    listener_settings.add_arguments(p)  # --tls-port, --wss-port, --certfile ...
     p.add_argument("--data-dir", dest="data_dir", help="directory for node data")
     p.add_argument(
         "--max-connections",
@@ -409,6 +411,7 @@ async def _serve(
         flush=True,
     )
     print(f"weir: {who_gets_in(settings)}", flush=True)
+    print("\n".join(f"weir: {x.describe()}" for x in node.listeners), flush=True)
     loop.add_signal_handler(signal.SIGHUP, services.seams.reload)  # the ACL file, again
     job = None
     if spark and services.endpoints is not None:

@@ -170,7 +170,7 @@ class ConnectionManager:
                     clean_start=fresh,
                     expiry_s=action.session_expiry_s,
                     protocol=conn.channel.protocol_level,
-                    username=action.connect.username,
+                    username=conn.client.username if conn.client else action.connect.username,
                 )
             )
         except (SessionError, EventLogError) as exc:

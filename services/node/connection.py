@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from services.auth.api import ClientInfo
 from services.mqtt import codec
@@ -44,6 +45,9 @@ from services.mqtt.channel import Channel
 from services.mqtt.errors import MQTTError
 from services.mqtt.packets import ReasonCode
 from services.node.ports import BrokerPort, ConnectionPort, PeerGate, Session
+
+if TYPE_CHECKING:
+    from services.node.listeners import Listener
 
 PUBLISHER_STALL_S = 0.5  # seconds a publisher waits for one slow subscriber to drain
 #   before that subscriber is treated as slow (QoS 0 dropped) until it drains
@@ -71,20 +75,26 @@ class Connection(asyncio.Protocol):
         "_wake",
         "_write_paused",
         "broker",
+        "cert_subject",
+        "cert_user",
         "channel",
         "client",
         "closed",
         "dirty",
         "dropped",
         "ended",
+        "listener",
         "max_outgoing_packet",
         "session",
         "transport",
         "will_token",
     )
 
-    def __init__(self, broker: BrokerPort) -> None:
+    def __init__(self, broker: BrokerPort, listener: Listener | None = None) -> None:
         self.broker = broker
+        self.listener = listener  # None: a connection made by a test, on no listener
+        self.cert_subject: str | None = None  # the client certificate's DN (TLS listeners)
+        self.cert_user: str | None = None  # the user name the certificate gives, if it names it
         self.transport: asyncio.BaseTransport | None = None
         self.channel = Channel(broker.channel_config, broker.node_id)
         self.session: Session | None = None
@@ -113,7 +123,13 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
-        if not self.broker.connection_made(self):
+        admitted = self.broker.connection_made(self)
+        listener = self.listener
+        if listener is not None:
+            admitted = listener.opened() and admitted
+            if listener.ssl is not None:
+                self.cert_subject, self.cert_user = listener.identity(transport)
+        if not admitted:
             # Over the connection limit: its CONNECT gets "quota exceeded" (3.x:
             # "server unavailable") and the close, not a reset [MQTT-3.2.2-6].
             self.channel.refuse_connect(ReasonCode.QUOTA_EXCEEDED)
@@ -150,6 +166,8 @@ class Connection(asyncio.Protocol):
                 self.ended = True
                 self.broker.connection_ended(self, None, 0)
         self.broker.connection_lost(self)
+        if self.listener is not None:
+            self.listener.closed()
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -294,8 +312,7 @@ class Connection(asyncio.Protocol):
                 case OpenSession():
                     self._busy = True
                     if self.client is None:  # no authenticator asked who it is
-                        username, level = action.connect.username, self.channel.protocol_level
-                        self.client = ClientInfo(action.client_id, username, self.peer, level)
+                        self.client = self.client_info(action.client_id, action.connect.username)
                     broker.spawn(broker.open_session(self, action))
                 case SubscribeRequest():
                     self._busy = True
@@ -414,6 +431,21 @@ class Connection(asyncio.Protocol):
         if self._read_paused and self.transport is not None and not self.closed:
             self._read_paused = False
             self.transport.resume_reading()  # type: ignore[attr-defined]
+
+    def client_info(self, client_id: str, username: str | None) -> ClientInfo:
+        """Who this client is: on a listener whose client certificates name
+        the user, the certificate's name replaces the CONNECT's."""
+        listener = self.listener
+        if self.cert_user is not None:
+            username = self.cert_user
+        return ClientInfo(
+            client_id,
+            username,
+            self.peer,
+            self.channel.protocol_level,
+            listener.name if listener is not None else "",
+            self.cert_subject,
+        )
 
     @property
     def peer(self) -> str:

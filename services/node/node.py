@@ -1,4 +1,5 @@
-"""A running node: the broker plus its TCP and WebSocket listeners.
+"""A running node: the broker plus its listeners (TCP, TLS, WebSocket, WSS;
+`services.node.listeners`).
 
 Start (DESIGN 6): replay the event log to the end of every partition into
 the broker's state (`LogState`), freeze what the replay allocated out of the
@@ -23,18 +24,15 @@ from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import ReasonCode
 from services.node import bootstrap, viewdump
 from services.node.broker import Broker
-from services.node.connection import Connection
+from services.node.listeners import Listener, open_listeners
 from services.node.seams import Seams
 from services.node.timers import TimerWheel
-from services.node.websocket import WebSocketProtocol
 from services.queue.api import QueueStore
 from services.retain.api import RetainStore
 from services.session.api import SessionStore, WillStore
 from services.session.memory import MemoryWillStore
 from services.settings import Settings
 from services.statestore.api import StateStore
-
-LISTEN_BACKLOG = 4096  # pending accepts; a reconnect storm of thousands must not be refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +68,7 @@ class Node:
         self.broker: Broker | None = None
         self.wheel: TimerWheel | None = None
         self._servers: list[asyncio.Server] = []
+        self.listeners: list[Listener] = []
         self.mqtt_port: int | None = None
         self.ws_port: int | None = None
         self.replayed = 0  # events read at start: state store entries plus log records
@@ -106,34 +105,19 @@ class Node:
             broker.cluster = self.services.cluster
         broker.orphans.restarted()  # wills a previous run of this node was to publish
         gc.freeze()
-        host = settings.listeners.host
         try:
-            mqtt = await loop.create_server(
-                lambda: Connection(broker),
-                host,
-                settings.listeners.mqtt_port,
-                backlog=LISTEN_BACKLOG,
-                reuse_address=True,
-                reuse_port=self.reuse_port or None,
-            )
-            self._servers.append(mqtt)
-            self.mqtt_port = mqtt.sockets[0].getsockname()[1]
-            if settings.listeners.ws_port is not None:
-                ws = await loop.create_server(
-                    lambda: WebSocketProtocol(broker),
-                    host,
-                    settings.listeners.ws_port,
-                    backlog=LISTEN_BACKLOG,
-                    reuse_address=True,
-                    reuse_port=self.reuse_port or None,
-                )
-                self._servers.append(ws)
-                self.ws_port = ws.sockets[0].getsockname()[1]
+            self.listeners = open_listeners(settings, broker, self.services.seams.metrics)
+            for listener in self.listeners:
+                await listener.bind(loop, self.reuse_port)
+                assert listener.server is not None
+                self._servers.append(listener.server)
         except OSError:
             await self._close_servers()
             if self.services.cluster is not None:
                 await self.services.cluster.stop()
             raise
+        ports = {listener.name: listener.port for listener in self.listeners}
+        self.mqtt_port, self.ws_port = ports["mqtt"], ports.get("ws")
         broker.logstate.start_tail()
         self._viewdump = viewdump.start(broker, self.services.state)
 
@@ -149,8 +133,8 @@ class Node:
     ) -> None:
         """Stop; a drain passes 0x9C "use another server" and the 5.0 Server Reference."""
         broker = self.broker
-        for server in self._servers:
-            server.close()
+        for listener in self.listeners:
+            listener.close()
         if broker is not None:
             broker.disconnect_all(reason_code, reference)
             grace = self.settings.limits.shutdown_grace_s

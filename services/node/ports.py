@@ -150,6 +150,10 @@ class ConnectionPort(Protocol):
         """Carry out the channel's actions (send, close, timers...), in order."""
         ...
 
+    def client_info(self, client_id: str, username: str | None) -> ClientInfo:
+        """Who the client is: its listener, its certificate (which may name the user)."""
+        ...
+
     def write_qos0(self, data: bytes) -> bool:
         """An encoded QoS 0 PUBLISH; False if dropped (a subscriber too far behind)."""
         ...

@@ -66,7 +66,7 @@ class Seams:
         object.__setattr__(self, "acl", acl)
 
     async def authenticate(self, conn: ConnectionPort, action: Authenticate) -> None:
-        info = ClientInfo(action.client_id, action.username, conn.peer, conn.channel.protocol_level)
+        info = conn.client_info(action.client_id, action.username)
         conn.client = info
         decision = await self.authenticator.authenticate(info, action.password)
         decision = self.hooks.fold("client.authenticate", decision, info)

@@ -10,8 +10,10 @@ sessions in Redis, logs to Kafka, joins the membership and forwards to the
 others over cluster links.
 
 - `--nodes N`: node i listens on MQTT port + i - 1 (and WebSocket port +
-  i - 1 when one is set); a port of 0 gives each node a free port, kept
-  across its restarts.
+  i - 1 when one is set, and so on for every other listener: TLS, WSS,
+  the config file's [[listener]] tables, passed on as `--listener-port
+  NAME=PORT`); a port of 0 gives each node a free port, kept across its
+  restarts.
 - `--workers N`: every node listens on the same MQTT (and WebSocket) port
   with SO_REUSEPORT, so the kernel spreads new connections over them and
   clients see one broker.
@@ -58,6 +60,7 @@ from types import FrameType
 from typing import Any
 
 from services.embedded.process import child_options
+from services.listener_settings import ListenerConfig
 from services.node.backends import BackendError, start_backends
 from services.node.pidfiles import NodeFiles, nodes_dir
 from services.settings import Settings
@@ -93,7 +96,9 @@ def plan_error(settings: Settings, nodes: int | None, workers: int | None) -> st
         return f"{flag} needs shared backends (Redis and Kafka); --backend memory is one process"
     if nodes is not None:
         listeners = settings.listeners
-        for name, port in (("--mqtt-port", listeners.mqtt_port), ("--ws-port", listeners.ws_port)):
+        others = [(f"listener {c.name}'s port", c.port) for c in _other_listeners(settings)]
+        pairs = [("--mqtt-port", listeners.mqtt_port), ("--ws-port", listeners.ws_port)]
+        for name, port in pairs + others:
             if port and port + count - 1 > MAX_PORT:
                 return (
                     f"--nodes {count} from {name} {port} needs ports up to "
@@ -147,7 +152,7 @@ class Slot:
 
 def node_args(
     argv: Sequence[str], settings: Settings, files: NodeFiles, redis_url: str, kafka: str,
-    mqtt_port: int, ws_port: int | None, reuse_port: bool,
+    mqtt_port: int, ws_port: int | None, reuse_port: bool, others: Sequence[str] = (),
 ) -> list[str]:  # fmt: skip
     args = [
         sys.executable, "-m", "services", "up", *argv,
@@ -160,7 +165,24 @@ def node_args(
         args.append("--reuse-port")
     if ws_port is not None:
         args += ["--ws-port", str(ws_port)]
+    for moved in others:
+        args += ["--listener-port", moved]
     return args
+
+
+def _other_listeners(settings: Settings) -> list[ListenerConfig]:
+    return [c for c in settings.listeners.all() if c.name not in ("mqtt", "ws")]
+
+
+def _other_ports(settings: Settings, count: int, shared: bool) -> list[list[str]]:
+    """NAME=PORT per node for the listeners beyond mqtt and ws, as `_ports` does."""
+    out: list[list[str]] = [[] for _ in range(count)]
+    for config in _other_listeners(settings):
+        one = config.port or free_port(config.host)
+        for i, moved in enumerate(out):
+            mine = config.port + i if config.port else free_port(config.host)
+            moved.append(f"{config.name}={one if shared else mine}")
+    return out
 
 
 def _ports(settings: Settings, count: int, shared: bool) -> list[tuple[int, int | None]]:
@@ -220,12 +242,15 @@ def supervise(
         try:
             redis_url, kafka = start_backends(settings, started)
             root = nodes_dir(settings.data_dir)
-            ports = _ports(settings, count, shared=workers is not None)
+            shared = workers is not None
+            ports = _ports(settings, count, shared)
+            others = _other_ports(settings, count, shared)
             for i, (mqtt_port, ws_port) in enumerate(ports, start=1):
                 files = NodeFiles(f"{settings.node_id}-{i}", root)
                 args = node_args(
-                    argv, settings, files, redis_url, kafka, mqtt_port, ws_port, workers is not None
-                )
+                    argv, settings, files, redis_url, kafka, mqtt_port, ws_port, shared,
+                    others[i - 1],
+                )  # fmt: skip
                 slot = Slot(files.node_id, args, mqtt_port, files)
                 if not started:  # real backends outlive us: the nodes may flush to them
                     slot.death_signal = signal.SIGTERM

@@ -5,6 +5,9 @@
 and hands it `_FramedTransport`, a transport that wraps every write in one
 binary frame. Binary message payloads are fed to the connection as a byte
 stream: MQTT packets may span frames and frames may hold several packets.
+On a wss listener the socket under it is the TLS transport
+(`services.node.listeners`), which `_FramedTransport.get_extra_info` shows
+the connection (its client certificate).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from services.node.connection import Connection
 
 if TYPE_CHECKING:
     from services.node.broker import Broker
+    from services.node.listeners import Listener
 
 SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 CLOSE_NORMAL = 1000
@@ -72,10 +76,11 @@ class _FramedTransport(asyncio.Transport):
 
 
 class WebSocketProtocol(asyncio.Protocol):
-    __slots__ = ("broker", "closing", "mqtt", "transport", "ws")
+    __slots__ = ("broker", "closing", "listener", "mqtt", "transport", "ws")
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, listener: Listener | None = None) -> None:
         self.broker = broker
+        self.listener = listener
         self.ws = WSConnection(ConnectionType.SERVER)
         self.mqtt: Connection | None = None
         self.closing = False
@@ -114,7 +119,7 @@ class WebSocketProtocol(asyncio.Protocol):
             return
         subprotocol = offered[0] if offered else None
         self.transport.write(self.ws.send(AcceptConnection(subprotocol=subprotocol)))
-        self.mqtt = Connection(self.broker)
+        self.mqtt = Connection(self.broker, self.listener)
         self.mqtt.connection_made(_FramedTransport(self))
 
     def send_binary(self, data: bytes) -> None:

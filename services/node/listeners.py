@@ -1,0 +1,253 @@
+"""The node's listeners at run time: bind, screen the peer, TLS, count.
+
+Theory of operation. Each `ListenerConfig` (`services.listener_settings`)
+becomes one `Listener` with one asyncio server. A plain listener without
+CIDR rules accepts straight into its protocol: a `Connection` (tcp), or a
+`WebSocketProtocol` that makes one after the HTTP upgrade (ws), so the
+default listeners cost nothing more than before. Any other listener accepts
+into a `Gate` first:
+
+1. the peer's address is screened against the listener's `deny` and
+   `allow` CIDRs (deny wins; a non-empty allow list must name the peer); a
+   refused peer is aborted before a byte is read from it, counted
+   (`listeners.refused_address`) and logged once per address per minute;
+2. on a TLS listener (tls, wss) the handshake runs with `loop.start_tls`
+   (TLS 1.2 or 1.3 at least, the listener's client-certificate rule),
+   bounded by TLS_HANDSHAKE_TIMEOUT_S; a failed one closes only that
+   connection, counted (`listeners.tls_failed`) and logged like a refusal;
+3. the transport is handed to the listener's protocol (`set_protocol`),
+   with any bytes that came in between.
+
+A `Connection` tells its listener when it opens and ends (`opened` /
+`closed`): past the listener's `max_connections` its CONNECT is refused
+with "quota exceeded" (3.x: "server unavailable"), as the node's own limit
+does, and counted (`listeners.refused_full`). On a TLS listener the
+connection reads the client certificate's subject (`identity`): its DN
+travels on `ClientInfo.cert_subject`, and with `cert_username = cn | dn`
+that field replaces the CONNECT's user name before the authenticator is
+asked (`Connection.client_info`); a client without a certificate keeps the
+user name it sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from services.listener_settings import ListenerConfig, ssl_context
+from services.node.connection import Connection
+from services.node.websocket import WebSocketProtocol
+from services.settings import Settings
+
+if TYPE_CHECKING:
+    from services.metrics.api import Recorder
+    from services.node.broker import Broker
+
+log = logging.getLogger("weir.listeners")
+
+LISTEN_BACKLOG = 4096  # pending accepts; a reconnect storm of thousands must not be refused
+TLS_HANDSHAKE_TIMEOUT_S = 10.0  # seconds a client has to finish its TLS handshake
+LOG_EVERY_S = 60.0  # a refused address is logged at most once a minute per reason
+LOGGED_ADDRESSES = 10_000  # addresses remembered for that; past it the table starts over
+DN_NAMES = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU",
+            "countryName": "C", "stateOrProvinceName": "ST", "localityName": "L",
+            "emailAddress": "emailAddress", "domainComponent": "DC"}  # fmt: skip
+
+
+def identity(peercert: Any, field: str) -> tuple[str | None, str | None]:
+    """(DN, user name) of a verified client certificate: the DN as RFC 4514
+    writes it (most specific first), the user name by `field` (cn, dn, none)."""
+    if not peercert:
+        return None, None
+    rdns = [(name, value) for rdn in peercert.get("subject", ()) for name, value in rdn]
+    dn = ",".join(f"{DN_NAMES.get(name, name)}={value}" for name, value in reversed(rdns))
+    if field == "cn":
+        return dn, next((value for name, value in rdns if name == "commonName"), None)
+    return dn, dn if field == "dn" else None
+
+
+class Listener:
+    """One listener: its server, its gate and its counts."""
+
+    def __init__(
+        self,
+        config: ListenerConfig,
+        protocol: Callable[[Listener], asyncio.Protocol],
+        metrics: Recorder,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.protocol = protocol  # the listener's own protocol (Connection, WebSocket)
+        self.metrics = metrics
+        self.ssl = ssl_context(config) if config.tls else None
+        self.names_users = config.cert_username != "none"
+        self.connections = 0
+        self.limit = config.max_connections
+        self.refused = {"address": 0, "full": 0, "tls": 0}  # counts, for tests and $SYS
+        self.port: int | None = None
+        self.server: asyncio.Server | None = None
+        self._logged: dict[tuple[str, str], float] = {}
+        self._handshakes: set[asyncio.Task[None]] = set()
+
+    def factory(self) -> Callable[[], asyncio.Protocol]:
+        if self.ssl is None and not self.config.allow and not self.config.deny:
+            return lambda: self.protocol(self)
+        return lambda: Gate(self)
+
+    async def bind(self, loop: asyncio.AbstractEventLoop, reuse_port: bool) -> None:
+        config = self.config
+        try:
+            self.server = await loop.create_server(
+                self.factory(),
+                config.host,
+                config.port,
+                backlog=LISTEN_BACKLOG,
+                reuse_address=True,
+                reuse_port=reuse_port or None,
+            )
+        except OSError as exc:
+            where = f"listener {self.name} on {config.host}:{config.port}"
+            raise OSError(exc.errno, f"{where}: {exc.strerror or exc}") from None
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    def identity(self, transport: asyncio.BaseTransport) -> tuple[str | None, str | None]:
+        """(DN, user name) of the client certificate on this TLS connection."""
+        return identity(transport.get_extra_info("peercert"), self.config.cert_username)
+
+    def describe(self) -> str:
+        return replace(self.config, port=self.port or self.config.port).describe()
+
+    # -- screening -----------------------------------------------------------
+
+    def admits(self, transport: asyncio.BaseTransport) -> bool:
+        """Is the peer's address allowed here (deny wins over allow)?"""
+        config = self.config
+        peer = transport.get_extra_info("peername")
+        try:
+            address = ipaddress.ip_address(str(peer[0]).partition("%")[0])
+        except (TypeError, IndexError, ValueError):
+            return not config.allow  # no IP address: only where nothing must be matched
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        denied = any(address in net for net in config.deny)
+        if denied or (config.allow and not any(address in net for net in config.allow)):
+            self._refuse("address", str(address), "address not allowed on this listener")
+            return False
+        return True
+
+    def opened(self) -> bool:
+        """A connection of this listener began: False when it is one too many."""
+        self.connections += 1
+        if self.limit is not None and self.connections > self.limit:
+            self.refused["full"] += 1
+            self.metrics.inc("listeners.refused_full")
+            return False
+        return True
+
+    def closed(self) -> None:
+        self.connections -= 1
+
+    def _refuse(self, reason: str, address: str, why: str) -> None:
+        self.refused[reason] += 1
+        self.metrics.inc("listeners.tls_failed" if reason == "tls" else "listeners.refused_address")
+        now = time.monotonic()
+        key = (reason, address)
+        if now - self._logged.get(key, -LOG_EVERY_S) < LOG_EVERY_S:
+            return
+        if len(self._logged) >= LOGGED_ADDRESSES:
+            self._logged.clear()
+        self._logged[key] = now
+        log.warning(
+            "listener %s refused %s: %s (once a minute per address)", self.name, address, why
+        )
+
+    # -- TLS -----------------------------------------------------------------
+
+    def handshake(self, gate: Gate, transport: asyncio.Transport) -> None:
+        transport.pause_reading()  # the ClientHello is for the TLS layer, not the gate
+        task = asyncio.get_running_loop().create_task(self._handshake(gate, transport))
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, gate: Gate, transport: asyncio.Transport) -> None:
+        loop = asyncio.get_running_loop()
+        assert self.ssl is not None
+        try:
+            tls = await loop.start_tls(
+                transport,
+                gate,
+                self.ssl,
+                server_side=True,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+            )
+        except (OSError, TimeoutError, EOFError) as exc:
+            peer = transport.get_extra_info("peername")
+            address = str(peer[0]) if peer else "?"
+            self._refuse("tls", address, f"TLS handshake failed: {exc}")
+            transport.abort()
+            return
+        if tls is None or gate.lost:
+            return
+        gate.hand_over(tls)
+
+    def close(self) -> None:
+        """Stop accepting; abort the handshakes still running."""
+        if self.server is not None:
+            self.server.close()
+        for task in list(self._handshakes):
+            task.cancel()
+
+
+class Gate(asyncio.Protocol):
+    """A connection on a listener with CIDR rules or TLS, until the
+    listener's own protocol takes it over."""
+
+    __slots__ = ("_held", "listener", "lost")
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+        self._held: list[bytes] = []
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        listener = self.listener
+        if not listener.admits(transport):
+            transport.abort()  # type: ignore[attr-defined]
+        elif listener.ssl is None:
+            self.hand_over(transport)  # type: ignore[arg-type]
+        else:
+            listener.handshake(self, transport)  # type: ignore[arg-type]
+
+    def hand_over(self, transport: asyncio.Transport) -> None:
+        protocol = self.listener.protocol(self.listener)
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        held, self._held = self._held, []
+        for data in held:
+            protocol.data_received(data)
+
+    def data_received(self, data: bytes) -> None:
+        self._held.append(data)  # after the TLS handshake, before the hand-over
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+
+
+def open_listeners(settings: Settings, broker: Broker, metrics: Recorder) -> list[Listener]:
+    """One `Listener` per configured listener (not bound yet)."""
+
+    def connection(listener: Listener) -> asyncio.Protocol:
+        return Connection(broker, listener)
+
+    def websocket(listener: Listener) -> asyncio.Protocol:
+        return WebSocketProtocol(broker, listener)
+
+    return [
+        Listener(config, websocket if config.websocket else connection, metrics)
+        for config in settings.listeners.all()
+    ]

@@ -17,7 +17,9 @@ the same names as tables and keys:
 Listeners beyond the default MQTT and WebSocket ones (TLS, WebSocket over
 TLS, `[[listener]]` tables with their own address, TLS files, client
 certificate rules, CIDR lists and limits) are read by
-`services.listener_settings`.
+`services.listener_settings`; the authentication chain (`[[auth]]` tables and
+the shortcuts --password-file, --jwt-secret, --auth-http, ...) by
+`services.auth_settings`.
 
 A bad value anywhere raises `SettingsError` with a one-line message naming
 the option and where it came from; the CLI prints it and exits 2.
@@ -35,6 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from services import listener_settings
+from services.auth_settings import ENV_VARS as AUTH_ENV_VARS
+from services.auth_settings import AuthBackend, http_url
+from services.auth_settings import chain as auth_chain
+from services.auth_settings import tables as auth_tables
 from services.listener_settings import ListenerConfig
 
 ENV_VARS: frozenset[str] = frozenset(
@@ -54,7 +60,7 @@ ENV_VARS: frozenset[str] = frozenset(
         "WEIR_ACL_REDIS",
         "WEIR_CONFIG",
     }
-)
+) | AUTH_ENV_VARS
 
 # Listeners. Loopback, as Mosquitto 2 does without a configured listener: no
 # authentication backend exists yet, so a broker reachable from other machines
@@ -191,6 +197,7 @@ class Settings:
     # are always let in while no authentication backend is configured).
     allow_anonymous: bool = False
     password_file: str | None = None  # users with argon2id hashes (services.auth.passwd)
+    auth: tuple[AuthBackend, ...] = ()  # the authentication chain (services.auth_settings)
     acl_file: str | None = None  # ACL rules (services.auth.aclfile); None: the built-in ones
     acl_no_match: str = "deny"  # for what no rule matched (the built-in rules allow the rest)
     acl_redis: bool = False  # per-user rules in Redis too, weir:acl:<user> (auth.aclredis)
@@ -308,6 +315,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("shared_local", _bool),
     Option("allow_anonymous", _bool, "WEIR_ALLOW_ANONYMOUS"),
     Option("password_file", _text, "WEIR_PASSWORD_FILE"),
+    Option("auth", auth_tables),  # [[auth]] in the file
+    Option("auth_redis", _bool, "WEIR_AUTH_REDIS"),
+    Option("auth_http", http_url, "WEIR_AUTH_HTTP"),
+    Option("jwt_secret", _text, "WEIR_JWT_SECRET"),
+    Option("jwt_public_key", _text, "WEIR_JWT_PUBLIC_KEY"),
+    Option("jwt_jwks", _text, "WEIR_JWT_JWKS"),
     Option("acl_file", _text, "WEIR_ACL_FILE"),
     Option("acl_no_match", _choice(ACL_NO_MATCH), "WEIR_ACL_NO_MATCH"),
     Option("acl_redis", _bool, "WEIR_ACL_REDIS"),
@@ -383,7 +396,8 @@ def _convert(option: Option, raw: Any, source: str) -> Any:
     try:
         return option.convert(raw)
     except (TypeError, ValueError) as exc:
-        raise SettingsError(f"{source}: bad value {raw!r} for {option.path}: {exc}") from None
+        shown = "" if isinstance(raw, list) or "secret" in option.path else f" {raw!r}"
+        raise SettingsError(f"{source}: bad value{shown} for {option.path}: {exc}") from None
 
 
 def load(
@@ -425,6 +439,10 @@ def _build(values: Mapping[str, Any]) -> Settings:
     limits = Limits(**sections["limits"])
     if limits.outbound_low_water > limits.outbound_high_water:
         raise SettingsError("limits.outbound_low_water is above limits.outbound_high_water")
+    try:
+        sections[""]["auth"] = auth_chain(sections[""])
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     return Settings(listeners=listeners, limits=limits, **sections[""])
 
 
@@ -439,10 +457,10 @@ def is_loopback(host: str) -> bool:
 
 def exposure_error(settings: Settings) -> str | None:
     """Why a node with these settings must not start, or None. A listener
-    that other machines can reach needs an authentication backend (a
-    password file), client certificates it requires, or an explicit
-    allow_anonymous (the node's or its own), as Mosquitto 2 asks."""
-    if settings.password_file:
+    that other machines can reach needs an authentication backend, client
+    certificates it requires, or an explicit allow_anonymous (the node's or
+    its own), as Mosquitto 2 asks."""
+    if settings.auth:
         return None
     for listener in settings.listeners.all():
         host = listener.host
@@ -453,7 +471,8 @@ def exposure_error(settings: Settings) -> str | None:
             continue
         return (
             f"listener {listener.name}: listening on {host} (not loopback) would let any "
-            "client in without authentication; configure a password file (--password-file), "
+            "client in without authentication; configure authentication ([[auth]], "
+            "--password-file, --jwt-secret, --auth-http, ...), "
             "require client certificates, or set allow_anonymous = true (--allow-anonymous, "
             "WEIR_ALLOW_ANONYMOUS=true) to accept that, or listen on 127.0.0.1"
         )

@@ -7,12 +7,14 @@ back (`channel.authenticated`), which opens the session or refuses the
 CONNECT with the decision's reason code (5.0) or its 3.1.1 return code.
 Authorization (`Authorizer.allowed`) is asked per PUBLISH topic and per
 SUBSCRIBE filter. `AllowAll` is what a node runs until a backend is
-configured; the password file (`services.auth.passwd`) is the first backend.
+configured; otherwise the authenticator is a chain of backends
+(`services.auth.chain`: password file, Redis users, JWT, HTTP webhook), and
+its decision says which backend gave it (`by`, for the log line of a refusal).
 An authorizer with state per connection (`ConnectionAuthorizer`: the ACL
 rules of `services.auth.acl`) is also told when a client connects and
 leaves, says which rule decided (for the log line of a refusal) and whether
 a publish can be refused at all (else the node does not ask per PUBLISH).
-Redis users, HTTP, JWT, SCRAM and their chain are still to come.
+MQTT 5 enhanced authentication (SCRAM through AUTH) is still to come.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Decision:
 
     ok: bool
     reason_code: int = 0
+    by: str = ""  # who decided, in words ("password file /etc/weir/passwd", "jwt", ...)
 
 
 ALLOW = Decision(True)
@@ -53,6 +56,13 @@ class Authenticator(Protocol):
     async def authenticate(self, client: ClientInfo, password: bytes | None) -> Decision:
         """May this client connect? Never raises: a backend that cannot answer
         says so with a refusal (0x88 server unavailable)."""
+        ...
+
+
+@runtime_checkable
+class ClosingAuthenticator(Authenticator, Protocol):
+    async def aclose(self) -> None:
+        """The node stops: let go of what the backends hold (HTTP connections)."""
         ...
 
 

@@ -23,6 +23,7 @@ COUNTERS: Final = (
     "messages.refused",  # QoS 1/2 copies a full queue refused (publisher not acknowledged)
     "messages.dropped",  # by a queue's overflow policy (QoS 0 first)
     "messages.qos0_dropped",  # QoS 0 to a subscriber that could not keep up
+    "authentication.denied",  # CONNECTs the authentication chain (or its hook) refused
     "authorization.publish_denied",  # publishes and wills the authorizer refused
     "authorization.subscribe_denied",  # filters, retained deliveries, restored subscriptions
 )

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from services import listener_settings
 from services.node.backends import BackendError, start_backends
-from services.settings import Settings, SettingsError, exposure_error, is_loopback, load
+from services.settings import Settings, SettingsError, exposure_error, load
 
 if TYPE_CHECKING:
     from services.cluster.router import ClusterRouter
@@ -129,11 +129,9 @@ def parser() -> argparse.ArgumentParser:
         help="embedded (default: Redis + Kafka, started here unless --redis/--kafka name "
         "them) or memory (one process, no Redis, no Kafka, nothing survives)",
     )
-    p.add_argument(
-        "--password-file",
-        dest="password_file",
-        help="authenticate clients against this file of argon2id hashes (weir passwd)",
-    )
+    from services.auth_settings import add_arguments as add_auth_arguments
+
+    add_auth_arguments(p)  # --password-file, --jwt-secret, --auth-http ...
     p.add_argument(
         "--acl-file",
         dest="acl_file",
@@ -214,24 +212,21 @@ def build_services(settings: Settings) -> Services:
 
 
 def seams_for(settings: Settings, redis: Any = None) -> Seams:
-    """The authentication (a password file, or none) and the ACL (a file or
+    """The authentication (a chain of backends, or none) and the ACL (a file or
     the built-in rules, then per-user Redis rules if asked and a Redis is
     there) the settings ask for. A missing or malformed file: SettingsError."""
     from services.auth.acl import Acl
     from services.auth.aclfile import AclFileError
     from services.auth.aclredis import RedisAcl
-    from services.auth.passwd import PasswordFile, PasswordFileError
+    from services.node.authn import authenticator
     from services.node.seams import Seams
 
     try:
         acl_redis = RedisAcl(redis) if settings.acl_redis and redis is not None else None
         acl = Acl(settings.acl_file, settings.acl_no_match, acl_redis)
-        if settings.password_file is None:
-            return Seams(authorizer=acl)
-        password_file = PasswordFile(settings.password_file, settings.allow_anonymous)
-    except (PasswordFileError, AclFileError) as exc:
+    except AclFileError as exc:
         raise SettingsError(str(exc)) from None
-    return Seams(authenticator=password_file, authorizer=acl)
+    return Seams(authenticator=authenticator(settings, redis), authorizer=acl)
 
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -332,16 +327,6 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
                 service.stop()
 
 
-def who_gets_in(settings: Settings) -> str:
-    host = settings.listeners.host
-    anonymous = "anonymous clients allowed" if settings.allow_anonymous else "anonymous refused"
-    if settings.password_file is not None:
-        return f"clients authenticate with the password file {settings.password_file}; {anonymous}"
-    if is_loopback(host):
-        return f"anonymous clients allowed on {host} (loopback only)"
-    return f"anonymous clients allowed on {host} (allow_anonymous)"
-
-
 EPHEMERAL_NOTE = (
     "weir: the embedded default is ephemeral: the embedded Kafka (Tansu) keeps the event log "
     "in memory, so a restart of `weir up` starts empty; `weir up --spark` keeps a state store "
@@ -374,6 +359,7 @@ async def _serve(
 ) -> int:
     from services.event.api import EventLogError
     from services.mqtt.packets import ReasonCode
+    from services.node import authn
     from services.node.node import Node
     from services.statestore.api import StateStoreError
 
@@ -410,7 +396,7 @@ async def _serve(
         f"{settings.listeners.host}:{node.mqtt_port}{ws} ({what})",
         flush=True,
     )
-    print(f"weir: {who_gets_in(settings)}", flush=True)
+    print(f"weir: {authn.who_gets_in(settings)}", flush=True)
     print("\n".join(f"weir: {x.describe()}" for x in node.listeners), flush=True)
     loop.add_signal_handler(signal.SIGHUP, services.seams.reload)  # the ACL file, again
     job = None
@@ -437,6 +423,7 @@ async def _serve(
             await node.stop(ReasonCode.USE_ANOTHER_SERVER, settings.server_reference)
         else:
             await node.stop()
+        await services.seams.close()
         if job is not None:
             from services.node import sparkjob
 
@@ -464,9 +451,11 @@ def main(argv: Sequence[str]) -> int:
         exposed = exposure_error(settings)
         if exposed is not None:
             raise SettingsError(exposed)
-        if settings.acl_redis and settings.backend == "memory":
-            raise SettingsError("--acl-redis needs Redis; --backend memory has none")
-        seams_for(settings)  # a missing or malformed password or ACL file: exit 2
+        if settings.backend == "memory" and (
+            settings.acl_redis or any(b.backend == "redis" for b in settings.auth)
+        ):
+            raise SettingsError("--acl-redis / --auth-redis need Redis; --backend memory has none")
+        seams_for(settings)  # a missing or malformed password, key or ACL file: exit 2
     except SettingsError as exc:
         print(f"weir up: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG

@@ -7,8 +7,10 @@ metrics recorder (`services.metrics.api`; `NullRecorder` by default). The
 broker's parts call them here and only here:
 
 - `authenticate`: the channel's `Authenticate` action (asked only when an
-  authenticator other than `AllowAll` is configured); the decision opens the
-  session or refuses the CONNECT;
+  authenticator other than `AllowAll` is configured); the decision (then the
+  client.authenticate hook's) opens the session or refuses the CONNECT; a
+  refusal is one log line (reason code, client id, user name, peer, and the
+  backend or hook that refused) and one count (`authentication.denied`);
 - `connected` / `disconnected`: an authorizer with state per connection
   (the ACL) reads what it needs once per connection, before the session opens;
 - `may_publish` / `may_subscribe`: per PUBLISH topic and SUBSCRIBE filter;
@@ -33,6 +35,7 @@ from services.auth.api import (
     Authenticator,
     Authorizer,
     ClientInfo,
+    ClosingAuthenticator,
     ConnectionAuthorizer,
 )
 from services.hooks.api import Hooks
@@ -69,7 +72,14 @@ class Seams:
         info = conn.client_info(action.client_id, action.username)
         conn.client = info
         decision = await self.authenticator.authenticate(info, action.password)
-        decision = self.hooks.fold("client.authenticate", decision, info)
+        hooked = self.hooks.fold("client.authenticate", decision, info)
+        if not hooked.ok:
+            by = decision.by if hooked == decision else "the client.authenticate hook"
+            self.metrics.inc("authentication.denied")
+            log.warning("connect refused 0x%02X: client %s, user %s, peer %s, by %s",
+                        hooked.reason_code, info.client_id, info.username, info.peer or "?",
+                        by or "the authenticator")  # fmt: skip
+        decision = hooked
         if not conn.closed:
             conn.carry_out(conn.channel.authenticated(decision.ok, decision.reason_code))
 
@@ -88,6 +98,11 @@ class Seams:
     def disconnected(self, conn: ConnectionPort) -> None:
         if self.acl is not None and conn.client is not None:
             self.acl.disconnected(conn.client)
+
+    async def close(self) -> None:
+        """The node stopped: the authenticator lets go of its connections (a webhook's)."""
+        if isinstance(self.authenticator, ClosingAuthenticator):
+            await self.authenticator.aclose()
 
     def reload(self) -> None:
         """SIGHUP: the authorizer reads its rules again."""

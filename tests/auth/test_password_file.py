@@ -81,20 +81,23 @@ def passwd(tmp_path: Path) -> Path:
     return path
 
 
-def test_backend_rules(passwd: Path) -> None:
+def test_backend_rules(passwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user of the file: allow or 0x86; anyone else: ignore (None), for the chain."""
+    from services.auth import argon
+
     backend = PasswordFile(passwd)
-    verify = backend._verify
     calls: list[str] = []
+    verify = argon._verify_now
 
     def counting(hashed: str, password: bytes) -> bool:
         calls.append(hashed)
         return verify(hashed, password)
 
-    backend._verify = counting  # type: ignore[method-assign]
+    monkeypatch.setattr(argon, "_verify_now", counting)
 
-    async def decide(user: str | None, password: bytes | None) -> tuple[bool, int]:
-        d = await backend.authenticate(client(user), password)
-        return d.ok, d.reason_code
+    async def decide(user: str | None, password: bytes | None) -> tuple[bool, int] | None:
+        d = await backend.check(client(user), password)
+        return None if d is None else (d.ok, d.reason_code)
 
     assert asyncio.run(decide("alice", b"right")) == (True, 0)
     assert asyncio.run(decide("alice", b"right")) == (True, 0)
@@ -102,11 +105,9 @@ def test_backend_rules(passwd: Path) -> None:
     assert asyncio.run(decide("alice", b"wrong")) == (False, 0x86)
     assert asyncio.run(decide("alice", b"wrong")) == (False, 0x86)
     assert len(calls) == 3, "refusals are never cached"
-    assert asyncio.run(decide("mallory", b"right")) == (False, 0x86)
     assert asyncio.run(decide("alice", None)) == (False, 0x86)
-    assert asyncio.run(decide(None, None)) == (False, 0x87)
-    backend.allow_anonymous = True
-    assert asyncio.run(decide(None, None)) == (True, 0)
+    assert asyncio.run(decide("mallory", b"right")) is None
+    assert asyncio.run(decide(None, None)) is None
 
 
 def test_the_file_is_reloaded_when_it_changes_and_a_bad_one_keeps_the_old_users(
@@ -115,7 +116,8 @@ def test_the_file_is_reloaded_when_it_changes_and_a_bad_one_keeps_the_old_users(
     backend = PasswordFile(passwd, reload_check_s=0.0)
 
     async def ok(user: str, password: bytes) -> bool:
-        return (await backend.authenticate(client(user), password)).ok
+        decision = await backend.check(client(user), password)
+        return decision is not None and decision.ok
 
     add(passwd, "carol", "c-pass")
     os.utime(passwd, (1, 1))  # a new modification time, whatever the clock's resolution

@@ -34,6 +34,11 @@ def test_env_vars_are_the_fixed_names() -> None:
         "WEIR_ACL_FILE",
         "WEIR_ACL_NO_MATCH",
         "WEIR_ACL_REDIS",
+        "WEIR_AUTH_REDIS",
+        "WEIR_AUTH_HTTP",
+        "WEIR_JWT_SECRET",
+        "WEIR_JWT_PUBLIC_KEY",
+        "WEIR_JWT_JWKS",
         "WEIR_CONFIG",
     } == ENV_VARS
     read = {o.env for o in settings.OPTIONS if o.env} | {"WEIR_CONFIG"}

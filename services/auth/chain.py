@@ -1,0 +1,69 @@
+"""The authentication chain: ordered backends, each answering allow, deny or ignore.
+
+Theory of operation (EMQX's authentication chain). `Chain.authenticate`
+asks its backends in their configured order; each answers with a
+`Decision` (allow, or deny with its reason code) or None ("ignore": not
+mine to decide, e.g. a user name it does not know, a password that is not
+a JWT). The first allow or deny decides, and the rest are not asked. When
+every backend ignored the CONNECT, the anonymous rules decide:
+- no user name: allowed with `allow_anonymous`, else 0x87 not authorized
+  (3.1.1: 5), as Mosquitto 2 does once any authentication is configured;
+- a user name no backend knows: 0x86 bad user name or password (3.1.1: 4).
+Every decision names who gave it (`Decision.by`: the backend's name, with
+its reason when it gave one, or "anonymous rules"), which the node puts in
+the one log line of a refusal. Backends never raise: one that cannot
+answer refuses (0x88) or ignores, as its own rules say. With no backend at
+all the node runs `AllowAll` instead of a chain (the loopback default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Final, Protocol, runtime_checkable
+
+from services.auth.api import ALLOW, ClientInfo, Decision
+from services.auth.cache import Verdict
+
+ANONYMOUS: Final = "anonymous rules"
+NOT_AUTHORIZED: Final = Decision(False, 0x87, ANONYMOUS)
+UNKNOWN_USER: Final = Decision(False, 0x86, f"{ANONYMOUS}: no backend knows the user")
+
+
+class Backend(Protocol):
+    name: str  # for the log line and `weir up`'s start message
+
+    async def check(self, client: ClientInfo, password: bytes | None) -> Verdict:
+        """Allow, deny (a reason code) or None to ignore. Never raises."""
+        ...
+
+
+@runtime_checkable
+class ClosingBackend(Backend, Protocol):
+    async def aclose(self) -> None: ...
+
+
+class Chain:
+    def __init__(self, backends: Sequence[Backend], allow_anonymous: bool = False) -> None:
+        self.backends = tuple(backends)
+        self.allow_anonymous = allow_anonymous
+        self._anonymous = replace(ALLOW, by=ANONYMOUS)
+
+    async def authenticate(self, client: ClientInfo, password: bytes | None) -> Decision:
+        for backend in self.backends:
+            verdict = await backend.check(client, password)
+            if verdict is not None:
+                return verdict if verdict.by else replace(verdict, by=backend.name)
+        if client.username is not None:
+            return UNKNOWN_USER
+        return self._anonymous if self.allow_anonymous else NOT_AUTHORIZED
+
+    def describe(self) -> str:
+        names = ", then ".join(b.name for b in self.backends)
+        anonymous = "anonymous allowed" if self.allow_anonymous else "anonymous refused"
+        return f"clients authenticate with {names}; {anonymous}"
+
+    async def aclose(self) -> None:
+        for backend in self.backends:
+            if isinstance(backend, ClosingBackend):
+                await backend.aclose()

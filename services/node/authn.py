@@ -1,0 +1,71 @@
+"""The authentication the settings ask for: the chain of backends, built here.
+
+`authenticator(settings, redis)` turns `settings.auth` (services.auth_settings)
+into a `services.auth.chain.Chain` of backends in that order, or `AllowAll`
+when none is configured (the loopback default: `exposure_error` has already
+refused a listener beyond loopback without authentication or
+allow_anonymous). The Redis users backend needs the node's Redis: without
+one (`redis` None, as when `weir up` checks the settings before starting
+anything) it is left out here, and `weir up` refuses it with --backend
+memory. A key file or password file that cannot be used is a SettingsError
+(one line, exit 2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.auth.api import AllowAll, Authenticator
+from services.auth.chain import Backend, Chain
+from services.auth.jwtauth import Jwt, JwtError
+from services.auth.passwd import PasswordFile, PasswordFileError
+from services.auth_settings import AuthBackend
+from services.settings import Settings, SettingsError, is_loopback
+
+
+def authenticator(settings: Settings, redis: Any = None) -> Authenticator:
+    if not settings.auth:
+        return AllowAll()
+    backends: list[Backend] = []
+    try:
+        for config in settings.auth:
+            backend = _backend(config, redis)
+            if backend is not None:
+                backends.append(backend)
+    except (PasswordFileError, JwtError) as exc:
+        raise SettingsError(str(exc)) from None
+    return Chain(backends, settings.allow_anonymous)
+
+
+def _backend(config: AuthBackend, redis: Any) -> Backend | None:
+    if config.backend == "password_file":
+        assert config.path is not None  # auth_settings requires it
+        return PasswordFile(config.path)
+    if config.backend == "redis":
+        from services.auth.redisusers import RedisUsers
+
+        return RedisUsers(redis) if redis is not None else None
+    if config.backend == "jwt":
+        return Jwt(
+            secret=config.secret,
+            public_key=config.public_key,
+            jwks=config.jwks,
+            username_claim=config.username_claim,
+            clientid_claim=config.clientid_claim,
+        )
+    from services.auth.webhook import HttpWebhook
+
+    assert config.url is not None  # auth_settings requires it
+    return HttpWebhook(config.url, config.timeout_s, config.cache_s, config.on_error)
+
+
+def who_gets_in(settings: Settings) -> str:
+    """`weir up`'s line about authentication: the chain, or who the default lets in."""
+    host = settings.listeners.host
+    anonymous = "anonymous clients allowed" if settings.allow_anonymous else "anonymous refused"
+    if settings.auth:
+        chain = ", then ".join(config.describe() for config in settings.auth)
+        return f"clients authenticate with {chain}; {anonymous}"
+    if is_loopback(host):
+        return f"anonymous clients allowed on {host} (loopback only)"
+    return f"anonymous clients allowed on {host} (allow_anonymous)"

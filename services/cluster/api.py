@@ -41,6 +41,18 @@ class HandshakeRejected(LinkError):
     retriable = False
 
 
+class InboundLink(Protocol):
+    """A peer's link into this node: the node may make its frames wait."""
+
+    holder: object  # what the node keeps per link (services.node.remote.LinkHold)
+
+    def pause(self) -> None:
+        """Handle no more of its frames (and stop reading them) until `resume`."""
+        ...
+
+    def resume(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Member:
     node_id: str

@@ -4,7 +4,7 @@ Frames: u32 length (of what follows) | u8 type | body.
   FORWARD  u16 n | n x (u16 len | client id) | message (services.store.serial)
   NOTIFY   u16 n | n x (u16 len | client id)
   KICK     u64 epoch | client id
-A frame longer than MAXFRAME closes the link (the sender is broken).
+A frame longer than MAX_FRAME closes the link (the sender is broken).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from services.store import serial
 PROTOCOL_VERSION = 1
 MAGIC = b"WEIRLINK"
 FORWARD, NOTIFY, KICK = 1, 2, 3
-MAXFRAME = 256 * 1024 * 1024 + 65536  # the largest MQTT packet, plus targets
+MAX_FRAME = 256 * 1024 * 1024 + 65536  # the largest MQTT packet, plus targets
 
 _HELLO = struct.Struct(">8sHH")
 FRAME = struct.Struct(">IB")

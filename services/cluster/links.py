@@ -41,7 +41,7 @@ from typing import cast
 from services.cluster.api import HandshakeRejected, LinkError
 from services.cluster.frames import (
     FRAME,
-    MAXFRAME,
+    MAX_FRAME,
     PROTOCOL_VERSION,
     LinkHandler,
     dispatch,
@@ -79,6 +79,21 @@ class _Inbound(asyncio.Protocol):
         self._buf = bytearray()
         self._peer: str | None = None
         self._transport: asyncio.Transport | None = None
+        self.paused = False  # by the node: a local subscriber cannot keep up
+        self.holder: object = None  # the node's hold on this link (services.node.remote)
+
+    def pause(self) -> None:
+        """Stop handling this peer's frames (and reading them) until `resume`."""
+        if not self.paused and self._transport is not None:
+            self.paused = True
+            self._transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.paused and self._transport is not None:
+            self.paused = False
+            self._frames()
+            if not self.paused:
+                self._transport.resume_reading()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
@@ -117,17 +132,20 @@ class _Inbound(asyncio.Protocol):
         buf, pos, end = self._buf, 0, len(self._buf)
         handler, peer = self._links.handler, self._peer
         assert peer is not None
+        links = self._links
         try:
-            while end - pos >= 5:
+            while end - pos >= 5 and not self.paused:
                 length, kind = FRAME.unpack_from(buf, pos)
-                if length > MAXFRAME or length < 1:
+                if length > MAX_FRAME or length < 1:
                     raise LinkError(f"frame of {length} bytes")
                 if end - pos - 4 < length:
                     break
                 body = bytes(buf[pos + 5 : pos + 4 + length])
                 pos += 4 + length
+                links.receiving = self
                 dispatch(handler, peer, kind, body)
         finally:
+            links.receiving = None
             del buf[:pos]
 
 
@@ -296,6 +314,7 @@ class Links:
         # held (same limits) until `set_peer` names it or `remove_peer` gives up.
         self.on_unknown: Callable[[str], None] | None = None
         self.on_drained: Callable[[str], None] = lambda node_id: None  # see `hold`
+        self.receiving: _Inbound | None = None  # the link whose frame is being handled
         self._peers: dict[str, _Peer] = {}
         self._inbound: set[asyncio.Transport] = set()
         self._server: asyncio.Server | None = None

@@ -30,7 +30,13 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
-from services.cluster.api import Member, Membership, MembershipChange, MembershipUnavailable
+from services.cluster.api import (
+    InboundLink,
+    Member,
+    Membership,
+    MembershipChange,
+    MembershipUnavailable,
+)
 from services.cluster.frames import LinkHandler, forward_frame_serialized
 from services.cluster.links import DEFAULT_BUFFER_LIMIT, Links, PeerStats
 from services.cluster.membership import beat_interval
@@ -243,6 +249,10 @@ class ClusterRouter(LinkHandler):
 
     def backlog(self, node_id: str) -> int:
         return self.links.backlog(node_id)
+
+    def receiving(self) -> InboundLink | None:
+        """The peer link whose frame is being handled (LocalNode calls come from it)."""
+        return self.links.receiving
 
     def hold(self, node_id: str) -> bool:
         """node_id's link is backed up: hold the publisher until `peer_drained`."""

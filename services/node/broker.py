@@ -49,7 +49,7 @@ from services.node.delivery import Delivery
 from services.node.dispatch import Dispatch
 from services.node.logstate import LogState
 from services.node.orphans import Orphans
-from services.node.ports import ConnectionPort, Session, SubOptions, Turn
+from services.node.ports import ConnectionPort, Publisher, Session, SubOptions, Turn
 from services.node.remote import Remote
 from services.node.routes import Routes
 from services.node.seams import Seams
@@ -161,7 +161,7 @@ class Broker:
         cluster = self.remote.cluster
         return cluster is not None and node_id in cluster.peers()
 
-    def _publisher(self) -> ConnectionPort | None:
+    def _publisher(self) -> Publisher | None:
         return self.turn.publisher
 
     def invalidate_plans(self) -> None:
@@ -233,7 +233,12 @@ class Broker:
     # -- what the cluster router calls (services.cluster.router.LocalNode) -------------
 
     def deliver_forwarded(self, message: Message, client_ids: Sequence[str]) -> None:
-        self.dispatch.deliver_forwarded(message, client_ids)
+        turn = self.turn
+        outer, turn.publisher = turn.publisher, self.remote.link_publisher()
+        try:  # a subscriber that cannot keep up holds the link (remote.LinkHold)
+            self.dispatch.deliver_forwarded(message, client_ids)
+        finally:
+            turn.publisher = outer
 
     def deliver_queued(self, client_ids: Sequence[str]) -> None:
         self.remote.deliver_queued(client_ids)

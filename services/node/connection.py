@@ -44,12 +44,18 @@ from services.mqtt.actions import (
 from services.mqtt.channel import Channel
 from services.mqtt.errors import MQTTError
 from services.mqtt.packets import ReasonCode
-from services.node.ports import BrokerPort, ConnectionPort, PeerGate, Session
+from services.node.ports import (
+    PUBLISHER_STALL_S,
+    BrokerPort,
+    ConnectionPort,
+    PeerGate,
+    Publisher,
+    Session,
+)
 
 if TYPE_CHECKING:
     from services.node.listeners import Listener
 
-PUBLISHER_STALL_S = 0.5  # seconds a publisher waits for one slow subscriber to drain
 #   before that subscriber is treated as slow (QoS 0 dropped) until it drains
 EARLY_FLUSH_BYTES = 64 * 1024  # bytes: hand output to the transport within the turn, so
 #   its high-water mark (and pause_writing) reacts before a turn's output piles up
@@ -106,7 +112,7 @@ class Connection(asyncio.Protocol):
         self._deferred = False
         # a paused subscriber, or a backed-up cluster link, we wait for
         self._blocked_on: ConnectionPort | PeerGate | None = None
-        self._waiters: list[Connection] | None = None  # publishers waiting for us to drain
+        self._waiters: list[Publisher] | None = None  # publishers waiting for us to drain
         self._slow = False  # paused past the stall bound: drop instead of making anyone wait
         self._read_paused = False
         self._write_paused = False
@@ -181,6 +187,11 @@ class Connection(asyncio.Protocol):
             self._resume_reading()
         self.wake_waiters()
 
+    def add_waiter(self, publisher: Publisher) -> None:
+        if self._waiters is None:
+            self._waiters = [publisher]
+        else:
+            self._waiters.append(publisher)
     def wake_waiters(self) -> None:
         """Publishers held back for this subscriber may go on."""
         waiters, self._waiters = self._waiters, None
@@ -254,22 +265,15 @@ class Connection(asyncio.Protocol):
         if self._blocked_on is not None or self.closed:
             return
         self._blocked_on = subscriber
-        if isinstance(subscriber, PeerGate):
-            subscriber.waiters.append(self)
-        else:
-            assert isinstance(subscriber, Connection)
-            if subscriber._waiters is None:
-                subscriber._waiters = [self]
-            else:
-                subscriber._waiters.append(self)
+        subscriber.add_waiter(self)
         self._pause_reading()
         self.broker.loop.call_later(PUBLISHER_STALL_S, self._stalled, subscriber)
 
-    def _stalled(self, subscriber: Connection | PeerGate) -> None:
+    def _stalled(self, subscriber: ConnectionPort | PeerGate) -> None:
         if self._blocked_on is subscriber:
             if isinstance(subscriber, PeerGate):
                 subscriber.slow = True  # not held for again until that link drains
-            else:
+            elif isinstance(subscriber, Connection):
                 subscriber._slow = True  # until it drains, its QoS 0 messages are dropped
             self.unblock(subscriber)
 

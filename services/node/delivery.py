@@ -42,7 +42,7 @@ from typing import Any
 
 from services.metrics.api import NullRecorder, Recorder
 from services.mqtt.packets import Message, ReasonCode
-from services.node.ports import ConnectionPort, Session, now_ms
+from services.node.ports import ConnectionPort, Publisher, Session, now_ms
 from services.node.stores import DurablePartFailed
 from services.queue.api import IncomingMark, Inflight, QueueStore, TakeResult
 from services.session.api import Fenced, SessionError
@@ -67,7 +67,7 @@ class Delivery:
         loop: asyncio.AbstractEventLoop,
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
         queue_limit: int,
-        publisher: Callable[[], ConnectionPort | None],
+        publisher: Callable[[], Publisher | None],
         metrics: Recorder | None = None,
     ) -> None:
         self.queue = queue

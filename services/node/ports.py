@@ -108,7 +108,20 @@ class Turn:
 
     def __init__(self) -> None:
         self.work = 0
-        self.publisher: ConnectionPort | None = None
+        self.publisher: Publisher | None = None
+
+
+class Publisher(Protocol):
+    """Whose messages are being routed: a client's connection, or the cluster
+    link a peer's forwarded messages come in on. A subscriber that cannot keep
+    up holds it back (`block_on`) and lets it go (`unblock`)."""
+
+    def block_on(self, subscriber: ConnectionPort | PeerGate) -> None: ...
+
+    def unblock(self, subscriber: ConnectionPort | PeerGate) -> None: ...
+
+
+PUBLISHER_STALL_S = 0.5  # seconds a publisher waits for one slow subscriber to drain
 
 
 class PeerGate:
@@ -121,8 +134,11 @@ class PeerGate:
     def __init__(self, node: str) -> None:
         self.node = node
         self.slow = False
-        self.waiters: list[ConnectionPort] = []
+        self.waiters: list[Publisher] = []
         self.holds = 0  # publishers held for it so far (a figure for tests and metrics)
+
+    def add_waiter(self, publisher: Publisher) -> None:
+        self.waiters.append(publisher)
 
     def wake_waiters(self) -> None:
         waiters, self.waiters = self.waiters, []
@@ -175,6 +191,10 @@ class ConnectionPort(Protocol):
 
     def unblock(self, subscriber: ConnectionPort | PeerGate) -> None:
         """What this publisher waited for drained: read on."""
+        ...
+
+    def add_waiter(self, publisher: Publisher) -> None:
+        """`publisher` waits for this subscriber to drain (`wake_waiters` lets it go)."""
         ...
 
     def wake_waiters(self) -> None:

@@ -15,17 +15,46 @@ session another node held, that node is told to close its connection
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from services.cluster.api import InboundLink
 from services.cluster.view import ClusterView, SessionEntry
 from services.mqtt.packets import Message
 from services.node.delivery import Delivery
-from services.node.ports import ConnectionPort, PeerGate, Session
+from services.node.ports import PUBLISHER_STALL_S, ConnectionPort, PeerGate, Publisher, Session
 from services.node.routes import RemoteEntry, Routes, delivered_form
 
 if TYPE_CHECKING:
     from services.cluster.router import ClusterRouter
+
+
+class LinkHold:
+    """The publisher of a peer's forwarded messages, as a local subscriber sees
+    it: one that cannot keep up stops the link they come in on (at most
+    PUBLISHER_STALL_S, as for a local publisher). The peer's buffer for us then
+    grows past its limit and the peer holds its own publishers (`Remote._hold_for`
+    there): back-pressure from a slow subscriber to a publisher on another node."""
+
+    def __init__(self, link: InboundLink) -> None:
+        self.link = link
+        self.blocked_on: ConnectionPort | PeerGate | None = None
+        self.holds = 0  # times it stopped the link (a figure for tests)
+
+    def block_on(self, subscriber: ConnectionPort | PeerGate) -> None:
+        if self.blocked_on is not None:
+            return
+        self.blocked_on = subscriber
+        self.holds += 1
+        subscriber.add_waiter(self)
+        self.link.pause()
+        asyncio.get_running_loop().call_later(PUBLISHER_STALL_S, self.unblock, subscriber)
+
+    def unblock(self, subscriber: ConnectionPort | PeerGate) -> None:
+        if self.blocked_on is subscriber:
+            self.blocked_on = None
+            self.link.resume()
 
 
 class Remote:
@@ -46,7 +75,7 @@ class Remote:
         self.pending: dict[str, tuple[str, int]] = {}  # client -> (node, batches)
         self.moved: dict[str, str] = {}  # client -> the node that took it over from us
         self.gates: dict[str, PeerGate] = {}  # peer -> the publishers its backed-up link holds
-        self.publisher: Callable[[], ConnectionPort | None] = lambda: None  # set by the broker
+        self.publisher: Callable[[], Publisher | None] = lambda: None  # set by the broker
 
     def deliver(self, message: Message, remote: list[RemoteEntry]) -> int:
         """Subscribers online on other nodes (see the module docstring)."""
@@ -76,6 +105,16 @@ class Remote:
                 for node in targets:
                     self._hold_for(node)
         return count
+
+    def link_publisher(self) -> Publisher | None:
+        """The hold on the peer link whose frame is being handled, if any."""
+        link = self.cluster.receiving() if self.cluster is not None else None
+        if link is None:
+            return None
+        hold = link.holder
+        if not isinstance(hold, LinkHold):
+            hold = link.holder = LinkHold(link)
+        return hold
 
     def _hold_for(self, node: str) -> None:
         """A QoS 1/2 message went into `node`'s link: if that is backed up, its

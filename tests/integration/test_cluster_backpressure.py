@@ -93,3 +93,44 @@ def test_a_stalled_peer_holds_qos1_publishers_and_loses_nothing(
         for c in made:
             with contextlib.suppress(Exception):
                 c.close()
+
+
+def test_a_slow_subscriber_holds_the_link_it_is_fed_by(
+    two: tuple[BackendNode, BackendNode],
+) -> None:
+    """A subscriber on B stops reading; B stops handling A's link for it (bounded)
+    instead of letting its queue overflow: every acknowledged message arrives."""
+    a, b = two
+    made: list[Paho] = []
+    count, size = 1500, 10 * 1024  # 15 MiB: past the subscriber's socket buffers,
+    # and past its queue bound (1000) if nothing held the link
+    try:
+        sub = Paho(b.mqtt_port, "slow-sub")  # 3.1.1: a small inflight window, then the queue
+        made.append(sub)
+        sub.connack()
+        sub.subscribe("slow/#", 1)
+        pub = Paho(a.mqtt_port, "slow-pub", v5=True)
+        made.append(pub)
+        pub.connack()
+        until_delivered(pub, sub, "slow/probe", 1)
+        drain(sub)
+        sub.client.loop_stop()  # the subscriber stops reading its socket
+
+        def link_held() -> bool:
+            def holds() -> int:
+                links = b.node.services.cluster.links
+                return sum(getattr(t.get_protocol().holder, "holds", 0) for t in links._inbound)
+
+            return int(b.call(holds)) > 0
+
+        infos = [pub.client.publish("slow/n", b"%05d" % i + b"y" * size, 1) for i in range(count)]
+        wait_until(link_held, "B holding A's link for its slow subscriber", timeout=30.0)
+        sub.client.loop_start()
+        for info in infos:
+            info.wait_for_publish(timeout=30.0)
+        got = [sub.message(timeout=30.0).payload[:5] for _ in range(count)]
+        assert got == [b"%05d" % i for i in range(count)]
+    finally:
+        for c in made:
+            with contextlib.suppress(Exception):
+                c.close()

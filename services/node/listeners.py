@@ -169,10 +169,18 @@ class Listener:
     # -- TLS -----------------------------------------------------------------
 
     def handshake(self, gate: Gate, transport: asyncio.Transport) -> None:
-        transport.pause_reading()  # the ClientHello is for the TLS layer, not the gate
-        task = asyncio.get_running_loop().create_task(self._handshake(gate, transport))
+        """Start TLS on this connection. The loop reads from it as soon as
+        `connection_made` returns, so the gate may hold the ClientHello by the
+        time `start_tls` runs (in the task's first step, next turn); that step
+        puts the TLS protocol in place and schedules its `connection_made` and
+        `resume_reading`. The callback scheduled here, behind the task's step,
+        schedules `Gate.feed_raw` behind those: the held bytes reach the TLS
+        protocol first, before anything more is read."""
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._handshake(gate, transport))
         self._handshakes.add(task)
         task.add_done_callback(self._handshakes.discard)
+        loop.call_soon(loop.call_soon, gate.feed_raw, transport)
 
     async def _handshake(self, gate: Gate, transport: asyncio.Transport) -> None:
         loop = asyncio.get_running_loop()
@@ -207,11 +215,12 @@ class Gate(asyncio.Protocol):
     """A connection on a listener with CIDR rules or TLS, until the
     listener's own protocol takes it over."""
 
-    __slots__ = ("_held", "listener", "lost")
+    __slots__ = ("_held", "_raw", "listener", "lost")
 
     def __init__(self, listener: Listener) -> None:
         self.listener = listener
-        self._held: list[bytes] = []
+        self._raw: list[bytes] | None = []  # TLS bytes read before start_tls took over
+        self._held: list[bytes] = []  # plain bytes after the handshake, before the hand-over
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -231,8 +240,26 @@ class Gate(asyncio.Protocol):
         for data in held:
             protocol.data_received(data)
 
+    def feed_raw(self, transport: asyncio.Transport) -> None:
+        """Give the TLS protocol the bytes read before it was there (see
+        `Listener.handshake`)."""
+        raw, self._raw = self._raw, None
+        if not raw or transport.is_closing():
+            return
+        data = b"".join(raw)
+        tls: Any = transport.get_protocol()  # asyncio's or uvloop's SSLProtocol
+        if not hasattr(tls, "get_buffer"):  # both are buffered protocols (uvloop's by duck)
+            tls.data_received(data)
+            return
+        while data:
+            buffer = memoryview(tls.get_buffer(len(data)))
+            n = min(len(buffer), len(data))
+            buffer[:n] = data[:n]
+            tls.buffer_updated(n)
+            data = data[n:]
+
     def data_received(self, data: bytes) -> None:
-        self._held.append(data)  # after the TLS handshake, before the hand-over
+        (self._held if self._raw is None else self._raw).append(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True

@@ -138,6 +138,7 @@ class Paho:
         username: str | None = None,
         password: str | None = None,
         host: str = "127.0.0.1",
+        tls: Any = None,  # an ssl.SSLContext: connect over TLS with it
     ) -> None:
         import queue
 
@@ -169,6 +170,8 @@ class Paho:
             self.client.will_set(will[0], will[1], will[2], properties=will_props)
         if username is not None:
             self.client.username_pw_set(username, password)
+        if tls is not None:
+            self.client.tls_set_context(tls)
         self.client.on_connect = lambda c, u, f, rc, p: self.connacks.put((f, rc))
         self.client.on_message = lambda c, u, m: self.messages.put(m)
         self.client.on_disconnect = lambda c, u, f, rc, p: self.disconnects.put(rc)

@@ -174,7 +174,8 @@ def test_takeover_across_live_nodes_keeps_a_delayed_will(
     early = watcher.before_barrier(pub, "bar/3", 1)
     assert [(m.topic, m.payload) for m in early] == []  # not at once, and never: resumed
     # Without a delay, a takeover publishes the old connection's will once.
-    connect(paho, a.port, "plain", will=("will/plain", b"p", 1))
+    plain_on_a = connect(paho, a.port, "plain", will=("will/plain", b"p", 1))
     connect(paho, b.port, "plain")
+    plain_on_a.disconnects.get(timeout=10.0)  # one connection per client id: A closed its own
     assert wills_until(watcher, {"will/plain"}, timeout_s=10.0) == ["will/plain"]
     assert watcher.before_barrier(pub, "bar/4", 1) == []

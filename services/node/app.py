@@ -398,7 +398,11 @@ async def _serve(
     )
     print(f"weir: {authn.who_gets_in(settings)}", flush=True)
     print("\n".join(f"weir: {x.describe()}" for x in node.listeners), flush=True)
-    loop.add_signal_handler(signal.SIGHUP, services.seams.reload)  # the ACL file, again
+    def reload() -> None:
+        print("weir: SIGHUP: reading the ACL file again", flush=True)
+        services.seams.reload()
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
     job = None
     if spark and services.endpoints is not None:
         from services.node import sparkjob

@@ -203,19 +203,24 @@ def _ports(settings: Settings, count: int, shared: bool) -> list[tuple[int, int 
 
 
 class _Stop:
-    """SIGINT / SIGTERM, noted for the supervisor's loop."""
+    """SIGINT / SIGTERM, noted for the supervisor's loop; SIGHUP too, which
+    the loop passes on to every node (they read their ACL file again)."""
 
     def __init__(self) -> None:
         self.requested = False
+        self.reload = False
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _Stop:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._previous[sig] = signal.signal(sig, self._on_signal)
         return self
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.requested = True
+        if signum == signal.SIGHUP:
+            self.reload = True
+        else:
+            self.requested = True
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
@@ -303,7 +308,10 @@ def _watch(slots: list[Slot], stop: _Stop, host: str) -> int:
     """Keep the nodes running until a stop is asked for or none is left."""
     while not stop.requested:
         now = time.monotonic()
+        reload, stop.reload = stop.reload, False
         for slot in slots:
+            if reload and slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.send_signal(signal.SIGHUP)
             if slot.ended:
                 continue
             if slot.restart_at is not None:

@@ -28,6 +28,7 @@ from tests.support.supervised import (
     wait_gone,
     wait_port_closed,
 )
+from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.kafka]
 
@@ -72,6 +73,15 @@ def test_nodes_serve_on_consecutive_ports_and_a_killed_node_comes_back(tmp_path:
         assert sub.connack()[1] == 0 and pub.connack()[1] == 0
         sub.subscribe("t/#", 1)
         round_trip(pub, sub, "t/before")
+
+        pids = [up.pid(i) for i in (1, 2, 3)]
+        up.proc.send_signal(signal.SIGHUP)  # passed on to every node, not the end of all
+        for i in (1, 2, 3):
+            wait_until(
+                lambda i=i: "SIGHUP: reading the ACL file again" in up.files(i).log.read_text(),
+                f"node {i} told of the SIGHUP",
+            )
+        assert up.proc.poll() is None and [up.pid(i) for i in (1, 2, 3)] == pids
 
         old = up.pid(2)
         os.kill(old, signal.SIGKILL)

@@ -1,0 +1,105 @@
+"""The authentication chain: order (the first allow or deny decides, ignore falls
+through), the anonymous rules, and a refusal's reason code, log line and count,
+with paho 3.1.1 and 5.0 clients over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from services.auth.api import ALLOW, ClientInfo, Decision
+from services.auth.cache import Verdict
+from services.auth.chain import Chain
+from services.auth.passwd import PasswordFile
+from tests.auth.chainnode import ALLOWED, BAD, NOT_AUTHORIZED, chain_node, refusal_lines
+from tests.auth.test_password_file import add
+
+
+class Fixed:
+    """A backend that answers `verdict` for user `user` and ignores everyone else."""
+
+    def __init__(self, name: str, user: str, verdict: Verdict) -> None:
+        self.name = name
+        self.user = user
+        self.verdict = verdict
+        self.asked: list[str | None] = []
+
+    async def check(self, client: ClientInfo, password: bytes | None) -> Verdict:
+        self.asked.append(client.username)
+        return self.verdict if client.username == self.user else None
+
+
+def info(user: str | None) -> ClientInfo:
+    return ClientInfo("c1", user, "127.0.0.1:5", 5)
+
+
+def decide(chain: Chain, user: str | None) -> Decision:
+    return asyncio.run(chain.authenticate(info(user), b"pw"))
+
+
+def test_the_first_decisive_answer_wins_and_ignore_falls_through() -> None:
+    deny = Fixed("first", "bob", Decision(False, 0x86))
+    allow = Fixed("second", "bob", ALLOW)
+    also = Fixed("third", "carol", ALLOW)
+    chain = Chain([deny, allow, also])
+    assert decide(chain, "bob") == Decision(False, 0x86, "first")
+    assert allow.asked == [], "nothing after a decisive answer is asked"
+    assert decide(chain, "carol") == Decision(True, 0, "third")
+    assert deny.asked == ["bob", "carol"] and allow.asked == ["carol"]
+    reordered = Chain([allow, deny])
+    assert decide(reordered, "bob").ok
+
+
+def test_when_every_backend_ignores_the_anonymous_rules_decide() -> None:
+    nobody = Fixed("none", "zed", ALLOW)
+    assert decide(Chain([nobody]), None).reason_code == 0x87
+    assert decide(Chain([nobody], allow_anonymous=True), None).ok
+    unknown = decide(Chain([nobody], allow_anonymous=True), "mallory")
+    assert (unknown.ok, unknown.reason_code) == (False, 0x86), "a named stranger is not anonymous"
+    assert "anonymous rules" in unknown.by
+
+
+def test_a_backend_reason_names_it_in_the_decision() -> None:
+    why = Fixed("jwt", "bob", Decision(False, 0x86, "jwt: expired"))
+    assert decide(Chain([why]), "bob").by == "jwt: expired"
+
+
+@pytest.mark.parametrize("v5", [False, True])
+def test_a_chain_over_sockets(v5: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Password file first, then a backend that knows only "bob": alice's right
+    password is in; her wrong one is refused by the file (the second backend
+    is not asked); bob falls through the file to the second backend; an
+    unknown user and an anonymous client get 0x86 and 0x87. Each refusal is
+    counted once and logged once with client id, user, peer and backend."""
+    path = tmp_path / "passwd"
+    add(path, "alice", "right")
+    second = Fixed("the second backend", "bob", Decision(False, 0x87))
+    caplog.set_level(logging.WARNING, logger="weir.auth")
+    with chain_node([PasswordFile(path), second]) as node:
+        assert node.connect(v5, "alice", "right") == ALLOWED
+        assert node.connect(v5, "alice", "wrong", client_id="dev-7") == BAD
+        assert second.asked == []
+        assert node.connect(v5, "bob", "any") == NOT_AUTHORIZED
+        assert second.asked == ["bob"]
+        assert node.connect(v5, "mallory", "x") == BAD
+        assert node.connect(v5, None, None) == NOT_AUTHORIZED
+        assert node.denied() == 4
+    lines = refusal_lines(caplog)
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("connect refused 0x86: client dev-7, user alice, peer 127.0.0.1:")
+    assert lines[0].endswith(f"by password file {path}")
+    assert lines[1].endswith("by the second backend")
+    assert "by anonymous rules" in lines[2] and "by anonymous rules" in lines[3]
+
+
+@pytest.mark.parametrize("v5", [False, True])
+def test_anonymous_allowed_by_the_chain(v5: bool, tmp_path: Path) -> None:
+    path = tmp_path / "passwd"
+    add(path, "alice", "right")
+    with chain_node([PasswordFile(path)], allow_anonymous=True) as node:
+        assert node.connect(v5, None, None) == ALLOWED
+        assert node.connect(v5, "alice", "wrong") == BAD
+        assert node.denied() == 1

@@ -44,10 +44,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from services.settings import Listeners
+from typing import Any, Protocol
 
 TYPES = ("tcp", "tls", "ws", "wss")
 VERIFY = ("none", "optional", "required")
@@ -216,6 +213,35 @@ def port_overrides(raw: Any) -> tuple[tuple[str, int], ...]:
             raise ValueError(f"expected NAME=PORT, got {item!r}")
         out.append((name, int(port)))
     return tuple(out)
+
+
+class Listeners(Protocol):
+    """The [listeners] section (`services.settings.Listeners`)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def mqtt_port(self) -> int: ...
+    @property
+    def ws_port(self) -> int | None: ...
+    @property
+    def tls_port(self) -> int | None: ...
+    @property
+    def wss_port(self) -> int | None: ...
+    @property
+    def certfile(self) -> str | None: ...
+    @property
+    def keyfile(self) -> str | None: ...
+    @property
+    def cafile(self) -> str | None: ...
+    @property
+    def verify(self) -> str | None: ...
+    @property
+    def cert_username(self) -> str: ...
+    @property
+    def tables(self) -> tuple[ListenerConfig, ...]: ...
+    @property
+    def ports(self) -> tuple[tuple[str, int], ...]: ...
 
 
 def _shortcuts(listeners: Listeners) -> list[ListenerConfig]:

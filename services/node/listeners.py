@@ -1,7 +1,8 @@
 """The node's listeners at run time: bind, screen the peer, TLS, count.
 
 Theory of operation. Each `ListenerConfig` (`services.listener_settings`)
-becomes one `Listener` with one asyncio server. A plain listener without
+becomes one `Listener` with one asyncio server (`services.node.node`
+gives it its protocol). A plain listener without
 CIDR rules accepts straight into its protocol: a `Connection` (tcp), or a
 `WebSocketProtocol` that makes one after the HTTP upgrade (ws), so the
 default listeners cost nothing more than before. Any other listener accepts
@@ -40,13 +41,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from services.listener_settings import ListenerConfig, ssl_context
-from services.node.connection import Connection
-from services.node.websocket import WebSocketProtocol
-from services.settings import Settings
 
 if TYPE_CHECKING:
     from services.metrics.api import Recorder
-    from services.node.broker import Broker
 
 log = logging.getLogger("weir.listeners")
 
@@ -263,18 +260,3 @@ class Gate(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-
-
-def open_listeners(settings: Settings, broker: Broker, metrics: Recorder) -> list[Listener]:
-    """One `Listener` per configured listener (not bound yet)."""
-
-    def connection(listener: Listener) -> asyncio.Protocol:
-        return Connection(broker, listener)
-
-    def websocket(listener: Listener) -> asyncio.Protocol:
-        return WebSocketProtocol(broker, listener)
-
-    return [
-        Listener(config, websocket if config.websocket else connection, metrics)
-        for config in settings.listeners.all()
-    ]

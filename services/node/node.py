@@ -20,13 +20,16 @@ from dataclasses import dataclass, field
 
 from services.cluster.router import ClusterRouter
 from services.event.api import EventLog
+from services.metrics.api import Recorder
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import ReasonCode
 from services.node import bootstrap, viewdump
 from services.node.broker import Broker
-from services.node.listeners import Listener, open_listeners
+from services.node.connection import Connection
+from services.node.listeners import Listener
 from services.node.seams import Seams
 from services.node.timers import TimerWheel
+from services.node.websocket import WebSocketProtocol
 from services.queue.api import QueueStore
 from services.retain.api import RetainStore
 from services.session.api import SessionStore, WillStore
@@ -58,6 +61,21 @@ def channel_config(settings: Settings, authenticate: bool = False) -> ChannelCon
         max_keep_alive=limits.max_keep_alive_s,
         authenticate=authenticate,
     )
+
+
+def open_listeners(settings: Settings, broker: Broker, metrics: Recorder) -> list[Listener]:
+    """One `Listener` per configured listener (not bound yet), each with its protocol."""
+
+    def connection(listener: Listener) -> asyncio.Protocol:
+        return Connection(broker, listener)
+
+    def websocket(listener: Listener) -> asyncio.Protocol:
+        return WebSocketProtocol(broker, listener)
+
+    return [
+        Listener(config, websocket if config.websocket else connection, metrics)
+        for config in settings.listeners.all()
+    ]
 
 
 class Node:

@@ -163,3 +163,23 @@ def test_tls_1_3_minimum(listener_node: Start, pki: Pki, clients: list[Paho]) ->
     old.maximum_version = ssl.TLSVersion.TLSv1_2
     assert no_connack(port(node, "tls13"), old).startswith("refused")
     round_trip(clients, port(node, "tls13"), pki.client(), True, "tls13")
+
+
+def test_a_stalled_handshake_is_closed_and_counted(
+    listener_node: Start, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.node import listeners
+
+    monkeypatch.setattr(listeners, "TLS_HANDSHAKE_TIMEOUT_S", 0.3)
+    node = listener_node(tls_table(pki, "slow"))
+    with socket.create_connection(("127.0.0.1", port(node, "slow")), timeout=5) as raw:
+        assert raw.recv(16) == b""  # no ClientHello sent: the node closes after its timeout
+    wait_for(node, lambda: listener(node, "slow").refused["tls"] == 1, "the timeout counted")
+
+
+def test_a_node_stops_with_a_handshake_pending(listener_node: Start, pki: Pki) -> None:
+    node = listener_node(tls_table(pki, "pending"))
+    with socket.create_connection(("127.0.0.1", port(node, "pending")), timeout=5) as raw:
+        wait_for(node, lambda: len(listener(node, "pending")._handshakes) == 1, "the handshake")
+        node.stop()  # within NodeRunner's bound, though the handshake never ends
+        assert raw.recv(16) == b""

@@ -104,11 +104,20 @@ async def _read(events: EventLog, state: StateStore) -> tuple[StateSnapshot | No
 
 
 async def _load(logstate: LogState, snapshot: StateSnapshot, read_s: float) -> Started:
-    """Snapshot, then the log's tail from the offsets it reflects."""
+    """Snapshot, then the log's tail from the offsets it reflects. The tail's
+    replay starts first and gets as far as asking Kafka for the partitions (a
+    thread's round trips; the records are then fetched in the background)
+    while the snapshot loads; it applies nothing before the load is done."""
     started = time.monotonic()
-    loaded = load_snapshot(logstate.view, logstate.apply, snapshot)
+    replay = asyncio.ensure_future(logstate.events.replay(logstate.apply, snapshot.offsets))
+    await asyncio.sleep(0)  # the replay runs to its first wait: the assignment, in a thread
+    try:
+        loaded = load_snapshot(logstate.view, logstate.apply, snapshot)
+    except BaseException:
+        replay.cancel()
+        raise
     loaded_s = time.monotonic() - started
-    tail = await logstate.events.replay(logstate.apply, snapshot.offsets)
+    tail = await replay
     log.info(
         "read %d state store entries in %.2f s, loaded them in %.2f s, then replayed %d "
         "events of the log's tail in %.2f s",

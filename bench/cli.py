@@ -52,7 +52,8 @@ EPILOG = """scenarios:
   latency  1 publisher at --rate msg/s -> 1 subscriber; p50/p99/p99.9 in ms
   idle     --connections idle connections from 127.0.0.2-250; connect rate and
            the broker's RSS per connection (VmRSS of --broker-pid, or of the
-           process found listening on --port)
+           process found listening on --port); --username/--password or
+           --jwt-secret connect with credentials (connects/s with authentication)
 
 Publishers send as fast as the broker takes (QoS 1: at most --window unacked
 each); msg/s = received / (last receive - first send).
@@ -155,6 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--connections", type=_positive_int, default=1000, help="idle: how many")
     parser.add_argument("--workers", type=_positive_int, help="idle: generator processes")
     parser.add_argument("--broker-pid", type=_positive_int, help="for RSS and CPU (default: found)")
+    parser.add_argument(
+        "--username", help="idle: connect with this user name ({i}: the connection's index)"
+    )
+    parser.add_argument("--password", help="idle: and this password ({i} as in --username)")
+    parser.add_argument(
+        "--jwt-secret",
+        help="idle: the password is an HS256 JWT signed with this secret (sub: --username)",
+    )
     parser.add_argument("--vs", type=_address, metavar="HOST:PORT", help="peer broker to compare")
     parser.add_argument("--rounds", type=_positive_int, default=3, help="with --vs: A,B rounds")
     parser.add_argument(
@@ -179,6 +188,9 @@ def _run_once(args: argparse.Namespace, host: str, port: int, pid: int | None) -
             version=version,
             broker_pid=pid,
             ports=args.ports,  # not with a peer (_validate)
+            username=args.username,
+            password=args.password,
+            jwt_secret=args.jwt_secret,
         )
         return run_idle(idle)
     messages = args.messages or DEFAULT_MESSAGES.get(
@@ -228,6 +240,10 @@ def _validate(args: argparse.Namespace) -> None:
             f"--connections {args.connections} needs --workers >= "
             f"{math.ceil(args.connections / PER_WORKER_MAX)} ({PER_WORKER_MAX} per process)"
         )
+    if args.scenario != "idle" and (args.username or args.password or args.jwt_secret):
+        raise UsageError("--username, --password and --jwt-secret apply to idle")
+    if args.password and args.jwt_secret:
+        raise UsageError("--password and --jwt-secret both give the password; give one")
     if args.scenario == "idle" and (args.persistent or args.redis_url or args.sub_port):
         raise UsageError(
             "--persistent, --redis-url and --sub-port apply to the message scenarios, not idle"

@@ -209,8 +209,10 @@ async def open_client(
     wait_s: float = 10.0,
     clean: bool = True,
     session_expiry_s: int = 0,
+    credentials: tuple[str | None, bytes | None] = (None, None),
 ) -> BenchClient:
-    """Connect and wait for a successful CONNACK, or raise `BrokerUnavailable`."""
+    """Connect (with a user name and password, if given) and wait for a successful
+    CONNACK, or raise `BrokerUnavailable`."""
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(wait_s):
@@ -220,7 +222,12 @@ async def open_client(
             try:
                 client.write(
                     wire.connect(
-                        client_id, version=version, clean=clean, session_expiry_s=session_expiry_s
+                        client_id,
+                        version=version,
+                        clean=clean,
+                        session_expiry_s=session_expiry_s,
+                        username=credentials[0],
+                        password=credentials[1],
                     )
                 )
             except BrokerUnavailable:

@@ -10,7 +10,9 @@ parent, having read the broker's VmRSS, says "close". RSS per connection is
 (after - before) / connected: the broker's cost of an idle session, buffers
 included. With `ports` > 1 connection i goes to port + i % ports (the nodes
 of `weir up --nodes N`), and the RSS is that of every process listening on
-those ports, summed.
+those ports, summed. With credentials (`username`, `password`, or a JWT
+signed with `jwt_secret` as the password; "{i}" stands for the connection's
+index) the connect rate is that of an authenticating broker.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ SOURCE_ADDRESSES = 249
 """127.0.0.2 .. 127.0.0.250."""
 PER_WORKER_MAX = 19_000
 """Connections one worker may hold: the 20,000 descriptor hard limit less headroom."""
+JWT_TTL_S = 3600
+"""Seconds a --jwt-secret token is valid: longer than any run."""
 DEFAULT_CONCURRENCY = 256
 """Handshakes in flight per worker: enough to keep the broker's accept loop busy,
 few enough not to overflow its listen backlog."""
@@ -55,6 +59,9 @@ class IdleConfig:
     version: int = wire.MQTT_311
     broker_pid: int | None = None
     ports: int = 1
+    username: str | None = None  # "{i}" in it (or in password) becomes the connection's index
+    password: str | None = None
+    jwt_secret: str | None = None  # the password is an HS256 JWT (exp in 1 h, sub = user name)
 
     @property
     def broker(self) -> str:
@@ -63,6 +70,20 @@ class IdleConfig:
 
     def port_of(self, index: int) -> int:
         return self.port + index % self.ports
+
+    def credentials(self, index: int) -> tuple[str | None, bytes | None]:
+        """Connection `index`'s user name and password (None, None: anonymous)."""
+        user = self.username.replace("{i}", str(index)) if self.username is not None else None
+        if self.jwt_secret is not None:
+            import jwt
+
+            claims: dict[str, object] = {"exp": int(time.time()) + JWT_TTL_S}
+            if user is not None:
+                claims["sub"] = user
+            return user, jwt.encode(claims, self.jwt_secret, algorithm="HS256").encode()
+        if self.password is None:
+            return user, None
+        return user, self.password.replace("{i}", str(index)).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +134,7 @@ async def _open_all(
                     version=cfg.version,
                     local_addr=(source_address(index), 0) if loopback else None,
                     wait_s=min(remaining, cfg.connect_timeout),
+                    credentials=cfg.credentials(index),
                 )
             except BenchError as exc:
                 errors.append(str(exc))

@@ -66,16 +66,22 @@ def connect(
     keepalive: int = 0,
     clean: bool = True,
     session_expiry_s: int = 0,
+    username: str | None = None,
+    password: bytes | None = None,
 ) -> bytes:
     """CONNECT; `clean=False` resumes a session (5.0: also give `session_expiry_s` > 0)."""
-    flags = 0x02 if clean else 0x00
+    flags = (0x02 if clean else 0x00) | (0x80 if username is not None else 0)
+    flags |= 0x40 if password is not None else 0
+    credentials = _string(username) if username is not None else b""
+    if password is not None:
+        credentials += len(password).to_bytes(2, "big") + password
     variable = _string("MQTT") + bytes([version, flags]) + keepalive.to_bytes(2, "big")
     if version == MQTT_5:
         if session_expiry_s:
             variable += b"\x05\x11" + session_expiry_s.to_bytes(4, "big")
         else:
             variable += b"\x00"
-    return _packet(CONNECT, variable + _string(client_id))
+    return _packet(CONNECT, variable + _string(client_id) + credentials)
 
 
 def subscribe(packet_id: int, topic_filter: str, qos: int, *, version: int = MQTT_311) -> bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -222,3 +223,59 @@ async def test_a_burst_of_concurrent_claims_waits_for_connections(store: Session
     )
     assert len({c.client_id for c in claims}) == 300
     assert all(c.epoch > 0 and not c.session_present for c in claims)
+
+
+# -- node death: a dead node's sessions (services.node.orphans) --------------------
+
+
+async def test_orphans_are_the_dead_nodes_online_sessions(store: SessionStore) -> None:
+    dead, alive = name("dead"), name("alive")
+    a, b, c = name("a"), name("b"), name("c")
+    await store.claim(a, dead, False, 60)
+    await store.claim(b, dead, False, 60)
+    await store.claim(c, alive, False, 60)
+    gone = await store.claim(name("d"), dead, False, 60)
+    await store.release(gone.client_id, gone.epoch, 60)  # offline: not an orphan
+    assert sorted(await store.orphans(dead)) == sorted([a, b])
+    assert await store.orphans(name("nobody")) == []
+
+
+async def test_adopt_takes_the_session_offline_under_a_new_epoch(store: SessionStore) -> None:
+    dead, client = name("dead"), name("c")
+    claim = await store.claim(client, dead, False, 60)
+    version = await store.next_version(client, claim.epoch)
+    adopted = await store.adopt(client, dead)
+    assert adopted is not None
+    assert adopted.epoch > claim.epoch and adopted.version > version
+    assert adopted.expiry_s == 60
+    info = await store.get(client)
+    assert info is not None and not info.online and info.epoch == adopted.epoch
+    with pytest.raises(Fenced):  # a late write of the dead node fails
+        await store.next_version(client, claim.epoch)
+    assert await store.adopt(client, dead) is None  # exactly once
+    assert await store.orphans(dead) == []
+    resumed = await store.claim(client, name("other"), False, 60)
+    assert resumed.session_present  # the session lives on for its client
+
+
+async def test_adopt_skips_a_session_resumed_elsewhere(store: SessionStore) -> None:
+    dead, client = name("dead"), name("c")
+    await store.claim(client, dead, False, 60)
+    await store.claim(client, name("new"), False, 60)
+    assert await store.adopt(client, dead) is None
+    info = await store.get(client)
+    assert info is not None and info.online
+
+
+async def test_adopt_discards_a_session_without_expiry() -> None:
+    store = MemorySessionStore()
+    dead, client = name("dead"), name("c")
+    await store.claim(client, dead, False, 0)
+    adopted = await store.adopt(client, dead)
+    assert adopted is not None and adopted.expiry_s == 0
+    assert await store.get(client) is None
+
+
+def name(what: str) -> str:
+    """Unique per test: an orphan search scans every client of the store."""
+    return f"{what}-{uuid.uuid4().hex[:8]}"

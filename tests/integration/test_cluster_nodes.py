@@ -62,13 +62,14 @@ class NodeProc:
                 self.proc.wait()
 
 
-@pytest.fixture
-def two_nodes(
-    redis_url: str, kafka_bootstrap: str, kafka_topic_prefix: str, tmp_path: Path
+@contextlib.contextmanager
+def node_pair(
+    redis_url: str, kafka: str, prefix: str, tmp: Path, extra: Sequence[str] = ()
 ) -> Iterator[tuple[NodeProc, NodeProc]]:
-    a = NodeProc("node-a", redis_url, kafka_bootstrap, kafka_topic_prefix, tmp_path)
+    """node-a and node-b, each a `weir up` process, stopped afterwards."""
+    a = NodeProc("node-a", redis_url, kafka, prefix, tmp, extra)
     try:
-        b = NodeProc("node-b", redis_url, kafka_bootstrap, kafka_topic_prefix, tmp_path)
+        b = NodeProc("node-b", redis_url, kafka, prefix, tmp, extra)
     except BaseException:
         a.stop()
         raise
@@ -77,6 +78,14 @@ def two_nodes(
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.fixture
+def two_nodes(
+    redis_url: str, kafka_bootstrap: str, kafka_topic_prefix: str, tmp_path: Path
+) -> Iterator[tuple[NodeProc, NodeProc]]:
+    with node_pair(redis_url, kafka_bootstrap, kafka_topic_prefix, tmp_path) as pair:
+        yield pair
 
 
 @pytest.fixture

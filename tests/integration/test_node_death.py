@@ -10,7 +10,6 @@ across live nodes must not publish a delayed will at once.
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import redis
 
 from services.event.schema import SessionClosed
 from tests.integration.conftest import Paho
-from tests.integration.test_cluster_nodes import NodeProc, drain, until_delivered
+from tests.integration.test_cluster_nodes import NodeProc, drain, node_pair, until_delivered
 from tests.support.eventlog import log_events
 
 pytestmark = [pytest.mark.redis, pytest.mark.kafka]
@@ -34,26 +33,8 @@ TAKEOVER_S = 20.0  # TTL + one poll + the takeover itself, with a busy machine's
 def nodes(
     redis_url: str, kafka_bootstrap: str, kafka_topic_prefix: str, tmp_path: Path
 ) -> Iterator[tuple[NodeProc, NodeProc]]:
-    a = NodeProc("node-a", redis_url, kafka_bootstrap, kafka_topic_prefix, tmp_path, TTL)
-    try:
-        b = NodeProc("node-b", redis_url, kafka_bootstrap, kafka_topic_prefix, tmp_path, TTL)
-    except BaseException:
-        a.stop()
-        raise
-    try:
-        yield a, b
-    finally:
-        a.stop()
-        b.stop()
-
-
-@pytest.fixture
-def paho() -> Iterator[list[Paho]]:
-    made: list[Paho] = []
-    yield made
-    for c in made:
-        with contextlib.suppress(Exception):
-            c.close()
+    with node_pair(redis_url, kafka_bootstrap, kafka_topic_prefix, tmp_path, TTL) as pair:
+        yield pair
 
 
 def connect(made: list[Paho], port: int, client_id: str, **kw: object) -> Paho:
@@ -83,21 +64,21 @@ def kill(node: NodeProc) -> None:
 
 
 def test_survivor_publishes_wills_and_resumes_sessions(
-    nodes: tuple[NodeProc, NodeProc], paho: list[Paho], kafka_bootstrap: str,
+    nodes: tuple[NodeProc, NodeProc], clients: list[Paho], kafka_bootstrap: str,
     kafka_topic_prefix: str, redis_url: str,
 ) -> None:  # fmt: skip
     a, b = nodes
-    watcher = connect(paho, b.port, "watcher", v5=True)
+    watcher = connect(clients, b.port, "watcher", v5=True)
     watcher.subscribe("will/#", 1)
     watcher.subscribe("bar/#", 1)
-    pub = connect(paho, b.port, "pub", v5=True)
+    pub = connect(clients, b.port, "pub", v5=True)
     # On A: a persistent 5.0 session and a clean 3.1.1 one, each with a will.
     durable = connect(
-        paho, a.port, "durable", v5=True, clean=False, session_expiry=300,
+        clients, a.port, "durable", v5=True, clean=False, session_expiry=300,
         will=("will/durable", b"durable gone", 1),
     )  # fmt: skip
     durable.subscribe("t/durable", 1)
-    clean = connect(paho, a.port, "clean311", will=("will/clean", b"clean gone", 1))
+    clean = connect(clients, a.port, "clean311", will=("will/clean", b"clean gone", 1))
     clean.subscribe("t/clean", 0)
     until_delivered(pub, durable, "t/durable", 1)  # B routes to both: the log got there
     until_delivered(pub, clean, "t/clean", 0)
@@ -115,7 +96,7 @@ def test_survivor_publishes_wills_and_resumes_sessions(
     assert int(r.hget("{c:durable}:s", "epoch") or 0) > epoch_on_a
     # Its queue fills while it is away, and it resumes on B with what was queued.
     pub.publish("t/durable", b"while away", 1)
-    back = connect(paho, b.port, "durable", v5=True, clean=False, session_expiry=300)
+    back = connect(clients, b.port, "durable", v5=True, clean=False, session_expiry=300)
     assert back.session_present
     assert back.message(timeout=10.0).payload == b"while away"
 
@@ -130,17 +111,17 @@ def test_survivor_publishes_wills_and_resumes_sessions(
 
 
 def test_will_delay_survives_node_death(
-    nodes: tuple[NodeProc, NodeProc], paho: list[Paho], redis_url: str
+    nodes: tuple[NodeProc, NodeProc], clients: list[Paho], redis_url: str
 ) -> None:
     a, b = nodes
-    watcher = connect(paho, b.port, "watcher", v5=True)
+    watcher = connect(clients, b.port, "watcher", v5=True)
     watcher.subscribe("will/#", 1)
     watcher.subscribe("bar/#", 1)
-    pub = connect(paho, b.port, "pub", v5=True)
+    pub = connect(clients, b.port, "pub", v5=True)
     v5 = {"v5": True, "clean": False, "session_expiry": 60}
-    connect(paho, a.port, "marker", **v5, will=("will/marker", b"m", 1))
-    connect(paho, a.port, "resumes", **v5, will=("will/resumes", b"r", 1), will_delay=30)
-    connect(paho, a.port, "restarts", **v5, will=("will/restarts", b"s", 1), will_delay=30)
+    connect(clients, a.port, "marker", **v5, will=("will/marker", b"m", 1))
+    connect(clients, a.port, "resumes", **v5, will=("will/resumes", b"r", 1), will_delay=30)
+    connect(clients, a.port, "restarts", **v5, will=("will/restarts", b"s", 1), will_delay=30)
     r = redis.Redis.from_url(redis_url)
     assert r.hget("{c:resumes}:w", "n") == b"node-a"  # stored before CONNACK
 
@@ -148,34 +129,34 @@ def test_will_delay_survives_node_death(
     assert wills_until(watcher, {"will/marker"}) == ["will/marker"]  # B took over
     # Resumed within its will delay: that will is never sent. A clean start
     # ends the old session: its will goes at once, not 30 s later.
-    resumed = connect(paho, b.port, "resumes", **v5)
+    resumed = connect(clients, b.port, "resumes", **v5)
     assert resumed.session_present
-    connect(paho, b.port, "restarts", v5=True, clean=True, session_expiry=60)
+    connect(clients, b.port, "restarts", v5=True, clean=True, session_expiry=60)
     assert wills_until(watcher, {"will/restarts"}, timeout_s=10.0) == ["will/restarts"]
     assert watcher.before_barrier(pub, "bar/2", 1) == []
     assert not r.exists("{c:resumes}:w")  # nobody holds it: it can never go out
 
 
 def test_takeover_across_live_nodes_keeps_a_delayed_will(
-    nodes: tuple[NodeProc, NodeProc], paho: list[Paho]
+    nodes: tuple[NodeProc, NodeProc], clients: list[Paho]
 ) -> None:
     a, b = nodes
-    watcher = connect(paho, b.port, "watcher", v5=True)
+    watcher = connect(clients, b.port, "watcher", v5=True)
     watcher.subscribe("will/#", 1)
     watcher.subscribe("bar/#", 1)
-    pub = connect(paho, a.port, "pub", v5=True)
+    pub = connect(clients, a.port, "pub", v5=True)
     until_delivered(pub, watcher, "bar/probe", 1)  # A routes to the watcher on B
     drain(watcher)
     v5 = {"v5": True, "clean": False, "session_expiry": 60}
-    first = connect(paho, a.port, "mover", **v5, will=("will/mover", b"w", 1), will_delay=30)
-    second = connect(paho, b.port, "mover", **v5)
+    first = connect(clients, a.port, "mover", **v5, will=("will/mover", b"w", 1), will_delay=30)
+    second = connect(clients, b.port, "mover", **v5)
     assert second.session_present
     first.disconnects.get(timeout=10.0)  # A closed the old connection
     early = watcher.before_barrier(pub, "bar/3", 1)
     assert [(m.topic, m.payload) for m in early] == []  # not at once, and never: resumed
     # Without a delay, a takeover publishes the old connection's will once.
-    plain_on_a = connect(paho, a.port, "plain", will=("will/plain", b"p", 1))
-    connect(paho, b.port, "plain")
+    plain_on_a = connect(clients, a.port, "plain", will=("will/plain", b"p", 1))
+    connect(clients, b.port, "plain")
     plain_on_a.disconnects.get(timeout=10.0)  # one connection per client id: A closed its own
     assert wills_until(watcher, {"will/plain"}, timeout_s=10.0) == ["will/plain"]
     assert watcher.before_barrier(pub, "bar/4", 1) == []

@@ -36,12 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services import listener_settings
 from services.auth_settings import ENV_VARS as AUTH_ENV_VARS
 from services.auth_settings import AuthBackend, http_url
 from services.auth_settings import chain as auth_chain
 from services.auth_settings import tables as auth_tables
-from services.listener_settings import ListenerConfig
+from services.listener_settings import CERT_USERNAME, VERIFY, ListenerConfig, combine
+from services.listener_settings import port_overrides as listener_ports
+from services.listener_settings import tables as listener_tables
 
 ENV_VARS: frozenset[str] = frozenset(
     {
@@ -151,7 +152,7 @@ class Listeners:
 
     def all(self) -> tuple[ListenerConfig, ...]:
         """Every listener, checked (ValueError)."""
-        return listener_settings.combine(self)
+        return combine(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,10 +335,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("listeners.certfile", _text),
     Option("listeners.keyfile", _text),
     Option("listeners.cafile", _text),
-    Option("listeners.verify", _choice(listener_settings.VERIFY)),
-    Option("listeners.cert_username", _choice(listener_settings.CERT_USERNAME)),
-    Option("listeners.tables", listener_settings.tables),  # [[listener]] in the file
-    Option("listeners.ports", listener_settings.port_overrides),
+    Option("listeners.verify", _choice(VERIFY)),
+    Option("listeners.cert_username", _choice(CERT_USERNAME)),
+    Option("listeners.tables", listener_tables),  # [[listener]] in the file
+    Option("listeners.ports", listener_ports),
     Option("limits.max_connections", _int(1)),
     Option("limits.max_packet_size", _int(64, 268_435_460)),
     Option("limits.receive_maximum", _int(1, 65_535)),

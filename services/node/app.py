@@ -29,7 +29,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from services import listener_settings
+from services.listener_settings import add_arguments as add_listener_arguments
 from services.node.backends import BackendError, start_backends
 from services.settings import Settings, SettingsError, exposure_error, load
 
@@ -60,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--mqtt-port", dest="listeners.mqtt_port", help="MQTT TCP port (1883)")
     p.add_argument("--ws-port", dest="listeners.ws_port", help="MQTT over WebSocket port (8083)")
-    listener_settings.add_arguments(p)  # --tls-port, --wss-port, --certfile ...
+    add_listener_arguments(p)  # --tls-port, --wss-port, --certfile ...
     p.add_argument("--data-dir", dest="data_dir", help="directory for node data")
     p.add_argument(
         "--max-connections",

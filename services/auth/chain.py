@@ -6,7 +6,8 @@ asks its backends in their configured order; each answers with a
 mine to decide, e.g. a user name it does not know, a password that is not
 a JWT). The first allow or deny decides, and the rest are not asked. When
 every backend ignored the CONNECT, the anonymous rules decide:
-- no user name: allowed with `allow_anonymous`, else 0x87 not authorized
+- no user name: allowed with `allow_anonymous` (the client's listener's own
+  setting where it has one, else the node's), else 0x87 not authorized
   (3.1.1: 5), as Mosquitto 2 does once any authentication is configured;
 - a user name no backend knows: 0x86 bad user name or password (3.1.1: 4).
 Every decision names who gave it (`Decision.by`: the backend's name, with
@@ -18,7 +19,7 @@ all the node runs `AllowAll` instead of a chain (the loopback default).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Final, Protocol, runtime_checkable
 
@@ -44,9 +45,15 @@ class ClosingBackend(Backend, Protocol):
 
 
 class Chain:
-    def __init__(self, backends: Sequence[Backend], allow_anonymous: bool = False) -> None:
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        allow_anonymous: bool = False,
+        listeners: Mapping[str, bool] | None = None,  # listener name -> its allow_anonymous
+    ) -> None:
         self.backends = tuple(backends)
         self.allow_anonymous = allow_anonymous
+        self.listeners = dict(listeners or {})
         self._anonymous = replace(ALLOW, by=ANONYMOUS)
 
     async def authenticate(self, client: ClientInfo, password: bytes | None) -> Decision:
@@ -56,12 +63,8 @@ class Chain:
                 return verdict if verdict.by else replace(verdict, by=backend.name)
         if client.username is not None:
             return UNKNOWN_USER
-        return self._anonymous if self.allow_anonymous else NOT_AUTHORIZED
-
-    def describe(self) -> str:
-        names = ", then ".join(b.name for b in self.backends)
-        anonymous = "anonymous allowed" if self.allow_anonymous else "anonymous refused"
-        return f"clients authenticate with {names}; {anonymous}"
+        anonymous = self.listeners.get(client.listener, self.allow_anonymous)
+        return self._anonymous if anonymous else NOT_AUTHORIZED
 
     async def aclose(self) -> None:
         for backend in self.backends:

@@ -7,7 +7,8 @@ refused a listener beyond loopback without authentication or
 allow_anonymous). The Redis users backend needs the node's Redis: without
 one (`redis` None, as when `weir up` checks the settings before starting
 anything) it is left out here, and `weir up` refuses it with --backend
-memory. A key file or password file that cannot be used is a SettingsError
+memory. A listener's own allow_anonymous overrides the node's for its
+clients. A key file or password file that cannot be used is a SettingsError
 (one line, exit 2).
 """
 
@@ -34,7 +35,9 @@ def authenticator(settings: Settings, redis: Any = None) -> Authenticator:
                 backends.append(backend)
     except (PasswordFileError, JwtError) as exc:
         raise SettingsError(str(exc)) from None
-    return Chain(backends, settings.allow_anonymous)
+    listeners = {listener.name: listener.allow_anonymous for listener in settings.listeners.all()
+                 if listener.allow_anonymous is not None}  # fmt: skip
+    return Chain(backends, settings.allow_anonymous, listeners)
 
 
 def _backend(config: AuthBackend, redis: Any) -> Backend | None:

@@ -62,6 +62,27 @@ def test_when_every_backend_ignores_the_anonymous_rules_decide() -> None:
     assert "anonymous rules" in unknown.by
 
 
+def test_a_listeners_own_allow_anonymous_overrides_the_nodes(tmp_path: Path) -> None:
+    """[[listener]] allow_anonymous reaches the chain built from the settings."""
+    from services.node.authn import authenticator
+    from services.settings import load
+
+    config = tmp_path / "weir.toml"
+    config.write_text(
+        '[[listener]]\nname = "open"\ntype = "tcp"\nport = 0\nallow_anonymous = true\n'
+    )
+    path = tmp_path / "passwd"
+    add(path, "alice", "right")
+    chain = authenticator(load({"config": str(config), "password_file": str(path)}, env={}))
+    assert isinstance(chain, Chain) and chain.listeners == {"open": True}
+
+    def anonymous_on(listener: str) -> bool:
+        client = ClientInfo("c1", None, "127.0.0.1:5", 5, listener)
+        return asyncio.run(chain.authenticate(client, None)).ok
+
+    assert anonymous_on("open") and not anonymous_on("mqtt")
+
+
 def test_a_backend_reason_names_it_in_the_decision() -> None:
     why = Fixed("jwt", "bob", Decision(False, 0x86, "jwt: expired"))
     assert decide(Chain([why]), "bob").by == "jwt: expired"

@@ -243,3 +243,47 @@ def test_weir_up_says_what_each_listener_is_and_serves_tls(files: Pki, tmp_path:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
+
+
+@pytest.mark.redis
+@pytest.mark.kafka
+def test_weir_up_nodes_gives_each_node_its_own_tls_port(files: Pki, tmp_path: Path) -> None:
+    """A real `weir up --nodes 2` (embedded Redis and Kafka): node i serves TLS on
+    --tls-port + i - 1, and a message crosses from one node's TLS listener to the other's."""
+    from tests.integration.conftest import Paho
+    from tests.integration.test_cluster_supervisor import round_trip
+    from tests.support.supervised import Supervised, free_ports_in_a_row
+    from tests.support.wait import wait_until
+
+    mqtt, tls_port = free_ports_in_a_row(2), free_ports_in_a_row(2)
+    up = Supervised(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--mqtt-port",
+        str(mqtt),
+        "--ws-port",
+        "off",
+        "--tls-port",
+        str(tls_port),
+        "--certfile",
+        files.certfile,
+        "--keyfile",
+        files.keyfile,
+    )
+    clients: list[Paho] = []
+    try:
+        for i in (1, 2):
+            up.wait_ready(i)
+            line = f"listener tls: tls on 127.0.0.1:{tls_port + i - 1};"
+            wait_until(lambda i=i, line=line: line in up.files(i).log.read_text(), line)
+        sub = Paho(tls_port + 1, "tls-sub-on-2", v5=True, tls=files.client())
+        pub = Paho(tls_port, "tls-pub-on-1", v5=True, tls=files.client())
+        clients += [sub, pub]
+        assert sub.connack()[1] == 0 and pub.connack()[1] == 0
+        sub.subscribe("t/#", 1)
+        round_trip(pub, sub, "t/across")
+    finally:
+        for c in clients:
+            c.close()
+        assert up.stop() == 0, up.text()

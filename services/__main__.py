@@ -21,6 +21,7 @@ commands:
   streams verify     compare the state store and the live nodes with a replay of the log
   report             tables and PNG charts of the analytics job's output
   passwd FILE USER   add or change a user of a password file (argon2id hashes)
+  ban add|list|del   ban clients cluster-wide by client id, user name or address (Redis)
 
 `weir <command> --help` describes each command's options."""
 
@@ -75,8 +76,15 @@ def _passwd(argv: Sequence[str]) -> int:
     return passwd_main(argv)
 
 
+def _ban(argv: Sequence[str]) -> int:
+    from services.auth.cli import main as ban_main
+
+    return ban_main(argv)
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "passwd": _passwd,
+    "ban": _ban,
     "up": _up,
     "drain": _drain,
     "bench": _bench,

@@ -52,9 +52,7 @@ class WebhookError(Exception):
 
 
 class HttpWebhook:
-    def __init__(
-        self, url: str, timeout_s: float, cache_s: float, on_error: str = "deny"
-    ) -> None:
+    def __init__(self, url: str, timeout_s: float, cache_s: float, on_error: str = "deny") -> None:
         self.url = url
         self.name = f"http {url}"
         self.timeout_s = timeout_s
@@ -64,7 +62,9 @@ class HttpWebhook:
 
     async def check(self, client: ClientInfo, password: bytes | None) -> Verdict:
         host = client.peer.rpartition(":")[0]
-        key = digest(client.client_id, client.username or "\0", password or b"\0", host)
+        user = b"-" if client.username is None else b"u" + client.username.encode()
+        secret = b"-" if password is None else b"p" + password  # None is not b""
+        key = digest(client.client_id, user, secret, host)
         return await self.cache.answer(key, lambda: self._ask(client, password))
 
     async def _ask(self, client: ClientInfo, password: bytes | None) -> Verdict:

@@ -26,6 +26,12 @@ COUNTERS: Final = (
     "authentication.denied",  # CONNECTs the authentication chain (or its hook) refused
     "authorization.publish_denied",  # publishes and wills the authorizer refused
     "authorization.subscribe_denied",  # filters, retained deliveries, restored subscriptions
+    "connections.banned",  # CONNECTs a ban refused (0x8A; 3.x: 5)
+    "connections.flapping",  # CONNECTs one too many within the flapping window (client banned)
+    "connections.rate_limited",  # CONNECTs over a connection rate (0x9F; 3.x: 3)
+    "connections.kicked_banned",  # connected clients a new ban disconnected (0x98)
+    "connections.read_paused",  # pauses of a client's reading for its message / byte rate
+    "subscriptions.quota_exceeded",  # filters past limits.max_subscriptions (0x97; 3.x: 0x80)
 )
 GAUGES: Final = ("connections.current",)
 

@@ -92,6 +92,9 @@ def parser() -> argparse.ArgumentParser:
         dest="limits.receive_maximum",
         help="unacknowledged QoS 1/2 PUBLISHes a 5.0 client may send at once",
     )
+    from services.auth.cli import add_up_options
+
+    add_up_options(p)  # --max-conn-rate, --client-msg-rate, --max-subscriptions, --flapping ...
     p.add_argument(
         "--shared-subscription-strategy",
         dest="shared_subscription_strategy",
@@ -195,6 +198,7 @@ def build_services(settings: Settings) -> Services:
     """The pure-memory backends (`--backend memory`)."""
     from services.event.memory import MemoryEventLog
     from services.node.node import Services
+    from services.node.seams import admitting
     from services.queue.memory import MemoryQueueStore
     from services.retain.store import MemoryRetainStore
     from services.session.memory import MemorySessionStore
@@ -207,7 +211,7 @@ def build_services(settings: Settings) -> Services:
         queue=queue,
         retain=MemoryRetainStore(),
         events=MemoryEventLog(),
-        seams=seams_for(settings),
+        seams=admitting(seams_for(settings), settings.limits),
     )
 
 
@@ -263,6 +267,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
     from services.embedded.redis_server import RedisServer
     from services.event.kafka import KafkaEventLog, KafkaSettings
     from services.node.node import Services
+    from services.node.seams import admitting
     from services.node.stores import TieredQueueStore, TieredSessionStore, Tiers
     from services.queue.api import DROP_OLDEST
     from services.queue.memory import MemoryQueueStore
@@ -309,7 +314,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
             cluster=cluster_router(settings, client),
             state=RedisStateStore(client, settings.kafka_topic_prefix),
             endpoints=(redis_url, bootstrap),
-            seams=seams_for(settings, client),
+            seams=admitting(seams_for(settings, client), settings.limits, client),
             wills=wills,
         )
         what = f"redis {redis_url}, kafka {bootstrap}"

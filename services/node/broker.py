@@ -33,6 +33,7 @@ import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
+from services.auth.banned import Ban
 from services.event.api import EventLog
 from services.mqtt.actions import (
     Authenticate,
@@ -42,7 +43,7 @@ from services.mqtt.actions import (
     UnsubscribeRequest,
 )
 from services.mqtt.channel_config import ChannelConfig
-from services.mqtt.packets import Message, Will
+from services.mqtt.packets import Message, ReasonCode, Will
 from services.mqtt.trie import TopicTrie
 from services.node.cm import ConnectionManager
 from services.node.delivery import Delivery
@@ -130,6 +131,8 @@ class Broker:
         )
         self.cm.is_dead = self.orphans.dead.__contains__
         self.cm.recheck = self.subscriptions.recheck  # resumed subscriptions, under the ACL
+        if self.seams.admission is not None:
+            self.seams.admission.bans.on_added = self._banned
         # The per-packet calls go straight to their part (no facade hop).
         self.publish: Callable[[ConnectionPort, Route], None] = self.dispatch.publish
         self.acked: Callable[[ConnectionPort, int], None] = self.cm.acked
@@ -209,11 +212,35 @@ class Broker:
         self.cm.connection_ended(conn, will, will_delay_s, session_expiry_s)
 
     async def authenticate(self, conn: ConnectionPort, action: Authenticate) -> None:
+        code = await self.seams.admit(conn, action.client_id, action.username)
+        if code:
+            conn.carry_out(conn.channel.authenticated(False, code))
+            conn.resume_processing()
+            return
         await self.seams.authenticate(conn, action)
 
     async def open_session(self, conn: ConnectionPort, action: OpenSession) -> None:
+        if not self.channel_config.authenticate:  # else admitted before authentication
+            code = await self.seams.admit(conn, action.client_id, action.connect.username)
+            if code:
+                conn.carry_out(conn.channel.session_opened(False, set(), code))
+                conn.resume_processing()
+                return
         await self.seams.connected(conn)
         await self.cm.open_session(conn, action)
+
+    def _banned(self, ban: Ban) -> None:
+        """A ban new to this node: the connected clients it covers are
+        disconnected (5.0: DISCONNECT 0x98 administrative action)."""
+        admission = self.seams.admission
+        for conn in list(self.cm.connections):
+            client = conn.client
+            if admission is None or client is None or conn.closed or conn.session is None:
+                continue  # not connected yet: admission (before its CONNACK) decides
+            if admission.bans.covers(ban, client.client_id, client.username, client.peer):
+                self.seams.kicked(client, ban)
+                conn.carry_out(conn.channel.server_disconnect(ReasonCode.ADMINISTRATIVE_ACTION))
+                conn.close()
 
     def subscribe(self, conn: ConnectionPort, request: SubscribeRequest) -> None:
         self.subscriptions.subscribe(conn, request)

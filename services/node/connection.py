@@ -8,7 +8,10 @@ packet goes to the channel, and the returned actions are carried out in
 order. Actions that need the broker to wait (open a session, subscribe,
 unsubscribe) mark the connection busy: later packets stay in the buffer
 until the answer is back, so a client's packets keep their order; past
-HELD_INPUT_BYTES of them we stop reading until then.
+HELD_INPUT_BYTES of them we stop reading until then. A client with a read
+budget (per-client message / byte rates, `services.auth.limits`) takes
+packets while its budget lasts; past it the next packet stays in the buffer
+and reading stops until the window refills, the same pause as above.
 
 Writes are batched: `write` appends to a list and registers the connection
 with the broker, which flushes every dirty connection once per loop turn.
@@ -25,6 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from services.auth.api import ClientInfo
+from services.auth.limits import Budget
 from services.mqtt import codec
 from services.mqtt.actions import (
     Acked,
@@ -81,6 +85,7 @@ class Connection(asyncio.Protocol):
         "_wake",
         "_write_paused",
         "broker",
+        "budget",
         "cert_subject",
         "cert_user",
         "channel",
@@ -105,6 +110,7 @@ class Connection(asyncio.Protocol):
         self.channel = Channel(broker.channel_config, broker.node_id)
         self.session: Session | None = None
         self.client: ClientInfo | None = None
+        self.budget: Budget | None = None  # per-client read rates (services.auth.limits)
         self._buf: bytearray | None = None
         self._out: list[bytes] | None = None
         self._out_bytes = 0
@@ -211,6 +217,9 @@ class Connection(asyncio.Protocol):
         channel = self.channel
         turn = broker.turn
         budget = turn.work + WORK_BUDGET
+        rate, over = self.budget, False
+        if rate is not None:
+            rate.refresh()
         outer, turn.publisher = turn.publisher, self
         try:
             while not self._busy and not self.closed and self._blocked_on is None:
@@ -221,6 +230,9 @@ class Connection(asyncio.Protocol):
                 if result is None:
                     break
                 packet, size = result
+                if rate is not None and not rate.take(packet, size):
+                    over = True  # past its message or byte rate: the packet waits
+                    break
                 used += size
                 turn.work += 1
                 self._carry_out(channel.receive(packet, broker.loop.time()))
@@ -241,6 +253,10 @@ class Connection(asyncio.Protocol):
                 self._buf = None
             elif used:
                 del buf[:used]
+        if rate is not None:
+            wait_s = rate.settle(over)
+            if over:
+                self._wait_for_rate(wait_s)
 
     def _defer(self) -> None:
         """This turn's work budget is spent: stop reading, go on next turn
@@ -248,6 +264,13 @@ class Connection(asyncio.Protocol):
         self._deferred = True
         self._pause_reading()
         self.broker.loop.call_soon(self._continue)
+
+    def _wait_for_rate(self, wait_s: float) -> None:
+        """Over its message or byte rate: stop reading until its window refills,
+        then go on; its packets wait in the buffer (nothing is dropped)."""
+        self._deferred = True
+        self._pause_reading()
+        self.broker.loop.call_later(wait_s, self._continue)
 
     def _continue(self) -> None:
         self._deferred = False

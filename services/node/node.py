@@ -59,6 +59,7 @@ def channel_config(settings: Settings, authenticate: bool = False) -> ChannelCon
         receive_maximum=limits.receive_maximum,
         max_packet_size=limits.max_packet_size,
         max_keep_alive=limits.max_keep_alive_s,
+        max_subscriptions=limits.max_subscriptions,
         authenticate=authenticate,
     )
 
@@ -114,6 +115,7 @@ class Node:
             wills=self.services.wills,
         )
         self.broker = broker
+        await self.services.seams.start()  # the ban table (services.auth.admission)
         started = await bootstrap.start(broker.logstate, self.services.state, settings.node_id)
         self.started_from = started.source
         self.replayed = started.loaded + started.replayed
@@ -166,6 +168,7 @@ class Node:
             broker.close()
             await broker.logstate.stop_tail()
         await viewdump.stop(self._viewdump)
+        await self.services.seams.stop()
         if self.services.cluster is not None:
             await self.services.cluster.stop()
         if self.wheel is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services.auth.api import ClientInfo
+from services.auth.limits import Budget
 from services.mqtt.actions import (
     Action,
     Authenticate,
@@ -155,6 +156,7 @@ class ConnectionPort(Protocol):
     closed: bool
     max_outgoing_packet: int | None  # the client's Maximum Packet Size
     will_token: str | None  # its will's token in the will store, once its session opened
+    budget: Budget | None  # what it may still read (per-client rates), once admitted
 
     @property
     def peer(self) -> str: ...

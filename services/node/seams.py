@@ -22,13 +22,23 @@ broker's parts call them here and only here:
 Every refusal is one log line (client id, user name, peer, what and the rule
 that refused) and one count (`authorization.publish_denied` /
 `authorization.subscribe_denied`).
+
+- `admit`: before authentication, the admission (`services.auth.admission`:
+  bans, flapping, connection rates; None: everyone) may refuse a CONNECT
+  with its reason code, logged and counted the same way; an admitted client
+  gets its read budget (per-client rates), whose pauses are counted
+  (`connections.read_paused`) and logged once per connection;
+- `start` / `stop`: the admission's ban table follows Redis while the node runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
+from services.auth.admission import Admission
 from services.auth.api import (
     Action,
     AllowAll,
@@ -38,11 +48,14 @@ from services.auth.api import (
     ClosingAuthenticator,
     ConnectionAuthorizer,
 )
+from services.auth.banned import Ban
+from services.auth.limits import Budget
 from services.hooks.api import Hooks
 from services.metrics.api import NullRecorder, Recorder
 from services.mqtt.actions import Authenticate
 from services.mqtt.packets import Message
 from services.node.ports import ConnectionPort
+from services.settings import Limits
 
 log = logging.getLogger("weir.auth")
 
@@ -57,6 +70,7 @@ class Seams:
     authorizer: Authorizer = field(default_factory=AllowAll)
     hooks: Hooks = field(default_factory=Hooks)  # callbacks come and go; the chain stays
     metrics: Recorder = field(default_factory=NullRecorder)
+    admission: Admission | None = None  # bans, flapping, rates (None: everyone may connect)
     authenticates: bool = field(init=False)  # CONNECTs wait for the authenticator
     authorizes: bool = field(init=False)  # PUBLISH / SUBSCRIBE ask the authorizer
     acl: ConnectionAuthorizer | None = field(init=False)  # the authorizer, if it has state
@@ -82,6 +96,49 @@ class Seams:
         decision = hooked
         if not conn.closed:
             conn.carry_out(conn.channel.authenticated(decision.ok, decision.reason_code))
+
+    async def start(self) -> None:
+        if self.admission is not None:
+            await self.admission.start()
+
+    async def stop(self) -> None:
+        if self.admission is not None:
+            await self.admission.stop()
+
+    async def admit(self, conn: ConnectionPort, client_id: str, username: str | None) -> int:
+        """0 if this CONNECT may go on to authentication, else the reason code it
+        is refused with (logged and counted here)."""
+        admission = self.admission
+        if admission is None:
+            return 0
+        client = ClientInfo(client_id, username, conn.peer, conn.channel.protocol_level)
+        listener = getattr(conn, "listener", None)  # the listener's, where it names one
+        refusal = await admission.admit(client, getattr(listener, "name", None) or "mqtt")
+        if refusal is None:
+            conn.budget = admission.budget(client_id, self._paused)
+            return 0
+        self.metrics.inc(refusal.counter)
+        log.warning(
+            "connect refused: client %s, user %s, peer %s, by %s",
+            client_id, username, conn.peer, refusal.rule,
+        )  # fmt: skip
+        return refusal.reason_code
+
+    def _paused(self, budget: Budget, rule: str) -> None:
+        self.metrics.inc("connections.read_paused")
+        if budget.paused == 1:
+            log.info(
+                "client %s over its read rate (%s): reading paused until its window "
+                "refills (logged once per connection)", budget.client_id, rule,
+            )  # fmt: skip
+
+    def kicked(self, client: ClientInfo, ban: Ban) -> None:
+        """A connected client a new ban covers is disconnected."""
+        self.metrics.inc("connections.kicked_banned")
+        log.warning(
+            "disconnected: client %s, user %s, peer %s, by banned: %s",
+            client.client_id, client.username, client.peer, ban.describe(),
+        )  # fmt: skip
 
     async def connected(self, conn: ConnectionPort) -> None:
         """Before the session opens: the authorizer reads what it needs for this client."""
@@ -181,3 +238,10 @@ class Seams:
     def gates_publish(self) -> bool:
         """Whether a PUBLISH needs the authorizer or a hook (else: one flag check)."""
         return self.checks_publish or self.hooks.has("message.publish")
+
+
+def admitting(seams: Seams, limits: Limits, redis: Any = None) -> Seams:
+    """`seams` with the admission `limits` asks for (bans in `redis` when given)."""
+    from services.auth.admission import build
+
+    return dataclasses.replace(seams, admission=build(limits, redis))

@@ -9,7 +9,8 @@ go out per retain handling. If the log (or the session store) cannot take
 the events in its bounded time, the routes are put back as they were and
 the SUBACK carries the failure: 0x80 per filter (3.x), 0x83 "implementation
 specific error" (5.0). A filter the authorizer refuses gets 0x87 (5.0) /
-0x80 (3.x) and the others go on; a retained message goes out only if the
+0x80 (3.x), a new filter past the client's `max_subscriptions` 0x97 Quota
+Exceeded (5.0) / 0x80 (3.x), and the others go on; a retained message goes out only if the
 client may subscribe to its very topic, and a resumed session's
 subscriptions are checked again (`recheck`), a refused one dropped. An
 UNSUBSCRIBE stops routing at once the same way; a refused one routes again,
@@ -87,6 +88,7 @@ class Subscriptions:
         events: list[Subscribed] = []
         undo: list[tuple[str, SubOptions | None]] = []  # (filter, what it routed before)
         max_qos = self.channel_config.max_qos
+        max_subs = self.channel_config.max_subscriptions
         for sub in request.subscriptions:
             try:
                 validate_topic_filter(sub.topic_filter)
@@ -96,11 +98,15 @@ class Subscriptions:
             if not self.seams.may_subscribe(conn, sub.topic_filter, sub.qos):
                 codes.append(ReasonCode.NOT_AUTHORIZED if v5 else V3_SUBACK_FAILURE)
                 continue
+            is_new = sub.topic_filter not in session.subs
+            if is_new and 0 < max_subs <= len(session.subs):
+                self._over_quota(conn, sub.topic_filter, max_subs)
+                codes.append(ReasonCode.QUOTA_EXCEEDED if v5 else V3_SUBACK_FAILURE)
+                continue
             granted = min(sub.qos, max_qos)
             options = SubOptions.of(
                 granted, sub.no_local, sub.retain_as_published, request.subscription_id
             )
-            is_new = sub.topic_filter not in session.subs
             events.append(
                 Subscribed(
                     client_id=session.client_id,
@@ -123,6 +129,15 @@ class Subscriptions:
                 retained.append((sub.topic_filter, options))
         packet_id = request.packet_id
         self.spawn(self._subscribed(conn, session, packet_id, codes, events, retained, undo))
+
+    def _over_quota(self, conn: ConnectionPort, topic_filter: str, max_subs: int) -> None:
+        self.seams.metrics.inc("subscriptions.quota_exceeded")
+        client = conn.client
+        log.warning(
+            "subscribe %s refused: client %s, user %s, peer %s, by max_subscriptions %d",
+            topic_filter, conn.channel.client_id, client.username if client else None,
+            conn.peer, max_subs,
+        )  # fmt: skip
 
     async def _subscribed(
         self,

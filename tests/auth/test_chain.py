@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,22 @@ def test_a_listeners_own_allow_anonymous_overrides_the_nodes(tmp_path: Path) -> 
         return asyncio.run(chain.authenticate(client, None)).ok
 
     assert anonymous_on("open") and not anonymous_on("mqtt")
+
+
+def test_a_changed_password_file_password_is_not_taken_from_the_cache(tmp_path: Path) -> None:
+    path = tmp_path / "passwd"
+    add(path, "alice", "old")
+    backend = PasswordFile(path, reload_check_s=0.0)
+
+    async def ok(password: bytes) -> bool:
+        decision = await backend.check(info("alice"), password)
+        return decision is not None and decision.ok
+
+    assert asyncio.run(ok(b"old")) and len(backend.cache) == 1
+    add(path, "alice", "new")
+    os.utime(path, (3, 3))  # a new modification time, whatever the clock's resolution
+    assert not asyncio.run(ok(b"old"))
+    assert asyncio.run(ok(b"new"))
 
 
 def test_a_backend_reason_names_it_in_the_decision() -> None:

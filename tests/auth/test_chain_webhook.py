@@ -38,7 +38,7 @@ class Hook:
     def answer(self, body: dict[str, Any]) -> str:
         user = body.get("username")
         result = self.answers.get(str(user), "ignore")
-        if result == "allow" and body.get("password") != f"pw-{user}":
+        if result == "allow" and user is not None and body.get("password") != f"pw-{user}":
             return "deny"
         return result
 
@@ -117,10 +117,15 @@ def test_allows_are_cached_denies_and_new_passwords_are_not() -> None:
                 assert len(hook.bodies) == 3, "a deny is never remembered"
                 await backend.check(client("alice", "other-id"), b"pw-alice")
                 assert len(hook.bodies) == 4, "the client id is part of the key"
+                hook.answers = {"None": "allow"}  # the webhook lets anonymous clients in
+                assert await backend.check(client(None, "c9"), None) == ALLOW
+                assert await backend.check(client(None, "c9"), b"") == ALLOW
+                assert len(hook.bodies) == 6, "an empty password is not a missing one"
+                hook.answers = {"alice": "allow"}
                 results = await asyncio.gather(
                     *(backend.check(client("alice", "burst"), b"pw-alice") for _ in range(20))
                 )
-                assert results == [ALLOW] * 20 and len(hook.bodies) == 5, "one request a burst"
+                assert results == [ALLOW] * 20 and len(hook.bodies) == 7, "one request a burst"
             finally:
                 await backend.aclose()
 

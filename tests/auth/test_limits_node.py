@@ -1,0 +1,245 @@
+"""Issue 11's limits on a live node (memory backends, real sockets), with real
+paho 3.1.1 and 5.0 clients: connection rates, per-client message and byte rates
+(reading pauses, nothing is lost), subscriptions per client, bans by client id,
+user name and address with expiry and disconnect-on-add, flapping, and the
+counters and log lines of every refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from services.auth.banned import Ban
+from services.metrics.api import MemoryRecorder
+from services.node.seams import Seams, admitting
+from tests.integration.conftest import NodeRunner, Paho, node_settings
+
+LEVELS = [pytest.param(False, id="v311"), pytest.param(True, id="v5")]
+
+
+class Limited:
+    """A node with these limits and a counting recorder."""
+
+    def __init__(self, **limits: Any) -> None:
+        settings = node_settings(**limits)
+        self.metrics = MemoryRecorder()
+        seams = admitting(Seams(metrics=self.metrics), settings.limits)
+        self.runner = NodeRunner(settings, seams).start()
+        self.port = self.runner.mqtt_port
+        self.clients: list[Paho] = []
+
+    def count(self, name: str) -> int:
+        return self.metrics.counters[name]
+
+    def client(self, client_id: str, v5: bool, **kw: Any) -> Paho:
+        c = Paho(self.port, client_id, v5=v5, **kw)
+        self.clients.append(c)
+        return c
+
+    def connack(self, client_id: str, v5: bool, **kw: Any) -> str:
+        """The name paho gives the CONNACK's code (3.1.1 codes as their 5.0 names);
+        the client is closed then (paho would reconnect a refused one)."""
+        c = Paho(self.port, client_id, v5=v5, **kw)
+        try:
+            return str(c.connack()[1].getName())
+        finally:
+            c.close()
+
+    def ban(self, ban: Ban) -> None:
+        admission = self.runner.node.services.seams.admission
+        assert self.runner.loop is not None
+        asyncio.run_coroutine_threadsafe(admission.bans.add(ban), self.runner.loop).result(5)
+
+    def stop(self) -> None:
+        for c in self.clients:
+            c.close()
+        self.runner.stop()
+
+
+@pytest.fixture
+def limited() -> Iterator[list[Limited]]:
+    made: list[Limited] = []
+    yield made
+    for node in made:
+        node.stop()
+
+
+def start(made: list[Limited], **limits: Any) -> Limited:
+    node = Limited(**limits)
+    made.append(node)
+    return node
+
+
+RATE_EXCEEDED = {False: "Server unavailable", True: "Connection rate exceeded"}
+BANNED = {False: "Not authorized", True: "Banned"}
+
+
+@pytest.mark.parametrize("v5", LEVELS)
+def test_connection_rate_per_listener(limited: list[Limited], v5: bool) -> None:
+    """3 CONNECTs a minute on the listener: 3 connect, the 4th gets 0x9F (3.1.1: 3)."""
+    node = start(limited, max_conn_rate="3/minute")
+    assert [node.connack(f"c{i}", v5) for i in range(3)] == ["Success"] * 3
+    assert node.connack("c3", v5) == RATE_EXCEEDED[v5]
+    assert node.count("connections.rate_limited") == 1
+
+
+@pytest.mark.parametrize("v5", LEVELS)
+def test_connection_rate_per_address(limited: list[Limited], v5: bool) -> None:
+    node = start(limited, max_conn_rate_per_ip="2/minute")
+    assert [node.connack(f"c{i}", v5) for i in range(2)] == ["Success"] * 2
+    assert node.connack("c2", v5) == RATE_EXCEEDED[v5]
+    assert node.count("connections.rate_limited") == 1
+
+
+def publish_all(pub: Paho, n: int, size: int = 8) -> list[bytes]:
+    """Publish n QoS 1 messages without waiting for each; their payloads."""
+    payloads = [b"%06d" % i + b"x" * (size - 6) for i in range(n)]
+    infos = [pub.client.publish("rate/t", p, qos=1) for p in payloads]
+    for info in infos:
+        info.wait_for_publish(timeout=10.0)
+    return payloads
+
+
+def received(sub: Paho, n: int) -> list[bytes]:
+    return [sub.message(timeout=10.0).payload for _ in range(n)]
+
+
+@pytest.mark.parametrize("v5", LEVELS)
+def test_a_client_over_its_message_rate_is_slowed_and_loses_nothing(
+    limited: list[Limited], v5: bool
+) -> None:
+    """20 PUBLISHes a second: 20 go through unpaused; 50 take at least two more
+    windows (reading paused twice or more) and all 50 arrive, in order."""
+    node = start(limited, client_msg_rate="20/second")
+    sub = node.client("sub", v5)
+    assert sub.connack()[1].getName() == "Success"
+    sub.subscribe("rate/t", 1)
+    pub = node.client("pub", v5)
+    pub.connack()
+    under = publish_all(pub, 20)
+    assert received(sub, 20) == under
+    assert node.count("connections.read_paused") == 0
+    began = time.monotonic()
+    sent = publish_all(pub, 50)
+    assert received(sub, 50) == sent
+    elapsed = time.monotonic() - began
+    assert node.count("connections.read_paused") >= 2
+    assert elapsed >= 1.9, elapsed  # two whole windows at least (20 + 20 + 10)
+
+
+@pytest.mark.parametrize("v5", LEVELS)
+def test_a_client_over_its_byte_rate_is_slowed_and_loses_nothing(
+    limited: list[Limited], v5: bool
+) -> None:
+    node = start(limited, client_byte_rate="25000/second")
+    sub = node.client("sub", v5)
+    sub.connack()
+    sub.subscribe("rate/t", 1)
+    pub = node.client("pub", v5)
+    pub.connack()
+    began = time.monotonic()
+    sent = publish_all(pub, 6, size=10_000)  # two packets fit a window: three windows
+    assert received(sub, 6) == sent
+    assert node.count("connections.read_paused") >= 2
+    assert time.monotonic() - began >= 1.9
+
+
+@pytest.mark.parametrize("v5", LEVELS)
+def test_max_subscriptions_per_client(limited: list[Limited], v5: bool) -> None:
+    """Two filters: a third gets 0x97 (3.1.1: 0x80); a filter held already is
+    granted again; in one SUBSCRIBE the new one over is refused, the held one not."""
+    node = start(limited, max_subscriptions=2)
+    c = node.client("c", v5)
+    c.connack()
+    assert [rc.value for rc in c.subscribe("a", 1)] == [1]
+    assert [rc.value for rc in c.subscribe("b", 0)] == [0]
+    over = 0x97 if v5 else 0x80
+    assert [rc.value for rc in c.subscribe("c", 1)] == [over]
+    assert [rc.value for rc in c.subscribe("a", 0)] == [0]
+    c.client.subscribe([("d", 1), ("b", 1)])
+    assert [rc.value for rc in c.subacks.get(timeout=5)] == [over, 1]
+    assert node.count("subscriptions.quota_exceeded") == 2
+
+
+@pytest.mark.parametrize("v5", LEVELS)
+def test_bans_by_client_id_user_name_and_address(limited: list[Limited], v5: bool) -> None:
+    node = start(limited)
+    now = time.time()
+    node.ban(Ban("clientid", "evil", now + 600))
+    node.ban(Ban("username", "mallory", None))
+    assert node.connack("evil", v5) == BANNED[v5]
+    assert node.connack("c1", v5, username="mallory", password="x") == BANNED[v5]
+    assert node.connack("c2", v5, username="alice", password="x") == "Success"
+    node.ban(Ban("peerhost", "127.0.0.0/8", now + 600))
+    assert node.connack("c3", v5) == BANNED[v5]
+    assert node.count("connections.banned") == 3
+
+
+def test_a_ban_ends_at_its_expiry(limited: list[Limited]) -> None:
+    node = start(limited)
+    node.ban(Ban("clientid", "brief", time.time() + 1.0))
+    assert node.connack("brief", True) == BANNED[True]
+    deadline = time.monotonic() + 10.0
+    while (answer := node.connack("brief", True)) != "Success":
+        assert answer == BANNED[True] and time.monotonic() < deadline
+
+
+@pytest.mark.parametrize("v5", LEVELS)
+def test_adding_a_ban_disconnects_the_clients_it_covers(limited: list[Limited], v5: bool) -> None:
+    node = start(limited)
+    target, bystander = node.client("target", v5), node.client("bystander", v5)
+    target.connack(), bystander.connack()
+    node.ban(Ban("clientid", "target"))
+    rc = target.disconnects.get(timeout=5.0)
+    if v5:  # 3.1.1 has no DISCONNECT from the server: the socket closes
+        assert rc.value == 0x98, rc
+    bystander.subscribe("still/here", 0)
+    bystander.publish("still/here", b"x")
+    assert bystander.message().payload == b"x"
+    assert node.count("connections.kicked_banned") == 1
+
+
+def test_flapping_bans_the_client_id_and_logs_once(
+    limited: list[Limited], caplog: pytest.LogCaptureFixture
+) -> None:
+    """3 connects a minute allowed: the 4th is refused as banned (flapping, one
+    log line), the 5th by the ban itself; another client id is not touched."""
+    node = start(limited, flapping=True, flapping_max_connects=3, flapping_ban_s=60.0)
+    caplog.set_level(logging.WARNING, logger="weir.auth")
+    for _ in range(3):
+        c = node.client("flappy", True)
+        assert c.connack()[1].getName() == "Success"
+        c.close()
+    assert node.connack("flappy", True) == "Banned"
+    assert node.connack("flappy", False) == "Not authorized"
+    assert node.connack("steady", True) == "Success"
+    assert node.count("connections.flapping") == 1
+    assert node.count("connections.banned") == 1
+    flapping = [r for r in caplog.records if r.getMessage().startswith("flapping:")]
+    assert len(flapping) == 1 and "flappy" in flapping[0].getMessage()
+    refused = [r for r in caplog.records if r.getMessage().startswith("connect refused")]
+    assert len(refused) == 2
+    assert all("client flappy" in r.getMessage() and "peer 127.0.0.1" in r.getMessage()
+               for r in refused)  # fmt: skip
+
+
+def test_flapping_by_address(limited: list[Limited]) -> None:
+    node = start(limited, flapping=True, flapping_max_connects_ip=2, flapping_ban_s=60.0)
+    assert [node.connack(f"a{i}", True) for i in range(2)] == ["Success"] * 2
+    assert node.connack("a2", True) == "Banned"
+    bans = node.runner.node.services.seams.admission.bans.bans()
+    assert [(b.kind, b.who, b.by) for b in bans] == [("peerhost", "127.0.0.1/32", "flapping")]
+
+
+def test_without_limits_nothing_is_counted_or_budgeted(limited: list[Limited]) -> None:
+    node = start(limited)
+    c = node.client("free", True)
+    c.connack()
+    conns = node.runner.call(lambda: list(node.runner.node.broker.connections))
+    assert [conn.budget for conn in conns] == [None]
+    assert node.count("connections.rate_limited") == node.count("connections.banned") == 0

@@ -4,10 +4,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,9 +13,8 @@ import pytest
 from services.auth_settings import AuthBackend
 from services.settings import SettingsError, load
 from tests.auth.chainnode import ALLOWED, BAD, NOT_AUTHORIZED
-from tests.auth.test_password_file import START_S, add, weir
+from tests.auth.test_password_file import add, weir, weir_up
 from tests.integration.conftest import Paho
-from tests.support.ports import free_port
 
 SECRET = "config-test-secret-" + "x" * 45
 
@@ -115,19 +110,7 @@ def test_weir_up_names_the_chain_and_enforces_it(tmp_path: Path) -> None:
     good token and a file user connect, a stranger and anonymous do not."""
     passwd = tmp_path / "passwd"
     add(passwd, "alice", "right")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
-    env["WEIR_JWT_SECRET"] = SECRET
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services", "up", "--backend", "memory", "--host", "0.0.0.0",
-         "--mqtt-port", str(port), "--ws-port", "off", "--password-file", str(passwd)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        ready = proc.stdout.readline()
-        assert "ready" in ready, ready + (proc.stderr.read() if proc.poll() is not None else "")
-        line = proc.stdout.readline()
+    with weir_up(passwd, WEIR_JWT_SECRET=SECRET) as (port, line):
         assert line.strip() == (
             f"weir: clients authenticate with the password file {passwd}, then JWT "
             "(HMAC secret); anonymous refused"
@@ -142,6 +125,3 @@ def test_weir_up_names_the_chain_and_enforces_it(tmp_path: Path) -> None:
                     assert c.connack()[1].getName() == expected, (v5, user)
                 finally:
                     c.close()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=START_S)

@@ -4,6 +4,7 @@ with real 3.1.1 and 5.0 clients over real sockets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import stat
@@ -127,10 +128,12 @@ def test_the_file_is_reloaded_when_it_changes_and_a_bad_one_keeps_the_old_users(
     assert asyncio.run(ok("alice", b"right")), "a bad file keeps the users read before"
 
 
-@pytest.fixture
-def node(passwd: Path) -> Iterator[int]:
+@contextlib.contextmanager
+def weir_up(passwd: Path, **env_extra: str) -> Iterator[tuple[int, str]]:
+    """`weir up` beyond loopback with this password file (and WEIR_* `env_extra`):
+    its MQTT port and the start line that says who gets in."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")} | env_extra
     proc = subprocess.Popen(
         [sys.executable, "-m", "services", "up", "--backend", "memory", "--host", "0.0.0.0",
          "--mqtt-port", str(port), "--ws-port", "off", "--password-file", str(passwd)],
@@ -140,11 +143,17 @@ def node(passwd: Path) -> Iterator[int]:
         assert proc.stdout is not None
         ready = proc.stdout.readline()
         assert "ready" in ready, ready + (proc.stderr.read() if proc.poll() is not None else "")
-        assert "password file" in proc.stdout.readline()
-        yield port
+        yield port, proc.stdout.readline()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=START_S)
+
+
+@pytest.fixture
+def node(passwd: Path) -> Iterator[int]:
+    with weir_up(passwd) as (port, who):
+        assert "password file" in who
+        yield port
 
 
 @pytest.mark.parametrize("v5", [False, True])

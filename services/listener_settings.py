@@ -44,8 +44,13 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+# Loopback, as Mosquitto 2 does without a configured listener: a broker
+# reachable from other machines must be asked for (`settings.exposure_error`).
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_MQTT_PORT = 1883  # IANA port for MQTT
+DEFAULT_WS_PORT = 8083  # EMQX's WebSocket port
 TYPES = ("tcp", "tls", "ws", "wss")
 VERIFY = ("none", "optional", "required")
 CERT_USERNAME = ("none", "cn", "dn")  # which part of a client certificate is the user name
@@ -215,33 +220,26 @@ def port_overrides(raw: Any) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-class Listeners(Protocol):
-    """The [listeners] section (`services.settings.Listeners`)."""
+@dataclass(frozen=True, slots=True)
+class Listeners:
+    """The [listeners] section of the settings (`services.settings`)."""
 
-    @property
-    def host(self) -> str: ...
-    @property
-    def mqtt_port(self) -> int: ...
-    @property
-    def ws_port(self) -> int | None: ...
-    @property
-    def tls_port(self) -> int | None: ...
-    @property
-    def wss_port(self) -> int | None: ...
-    @property
-    def certfile(self) -> str | None: ...
-    @property
-    def keyfile(self) -> str | None: ...
-    @property
-    def cafile(self) -> str | None: ...
-    @property
-    def verify(self) -> str | None: ...
-    @property
-    def cert_username(self) -> str: ...
-    @property
-    def tables(self) -> tuple[ListenerConfig, ...]: ...
-    @property
-    def ports(self) -> tuple[tuple[str, int], ...]: ...
+    host: str = DEFAULT_HOST
+    mqtt_port: int = DEFAULT_MQTT_PORT
+    ws_port: int | None = DEFAULT_WS_PORT  # None: no WebSocket listener
+    tls_port: int | None = None
+    wss_port: int | None = None
+    certfile: str | None = None  # the tls and wss listeners' files and client certificates
+    keyfile: str | None = None
+    cafile: str | None = None
+    verify: str | None = None  # client certificates: none | optional | required
+    cert_username: str = "none"  # cn | dn: the client certificate names the user
+    tables: tuple[ListenerConfig, ...] = ()  # the config file's [[listener]] tables
+    ports: tuple[tuple[str, int], ...] = ()  # listener name -> port (weir up --nodes)
+
+    def all(self) -> tuple[ListenerConfig, ...]:
+        """Every listener, checked (ValueError)."""
+        return combine(self)
 
 
 def _shortcuts(listeners: Listeners) -> list[ListenerConfig]:

@@ -40,7 +40,7 @@ from services.auth_settings import ENV_VARS as AUTH_ENV_VARS
 from services.auth_settings import AuthBackend, http_url
 from services.auth_settings import chain as auth_chain
 from services.auth_settings import tables as auth_tables
-from services.listener_settings import CERT_USERNAME, VERIFY, ListenerConfig, combine
+from services.listener_settings import CERT_USERNAME, VERIFY, Listeners
 from services.listener_settings import port_overrides as listener_ports
 from services.listener_settings import tables as listener_tables
 
@@ -62,13 +62,6 @@ ENV_VARS: frozenset[str] = frozenset(
         "WEIR_CONFIG",
     }
 ) | AUTH_ENV_VARS
-
-# Listeners. Loopback, as Mosquitto 2 does without a configured listener: no
-# authentication backend exists yet, so a broker reachable from other machines
-# must be asked for (`allow_anonymous`, see `exposure_error`).
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_MQTT_PORT = 1883  # IANA port for MQTT
-DEFAULT_WS_PORT = 8083  # EMQX's WebSocket port
 
 # Limits.
 MAX_CONNECTIONS = 19_000  # connections; the process may open 20,000 files (DESIGN 11)
@@ -131,28 +124,6 @@ never silently ignored (a config file naming one gets "unknown option")."""
 
 class SettingsError(Exception):
     """A configuration value is missing, malformed or out of range."""
-
-
-@dataclass(frozen=True, slots=True)
-class Listeners:
-    host: str = DEFAULT_HOST
-    mqtt_port: int = DEFAULT_MQTT_PORT
-    ws_port: int | None = DEFAULT_WS_PORT  # None: no WebSocket listener
-    # More listeners (services.listener_settings): TLS and WebSocket over TLS on this
-    # host with these files, and the config file's [[listener]] tables.
-    tls_port: int | None = None
-    wss_port: int | None = None
-    certfile: str | None = None
-    keyfile: str | None = None
-    cafile: str | None = None
-    verify: str | None = None  # client certificates: none | optional | required
-    cert_username: str = "none"  # cn | dn: the client certificate names the user
-    tables: tuple[ListenerConfig, ...] = ()
-    ports: tuple[tuple[str, int], ...] = ()  # listener name -> port (weir up --nodes)
-
-    def all(self) -> tuple[ListenerConfig, ...]:
-        """Every listener, checked (ValueError)."""
-        return combine(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -205,14 +205,15 @@ class TopicTrie(Generic[V]):
         node start uses: one client's subscriptions in one call."""
         key = sys.intern(key)
         exact = self._exact
+        by_key = self._by_key
         created = False
         new = 0
-        held: dict[str, None] | None = None
+        held: dict[str, None] | None = None  # by_key[key], made at the first new pair
         entry: tuple[str, V] | None = None
         try:
             for topic_filter, value in entries:
                 # parse_shared only for what may be shared (it raises for a bad `$share...`)
-                shared = parse_shared(topic_filter) if topic_filter[:6] == "$share" else None
+                shared = parse_shared(topic_filter) if topic_filter[:1] == "$" else None
                 if shared is None:
                     if not checked:
                         validate_topic_filter(topic_filter)
@@ -237,7 +238,6 @@ class TopicTrie(Generic[V]):
                 elif not entries_.put(entry):
                     continue
                 new += 1
-                by_key = self._by_key
                 if by_key is not None:
                     if held is None:
                         held = by_key.get(key)

@@ -107,9 +107,19 @@ async def _load(logstate: LogState, snapshot: StateSnapshot, read_s: float) -> S
     """Snapshot, then the log's tail from the offsets it reflects. The tail's
     replay starts first and gets as far as asking Kafka for the partitions (a
     thread's round trips; the records are then fetched in the background)
-    while the snapshot loads; it applies nothing before the load is done."""
+    while the snapshot loads; what it delivers before the load is done (a
+    log that needs no wait) is held and applied after it."""
     started = time.monotonic()
-    replay = asyncio.ensure_future(logstate.events.replay(logstate.apply, snapshot.offsets))
+    early: list[Event] = []
+    loading = True
+
+    def apply(event: Event) -> object:
+        if loading:
+            early.append(event)
+            return None
+        return logstate.apply(event)
+
+    replay = asyncio.ensure_future(logstate.events.replay(apply, snapshot.offsets))
     await asyncio.sleep(0)  # the replay runs to its first wait: the assignment, in a thread
     try:
         loaded = load_snapshot(logstate.view, logstate.apply, snapshot)
@@ -117,6 +127,9 @@ async def _load(logstate: LogState, snapshot: StateSnapshot, read_s: float) -> S
         replay.cancel()
         raise
     loaded_s = time.monotonic() - started
+    loading = False
+    for event in early:
+        logstate.apply(event)
     tail = await replay
     log.info(
         "read %d state store entries in %.2f s, loaded them in %.2f s, then replayed %d "

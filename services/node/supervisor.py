@@ -260,7 +260,7 @@ def supervise(
                 if not started:  # real backends outlive us: the nodes may flush to them
                     slot.death_signal = signal.SIGTERM
                 slots.append(slot)
-            _say_plan(settings, slots, workers is not None, redis_url, kafka, root)
+            _say_plan(settings, slots, shared, redis_url, kafka, root, others)
             for slot in slots:
                 if not stop.requested:
                     slot.start()
@@ -286,14 +286,21 @@ def supervise(
 
 
 def _say_plan(
-    settings: Settings, slots: list[Slot], shared: bool, redis_url: str, kafka: str, root: Path
-) -> None:
+    settings: Settings, slots: list[Slot], shared: bool, redis_url: str, kafka: str, root: Path,
+    others: Sequence[Sequence[str]] = (),
+) -> None:  # fmt: skip
     host, ports = settings.listeners.host, [s.mqtt_port for s in slots]
     where = (
         f"{len(slots)} workers sharing mqtt {host}:{ports[0]}"
         if shared
         else f"{len(slots)} nodes on mqtt {host}:" + ",".join(map(str, ports))
     )
+    named: dict[str, dict[str, None]] = {}  # listener -> its ports, in node order
+    for moved in others:
+        for item in moved:
+            name, _, port = item.partition("=")
+            named.setdefault(name, {})[port] = None
+    where += "".join(f", {name} " + ",".join(found) for name, found in named.items())
     print(
         f"weir: {where} (redis {redis_url}, kafka {kafka}); pid and log files in {root}",
         flush=True,

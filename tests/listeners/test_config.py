@@ -287,3 +287,13 @@ def test_weir_up_nodes_gives_each_node_its_own_tls_port(files: Pki, tmp_path: Pa
         for c in clients:
             c.close()
         assert up.stop() == 0, up.text()
+
+
+def test_the_supervisor_names_every_listeners_ports(
+    files: Pki, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = load({"config": config(tmp_path, tls(files, port=8883))}, env={})
+    slots = [supervisor.Slot(f"w-{i}", [], 1882 + i, NodeFiles(f"w-{i}", tmp_path)) for i in (1, 2)]
+    others = supervisor._other_ports(s, 2, shared=False)
+    supervisor._say_plan(s, slots, False, "redis://r:1/0", "k:1", tmp_path, others)
+    assert "2 nodes on mqtt 127.0.0.1:1883,1884, secure 8883,8884 (" in capsys.readouterr().out

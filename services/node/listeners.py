@@ -190,7 +190,7 @@ class Listener:
                 server_side=True,
                 ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
             )
-        except (OSError, TimeoutError, EOFError) as exc:
+        except Exception as exc:  # whatever it was (SSLError, reset, timeout): this one ends
             peer = transport.get_extra_info("peername")
             address = str(peer[0]) if peer else "?"
             self._refuse("tls", address, f"TLS handshake failed: {exc}")

@@ -130,6 +130,10 @@ def test_an_exposed_listener_needs_authentication(files: Pki, tmp_path: Path) ->
             "max_connections must be an integer",
         ),
         ("listener = 5\n", "expected [[listener]] tables"),
+        (
+            '[[listener]]\nname = "open"\ntype = "tcp"\nport = 2000\nhost = "0.0.0.0"\n',
+            "listener open: listening on 0.0.0.0 (not loopback)",
+        ),
     ],
 )
 def test_bad_listener_config_is_one_line_and_exit_2(

@@ -99,10 +99,13 @@ def test_dn_as_user_name(listener_node: Start, pki: Pki, clients: list[Paho]) ->
     assert user is not None and user.startswith("CN=carol,")
 
 
-def test_required_client_certificate(listener_node: Start, pki: Pki, clients: list[Paho]) -> None:
+@pytest.mark.parametrize("v5", [False, True], ids=["3.1.1", "5.0"])
+def test_required_client_certificate(
+    listener_node: Start, pki: Pki, clients: list[Paho], v5: bool
+) -> None:
     node = listener_node(tls_table(pki, "req", cafile=pki.cafile, verify="required"))
     req = port(node, "req")
-    bystander = Paho(req, "bystander", v5=True, tls=pki.client("dave"))
+    bystander = Paho(req, "bystander", v5=v5, tls=pki.client("dave"))
     clients.append(bystander)
     assert bystander.connack()[1] == 0
     assert no_connack(req, pki.client()).startswith(("refused", "closed"))  # no certificate

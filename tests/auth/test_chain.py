@@ -17,6 +17,7 @@ from services.auth.chain import Chain
 from services.auth.passwd import PasswordFile
 from tests.auth.chainnode import ALLOWED, BAD, NOT_AUTHORIZED, chain_node, refusal_lines
 from tests.auth.test_password_file import add
+from tests.support.wait import until
 
 
 class Fixed:
@@ -98,6 +99,44 @@ def test_a_changed_password_file_password_is_not_taken_from_the_cache(tmp_path: 
     os.utime(path, (3, 3))  # a new modification time, whatever the clock's resolution
     assert not asyncio.run(ok(b"old"))
     assert asyncio.run(ok(b"new"))
+
+
+def test_past_the_pending_verifies_a_connect_is_refused_busy_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two verifies held in the pool: a third user's CONNECT gets 0x89 without
+    waiting (and without a verify); once released, the two are let in."""
+    import threading
+
+    from services.auth import argon
+
+    path = tmp_path / "passwd"
+    for user in ("u1", "u2", "u3"):
+        add(path, user, "pw")
+    backend = PasswordFile(path)
+    release = threading.Event()
+    started: list[str] = []
+    verify = argon._verify_now
+
+    def held(hashed: str, password: bytes) -> bool:
+        started.append(hashed)
+        assert release.wait(10)
+        return verify(hashed, password)
+
+    monkeypatch.setattr(argon, "_verify_now", held)
+    monkeypatch.setattr(argon, "MAX_PENDING", 2)
+
+    async def run() -> list[Verdict]:
+        first = [asyncio.ensure_future(backend.check(info(u), b"pw")) for u in ("u1", "u2")]
+        await until(lambda: len(started) == 2, "both verifies running in the pool")
+        busy = await backend.check(info("u3"), b"pw")
+        release.set()
+        return [busy, *await asyncio.gather(*first)]
+
+    busy, one, two = asyncio.run(run())
+    assert busy is not None and (busy.ok, busy.reason_code) == (False, 0x89)
+    assert one == ALLOW and two == ALLOW and len(started) == 2
+    assert argon._pending == 0
 
 
 def test_a_backend_reason_names_it_in_the_decision() -> None:

@@ -17,7 +17,8 @@ Theory of operation. Three kinds of limit, each counted where it is cheap enough
   refills, then goes on; nothing is dropped. A packet larger than what is
   left of the byte budget waits for the next window, unless the window is
   whole: a packet larger than a whole window goes alone (it is never stuck),
-  and the window after it is waited out.
+  and the window after it is waited out. While a connection waits, its keep
+  alive is not checked (it is sending; we are not reading).
 
 `Flapping` counts CONNECTs per client id (and, when asked, per address) in
 moving windows in the same storage as the connection rates; one CONNECT too
@@ -136,7 +137,7 @@ class Budget:
     """What one connection may still read in its windows; see the module docstring."""
 
     __slots__ = ("bytes", "client_id", "messages", "on_paused", "paused", "rates", "spent",
-                 "spent_bytes", "whole")  # fmt: skip
+                 "spent_bytes", "waiting", "whole")  # fmt: skip
 
     def __init__(self, rates: ClientRates, client_id: str, on_paused: Any) -> None:
         self.rates = rates
@@ -146,6 +147,7 @@ class Budget:
         self.whole = rates.bytes.amount if rates.bytes is not None else UNLIMITED
         self.spent = self.spent_bytes = 0
         self.paused = 0  # times reading was paused for this connection
+        self.waiting = False  # paused now: its keep alive is not checked meanwhile
 
     def refresh(self) -> None:
         """Before a batch: what the windows have left."""
@@ -153,6 +155,7 @@ class Budget:
         self.messages = rates.left(rates.messages, cid)[0]
         self.bytes = rates.left(rates.bytes, cid)[0]
         self.spent = self.spent_bytes = 0
+        self.waiting = False
 
     def take(self, packet: object, size: int) -> bool:
         """May this packet be read now? If so it is counted."""
@@ -184,5 +187,6 @@ class Budget:
                     wait, rule = reset - now, f"{'messages' if item is rates.messages else 'bytes'}"
                     rule += f" {item}"
         self.paused += 1
+        self.waiting = True
         self.on_paused(self, rule or "rate")
         return max(wait, MIN_WAIT_S)

@@ -45,7 +45,7 @@ from services.mqtt.actions import (
     SubscribeRequest,
     UnsubscribeRequest,
 )
-from services.mqtt.channel import Channel
+from services.mqtt.channel import KEEPALIVE_FACTOR, KEEPALIVE_TIMER, Channel
 from services.mqtt.errors import MQTTError
 from services.mqtt.packets import ReasonCode
 from services.node.ports import (
@@ -377,6 +377,10 @@ class Connection(asyncio.Protocol):
             return None
         for name in [n for n, at in timers.items() if at <= now]:
             del timers[name]
+            if name == KEEPALIVE_TIMER and self.budget is not None and self.budget.waiting:
+                # Its packets wait unread for its rate: it is not idle, we are not reading.
+                self.start_timer(name, self.channel.keep_alive * KEEPALIVE_FACTOR)
+                continue
             self._carry_out(self.channel.timer(name, now))
             if self._timers is None:
                 return None

@@ -111,9 +111,8 @@ class Seams:
         admission = self.admission
         if admission is None:
             return 0
-        client = ClientInfo(client_id, username, conn.peer, conn.channel.protocol_level)
-        listener = getattr(conn, "listener", None)  # the listener's, where it names one
-        refusal = await admission.admit(client, getattr(listener, "name", None) or "mqtt")
+        client = conn.client_info(client_id, username)
+        refusal = await admission.admit(client, client.listener or "mqtt")
         if refusal is None:
             conn.budget = admission.budget(client_id, self._paused)
             return 0

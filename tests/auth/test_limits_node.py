@@ -243,3 +243,28 @@ def test_without_limits_nothing_is_counted_or_budgeted(limited: list[Limited]) -
     conns = node.runner.call(lambda: list(node.runner.node.broker.connections))
     assert [conn.budget for conn in conns] == [None]
     assert node.count("connections.rate_limited") == node.count("connections.banned") == 0
+
+
+def test_a_client_waiting_for_its_rate_is_not_timed_out_for_keep_alive(
+    limited: list[Limited],
+) -> None:
+    """Keep alive 1 s (1.5 s without a packet read ends a connection); 2 PUBLISHes
+    per 3 s: the 5 PUBLISHes wait two windows, unread for longer than that, and
+    the connection stays: every PUBACK comes, then a PINGRESP."""
+    from services.mqtt.packets import Pingreq, Pingresp, Puback, Publish
+    from tests.integration.rawclient import V5, Raw
+
+    node = start(limited, client_msg_rate="2 per 3 seconds")
+    raw = Raw(node.port, V5)
+    try:
+        assert raw.connect("ka", keep_alive=1).reason_code == 0
+        began = time.monotonic()
+        for packet_id in range(1, 6):
+            raw.send(Publish("ka/t", b"x", qos=1, packet_id=packet_id))
+        raw.send(Pingreq())
+        answers = [raw.recv(10.0) for _ in range(6)]  # the PINGRESP may pass a PUBACK
+        assert [p.packet_id for p in answers if isinstance(p, Puback)] == [1, 2, 3, 4, 5]
+        assert sum(isinstance(p, Pingresp) for p in answers) == 1
+        assert time.monotonic() - began >= 3.0  # at least one whole window unread
+    finally:
+        raw.close()

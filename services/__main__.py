@@ -20,7 +20,8 @@ commands:
   streams run NAME   run a Spark job over the event log (state, analytics)
   streams verify     compare the state store and the live nodes with a replay of the log
   report             tables and PNG charts of the analytics job's output
-  passwd FILE USER   add or change a user of a password file (argon2id hashes)
+  passwd FILE USER   add or change a user of a password file (argon2id hashes;
+                     passwd --redis URL USER: a user in Redis, for --auth-redis)
   ban add|list|del   ban clients cluster-wide by client id, user name or address (Redis)
 
 `weir <command> --help` describes each command's options."""

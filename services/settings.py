@@ -143,6 +143,8 @@ class Limits:
     client_msg_rate: str | None = None  # PUBLISHes read per client; over: reading pauses
     client_byte_rate: str | None = None  # bytes read per client; over: reading pauses
     max_subscriptions: int = 0  # filters per client (0: no limit); over: SUBACK 0x97 / 0x80
+    max_inflight: int = 0  # QoS 1/2 PUBLISHes out to a client unacknowledged (0: 3.x 32,
+    #   5.0 its Receive Maximum); set: that many (5.0: at most its Receive Maximum)
     rate_storage: str = "memory"  # "redis": rates and flapping counted cluster-wide
     flapping: bool = False
     flapping_max_connects: int = FLAPPING_MAX_CONNECTS
@@ -325,6 +327,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("limits.client_msg_rate", _rate),
     Option("limits.client_byte_rate", _rate),
     Option("limits.max_subscriptions", _int(0)),
+    Option("limits.max_inflight", _int(0, 65_535)),
     Option("limits.rate_storage", _choice(RATE_STORAGES)),
     Option("limits.flapping", _bool),
     Option("limits.flapping_max_connects", _int(1)),

@@ -57,6 +57,12 @@ def add_up_options(p: argparse.ArgumentParser) -> None:
         help="topic filters per client (0: no limit); past it SUBACK 0x97 (3.x: 0x80)",
     )
     p.add_argument(
+        "--max-inflight",
+        dest="limits.max_inflight",
+        help="QoS 1/2 messages out to a client unacknowledged (default: 3.x 32, 5.0 its "
+        "Receive Maximum); 5.0 clients get at most their Receive Maximum",
+    )
+    p.add_argument(
         "--rate-storage",
         dest="limits.rate_storage",
         help="memory (per node, default) or redis (cluster-wide) for connection "

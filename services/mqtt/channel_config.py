@@ -42,6 +42,9 @@ class ChannelConfig:
     """Characters; longer ids are refused (CONNACK 0x85 / 0x02)."""
     inflight_window_3x: int = 32
     """Outgoing QoS 1/2 window for 3.x clients, which cannot announce a Receive Maximum."""
+    max_inflight: int = 0
+    """When set, the outgoing QoS 1/2 window of every client: 3.x clients get it,
+    5.0 clients the smaller of it and their Receive Maximum."""
     max_subscriptions: int = 0
     """Topic filters one client may hold (0: no limit); a new one past it gets
     SUBACK 0x97 Quota Exceeded (3.x: 0x80) and the others go on."""

@@ -147,6 +147,10 @@ def negotiate(
     if v5 and connect.will is not None:
         will_delay = connect.will.properties.will_delay_interval or 0
 
+    window = (props.receive_maximum or DEFAULT_RECEIVE_MAXIMUM) if v5 else config.inflight_window_3x
+    if config.max_inflight:
+        window = min(window, config.max_inflight) if v5 else config.max_inflight
+
     return Negotiated(
         client_id=client_id,
         assigned=assigned,
@@ -154,9 +158,7 @@ def negotiate(
         server_keep_alive=server_keep_alive,
         session_expiry_s=expiry,
         requested_expiry_s=requested,
-        client_receive_maximum=(
-            (props.receive_maximum or DEFAULT_RECEIVE_MAXIMUM) if v5 else config.inflight_window_3x
-        ),
+        client_receive_maximum=window,
         client_max_packet_size=props.maximum_packet_size if v5 else None,
         client_topic_alias_maximum=(props.topic_alias_maximum or 0) if v5 else 0,
         will_delay_s=will_delay,

@@ -60,6 +60,7 @@ def channel_config(settings: Settings, authenticate: bool = False) -> ChannelCon
         max_packet_size=limits.max_packet_size,
         max_keep_alive=limits.max_keep_alive_s,
         max_subscriptions=limits.max_subscriptions,
+        max_inflight=limits.max_inflight,
         authenticate=authenticate,
     )
 

@@ -268,3 +268,47 @@ def test_a_client_waiting_for_its_rate_is_not_timed_out_for_keep_alive(
         assert time.monotonic() - began >= 3.0  # at least one whole window unread
     finally:
         raw.close()
+
+
+@pytest.mark.parametrize("v5", LEVELS)
+def test_max_inflight_holds_the_rest_until_an_ack(limited: list[Limited], v5: bool) -> None:
+    """Two unacknowledged QoS 1 messages out at most: of five routed, two come;
+    a PINGREQ then is answered before any third; each PUBACK lets one more go."""
+    from services.mqtt.packets import Pingreq, Pingresp, Puback, Publish, Subscription
+    from tests.integration.rawclient import V5, V311, Raw
+
+    node = start(limited, max_inflight=2)
+    raw = Raw(node.port, V5 if v5 else V311)
+    try:
+        raw.connect("slow")
+        raw.subscribe(Subscription("inflight/t", qos=1))
+        pub = node.client("pub", v5)
+        pub.connack()
+        for i in range(5):
+            pub.publish("inflight/t", b"%d" % i, qos=1)  # each PUBACKed: routed
+        first = [raw.expect(Publish) for _ in range(2)]
+        raw.send(Pingreq())
+        assert isinstance(raw.recv(), Pingresp)  # no third before it
+        got = [p.payload for p in first]
+        for p in first:
+            raw.send(Puback(p.packet_id))
+            got.append(raw.expect(Publish).payload)
+        assert got == [b"0", b"1", b"2", b"3"]
+    finally:
+        raw.close()
+
+
+def test_max_inflight_caps_the_window_negotiated() -> None:
+    from services.mqtt.channel_config import ChannelConfig
+    from services.mqtt.channel_connect import Negotiated, negotiate
+    from services.mqtt.packets import Connect, Properties
+
+    def window(config: ChannelConfig, level: int, receive_maximum: int | None) -> int:
+        props = Properties(receive_maximum=receive_maximum)
+        neg = negotiate(config, Connect("c", level, properties=props), lambda: "x")
+        assert isinstance(neg, Negotiated)
+        return neg.client_receive_maximum
+
+    capped = ChannelConfig(max_inflight=2)
+    assert [window(capped, 5, 10), window(capped, 5, 1), window(capped, 4, None)] == [2, 1, 2]
+    assert [window(ChannelConfig(), 5, None), window(ChannelConfig(), 4, None)] == [65535, 32]

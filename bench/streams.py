@@ -12,10 +12,11 @@ One run, on an embedded Tansu broker and a redis-server started here:
    date" line, so the JVM's start is reported apart), and the peak memory
    of the job's whole process tree (driver, JVM, Python workers);
 4. produce a tail (1% more clients' events), start another node: time to
-   ready from the state store plus the tail; with `--starts N` (N > 1), then
-   N more rounds of the two starts on the same log and store (the full
-   replay with the store's keys renamed away), alternating, and the medians
-   and their ratio (the fold runs once; the rounds see the same load);
+   ready from the state store plus the tail (every node start waits until
+   Redis runs no AOF rewrite, which the fold's writes may have set off);
+   with `--starts N` (N > 1), then N more rounds of the two starts on the
+   same log and store (the full replay with the store's keys renamed away),
+   alternating, and the medians and their ratio (the fold runs once);
 5. lag: the job running with a 1 s trigger while a producer writes
    `--lag-rate` events/s, 10 s of warm-up then `--lag-s` seconds measured,
    each 100 ms a probe (a retained event); the lag of a probe is from its produce to its
@@ -65,6 +66,7 @@ PROBE_EVERY_S = 0.1
 PROBE_TIMEOUT_S = 60.0
 WARMUP_S = 10.0  # seconds of load before probes count
 WATCH_S = 0.02  # how often the store is polled for probes: the lag's resolution
+REDIS_SETTLE_S = 60.0  # longest wait for Redis's background AOF rewrite before a node start
 FOLDED = re.compile(r"read and folded in ([\d.]+) s")
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
@@ -138,8 +140,25 @@ def fold(bootstrap: str, url: str, prefix: str, data: Path, records: int) -> dic
     }
 
 
+def redis_settled(url: str) -> None:
+    """Wait (bounded) until Redis runs no AOF rewrite: after the fold's writes
+    it may fork one, a core's worth of work for seconds, which a node start
+    timed meanwhile would pay (the full replay, timed before the fold, does not)."""
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + REDIS_SETTLE_S
+    try:
+        while time.monotonic() < deadline:
+            info = client.info("persistence")
+            if not (info.get("aof_rewrite_in_progress") or info.get("aof_rewrite_scheduled")):
+                return
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
 def node_ready(url: str, bootstrap: str, prefix: str, data: Path) -> tuple[float, str]:
     """Seconds from process start to the ready line, and the node's start log."""
+    redis_settled(url)
     proc, ready_s, err = start_node(url, bootstrap, prefix, free_port(), data)
     try:
         return ready_s, "".join(err).strip()

@@ -465,9 +465,10 @@ class Connection(asyncio.Protocol):
 
     def client_info(self, client_id: str, username: str | None) -> ClientInfo:
         """Who this client is: on a listener whose client certificates name
-        the user, the certificate's name replaces the CONNECT's."""
+        the user, a certificate's name replaces the CONNECT's (a certificate
+        without that field names no one); without a certificate it stays."""
         listener = self.listener
-        if self.cert_user is not None:
+        if self.cert_subject is not None and listener is not None and listener.names_users:
             username = self.cert_user
         return ClientInfo(
             client_id,

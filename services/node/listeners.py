@@ -2,11 +2,10 @@
 
 Theory of operation. Each `ListenerConfig` (`services.listener_settings`)
 becomes one `Listener` with one asyncio server (`services.node.node`
-gives it its protocol). A plain listener without
-CIDR rules accepts straight into its protocol: a `Connection` (tcp), or a
-`WebSocketProtocol` that makes one after the HTTP upgrade (ws), so the
-default listeners cost nothing more than before. Any other listener accepts
-into a `Gate` first:
+gives it its protocol). A plain listener without CIDR rules accepts
+straight into its protocol: a `Connection` (tcp), or a `WebSocketProtocol`
+that makes one after the HTTP upgrade (ws), so the default listeners cost
+nothing more than before. Any other listener accepts into a `Gate` first:
 
 1. the peer's address is screened against the listener's `deny` and
    `allow` CIDRs (deny wins; a non-empty allow list must name the peer); a
@@ -56,13 +55,28 @@ DN_NAMES = {"commonName": "CN", "organizationName": "O", "organizationalUnitName
             "emailAddress": "emailAddress", "domainComponent": "DC"}  # fmt: skip
 
 
+DN_SPECIAL = frozenset(',+"\\<>;=')  # escaped with a backslash in a DN's value (RFC 4514)
+
+
+def _dn_value(value: str) -> str:
+    out = [f"\\{c}" if c in DN_SPECIAL else c for c in value]
+    if out and out[0] in ("#", " "):
+        out[0] = "\\" + out[0]
+    if out and out[-1] == " ":
+        out[-1] = "\\ "
+    return "".join(out)
+
+
 def identity(peercert: Any, field: str) -> tuple[str | None, str | None]:
     """(DN, user name) of a verified client certificate: the DN as RFC 4514
-    writes it (most specific first), the user name by `field` (cn, dn, none)."""
+    writes it (most specific first, special characters escaped), the user
+    name by `field`: cn (the CN as it is), dn, or none."""
     if not peercert:
         return None, None
     rdns = [(name, value) for rdn in peercert.get("subject", ()) for name, value in rdn]
-    dn = ",".join(f"{DN_NAMES.get(name, name)}={value}" for name, value in reversed(rdns))
+    dn = ",".join(
+        f"{DN_NAMES.get(name, name)}={_dn_value(value)}" for name, value in reversed(rdns)
+    )
     if field == "cn":
         return dn, next((value for name, value in rdns if name == "commonName"), None)
     return dn, dn if field == "dn" else None
@@ -82,7 +96,7 @@ class Listener:
         self.protocol = protocol  # the listener's own protocol (Connection, WebSocket)
         self.metrics = metrics
         self.ssl = ssl_context(config) if config.tls else None
-        self.names_users = config.cert_username != "none"
+        self.names_users = config.cert_username != "none"  # client certificates name users
         self.connections = 0
         self.limit = config.max_connections
         self.refused = {"address": 0, "full": 0, "tls": 0}  # counts, for tests and $SYS

@@ -84,8 +84,14 @@ def test_optional_client_certificate_names_the_user_when_sent(
     without = Paho(port(node, "opt"), "without-cert", tls=pki.client(), username="bob")
     clients += [with_cert, without]
     assert with_cert.connack()[1] == 0 and without.connack()[1] == 0
+    no_cn = pki.client()
+    pki.ca.issue_cert("client.example").configure_cert(no_cn)  # a subject without a CN
+    nameless = Paho(port(node, "opt"), "no-cn", tls=no_cn, username="mallory")
+    clients.append(nameless)
+    assert nameless.connack()[1] == 0
     seen = clients_on(node)
     assert seen["with-cert"].username == "alice"  # the certificate's CN, not the CONNECT's
+    assert seen["no-cn"].username is None and seen["no-cn"].cert_subject  # names no one
     assert "CN=alice" in (seen["with-cert"].cert_subject or "")
     assert seen["without-cert"].username == "bob" and seen["without-cert"].cert_subject is None
 
@@ -186,3 +192,21 @@ def test_a_node_stops_with_a_handshake_pending(listener_node: Start, pki: Pki) -
         wait_for(node, lambda: len(listener(node, "pending")._handshakes) == 1, "the handshake")
         node.stop()  # within NodeRunner's bound, though the handshake never ends
         assert raw.recv(16) == b""
+
+
+def test_the_dn_is_written_as_rfc_4514_says() -> None:
+    from services.node.listeners import identity
+
+    cert = {
+        "subject": (
+            (("countryName", "DE"),),
+            (("organizationName", "Acme, Inc."),),
+            (("commonName", "#dev +1 "),),
+        )
+    }
+    dn, cn = identity(cert, "cn")
+    assert dn == "CN=\\#dev \\+1\\ ,O=Acme\\, Inc.,C=DE" and cn == "#dev +1 "
+    assert identity(cert, "dn") == (dn, dn)
+    assert identity(cert, "none") == (dn, None)
+    assert identity({}, "cn") == (None, None)  # no certificate sent (verify optional)
+    assert identity({"subject": ((("organizationName", "O"),),)}, "cn") == ("O=O", None)

@@ -25,8 +25,8 @@ does, and counted (`listeners.refused_full`). On a TLS listener the
 connection reads the client certificate's subject (`identity`): its DN
 travels on `ClientInfo.cert_subject`, and with `cert_username = cn | dn`
 that field replaces the CONNECT's user name before the authenticator is
-asked (`Connection.client_info`); a client without a certificate keeps the
-user name it sent.
+asked (`Connection.client_info`; a certificate without that field gives no
+user name); a client without a certificate keeps the user name it sent.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ Start = Callable[..., NodeRunner]
 CONNECT = codec.encode(Connect(client_id="screened", protocol_level=4), 4)
 
 
-def refused_at_accept(port_no: int) -> bool:
+def refused_at_accept(port_no: int, host: str = "127.0.0.1") -> bool:
     """Connect and send a CONNECT: True if the node closed the socket without a byte."""
-    with socket.create_connection(("127.0.0.1", port_no), timeout=5) as sock:
+    with socket.create_connection((host, port_no), timeout=5) as sock:
         try:
             sock.sendall(CONNECT)
             return sock.recv(16) == b""
@@ -101,3 +101,15 @@ def test_max_connections_per_listener(listener_node: Start, clients: list[Paho],
     third = Paho(small, "third", v5=v5)
     clients.append(third)
     assert third.connack()[1] == 0
+
+
+def test_ipv6_peers_are_screened_too(listener_node: Start) -> None:
+    node = listener_node(
+        {"name": "v6", "type": "tcp", "host": "::1", "port": 0, "deny": ["::1/128"]},
+        {"name": "v6ok", "type": "tcp", "host": "::1", "port": 0, "allow": ["::1"]},
+    )
+    assert refused_at_accept(port(node, "v6"), "::1")
+    wait_for(node, lambda: listener(node, "v6").refused["address"] == 1, "the refusal")
+    with socket.create_connection(("::1", port(node, "v6ok")), timeout=5) as sock:
+        sock.sendall(CONNECT)
+        assert sock.recv(4)[:1] == b"\x20"  # CONNACK

@@ -4,11 +4,14 @@ clients that implement QoS 1/2 themselves on `services.mqtt.codec`.
 Theory of operation. The clients keep their session state in plain objects
 that outlive every TCP connection, as a persistent session requires:
 
-- `QoS2Publisher` numbers each message (payload = its sequence number),
-  keeps every message until PUBCOMP, and after each reconnect resends, in
-  order, PUBLISH with DUP=1 for the ones without PUBREC and PUBREL for the
-  ones with it (MQTT 3.1.1 4.4). It paces itself to `rate` msg/s while
-  connected and caps its unacknowledged messages at `max_inflight`.
+- `Publisher` numbers each message (payload = its id: `offset + stride *
+  n` for its n-th message, so several publishers' ids never collide and
+  `id % stride` names the publisher), keeps every message until PUBCOMP
+  (QoS 2) or PUBACK (QoS 1), and after each reconnect resends, in order,
+  PUBLISH with DUP=1 for the ones without PUBREC / PUBACK and PUBREL for the
+  ones with PUBREC (MQTT 3.1.1 4.4). It paces itself to `rate` msg/s while
+  connected and caps its unacknowledged messages at `max_inflight`;
+  `finish` ends it early (nothing new; the outstanding ones complete).
 - `Subscriber` delivers a QoS 1 PUBLISH to the application every time it
   arrives (recording its DUP flag), and a QoS 2 PUBLISH only if its packet
   id is not awaiting PUBREL (method A of MQTT 3.1.1 4.3.3); the set of ids
@@ -16,7 +19,8 @@ that outlive every TCP connection, as a persistent session requires:
   clean_session=0) or 5.0 (`level=5`: Clean Start 1 on its first CONNECT, 0
   after, Session Expiry Interval `session_expiry` in every CONNECT), stays
   connected (reconnecting after each node death) and subscribes again only
-  when a reconnect finds its session gone.
+  when a reconnect finds its session gone. `clean=True` makes it a clean
+  session instead (a QoS 0 subscriber that subscribes on every connection).
 - `OfflineSubscriber` is a `Subscriber` that SUBSCRIBEs exactly once, on its
   first connection, then cycles: online for a random while, away (DISCONNECT
   or just closing the socket, chosen at random), offline for a random while
@@ -25,8 +29,14 @@ that outlive every TCP connection, as a persistent session requires:
   SUBSCRIBE: every message of the offline windows must come from the
   broker's stored queue. Once `settle` is set it comes back and stays.
 
+`until_complete_or_drained` ends a run: every listener has everything, or
+(a loss) all are connected and Redis has held nothing for them for a while,
+so nothing more can come once the publishers are done.
+
 A connection ends when the node dies (EOF or reset); each client then
-reconnects in a bounded retry loop. No client ever sleeps to wait for an
+reconnects in a bounded retry loop: to the one port it was given, or, given
+`Ports` (a cluster's nodes), to its home node first and after every drop to
+each node in a fresh random order until one answers. No client ever sleeps to wait for an
 outcome: it waits on the socket or retries within a deadline.
 """
 
@@ -40,9 +50,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import redis.asyncio as aioredis
 
 from services.mqtt.codec import decode, encode
 from services.mqtt.packets import (
@@ -60,6 +72,7 @@ from services.mqtt.packets import (
     Subscribe,
     Subscription,
 )
+from services.session.redis import client_keys
 
 LEVEL = 4  # MQTT 3.1.1, what the clients speak unless told otherwise
 LEVEL_5 = 5  # MQTT 5.0
@@ -133,6 +146,24 @@ class NodeProcess:
         except subprocess.TimeoutExpired:
             self.kill()
 
+    def warnings(self, limit: int = 40) -> str:
+        """What the node logged besides its start markers and "ready" lines: with no logging
+        configured, Python prints its warnings and errors bare (no level prefix)."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        starts = sum(1 for line in text if line.startswith("--- start"))
+        other = [
+            line
+            for line in text
+            if line.startswith("--- start")
+            or not (line.startswith("weir: node") and " ready" in line)
+        ]
+        if len(other) == starts:
+            return f"(none in {starts} starts)"
+        return "\n" + "\n".join(other[-limit:])
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -169,6 +200,8 @@ class Link:
         return link, packet
 
     def send(self, packet: Packet) -> None:
+        if self.writer.is_closing():  # the peer is gone: stop writing at once
+            raise ConnectionError("connection closed")
         self.writer.write(encode(packet, self.level))
 
     async def drain(self) -> None:
@@ -191,39 +224,76 @@ class Link:
         self.writer.close()
 
 
-async def connect_retry(port: int, connect: Connect, deadline: float) -> tuple[Link, Connack]:
-    """Reconnect until the node answers or `deadline` (monotonic) passes."""
+class Ports:
+    """The MQTT ports of a cluster's nodes as one client sees them: its home
+    node on the first connection, every node in a fresh random order after."""
+
+    def __init__(self, ports: Sequence[int], rng: random.Random, home: int = 0) -> None:
+        self.ports = list(ports)
+        self.rng = rng
+        self.home = self.ports[home]
+        self.used: dict[int, int] = {}  # port -> connections made to it
+
+    def order(self) -> list[int]:
+        ports = [p for p in self.ports if p != self.home or self.used]
+        self.rng.shuffle(ports)
+        return ports if self.used else [self.home, *ports]
+
+    def connected(self, port: int) -> None:
+        self.used[port] = self.used.get(port, 0) + 1
+
+
+async def connect_retry(
+    port: int | Ports, connect: Connect, deadline: float
+) -> tuple[Link, Connack]:
+    """Reconnect until a node answers or `deadline` (monotonic) passes."""
     last: BaseException | None = None
     while time.monotonic() < deadline:
-        try:
-            return await Link.open(port, connect)
-        except (OSError, ConnectionError, TimeoutError) as exc:
-            last = exc
-            await asyncio.sleep(RETRY_PAUSE_S)
+        for candidate in port.order() if isinstance(port, Ports) else [port]:
+            try:
+                opened = await Link.open(candidate, connect)
+            except (OSError, ConnectionError, TimeoutError) as exc:
+                last = exc
+                continue
+            if isinstance(port, Ports):
+                port.connected(candidate)
+            return opened
+        await asyncio.sleep(RETRY_PAUSE_S)
     raise ChaosError(f"{connect.client_id}: no reconnect before the deadline ({last!r})")
 
 
 @dataclass
-class QoS2Publisher:
+class Publisher:
     client_id: str
     topic: str
     total: int
     rate: float
     max_inflight: int = 1000
+    qos: int = 2
+    stride: int = 1  # payload of the n-th message: offset + stride * n
+    offset: int = 0
     next_seq: int = 0
     next_pid: int = 1
-    outstanding: dict[int, list[int | bool]] = field(default_factory=dict)  # pid -> [seq, released]
+    outstanding: dict[int, list[int | bool]] = field(default_factory=dict)  # pid -> [id, released]
     connects: int = 0
     resent_publish: int = 0
     resent_pubrel: int = 0
     sessions_lost: int = 0  # reconnects whose CONNACK said session_present=0
     completed: int = 0
-    resent_seqs: set[int] = field(default_factory=set)  # sent again with DUP=1 after a reconnect
-    acked_at: dict[int, float] = field(default_factory=dict)  # seq -> monotonic time of 1st PUBREC
+    resent_seqs: set[int] = field(default_factory=set)  # ids resent with DUP=1 after a reconnect
+    acked_at: dict[int, float] = field(default_factory=dict)  # id -> time of 1st PUBREC / PUBACK
 
     @property
     def done(self) -> bool:
         return self.next_seq >= self.total and not self.outstanding
+
+    def ids(self) -> range:
+        """The payloads of every message this publisher sent or will send."""
+        return range(self.offset, self.offset + self.stride * self.total, self.stride)
+
+    def finish(self) -> None:
+        """Send nothing new: `run` returns once the outstanding messages complete."""
+        self.total = self.next_seq
 
     def _pid(self) -> int:
         for _ in range(65535):
@@ -233,7 +303,7 @@ class QoS2Publisher:
                 return pid
         raise ChaosError("no free packet id")
 
-    async def run(self, port: int, deadline: float) -> None:
+    async def run(self, port: int | Ports, deadline: float) -> None:
         while not self.done:
             link, connack = await connect_retry(
                 port, Connect(self.client_id, clean_start=False, keep_alive=0), deadline
@@ -249,7 +319,7 @@ class QoS2Publisher:
                     else:
                         self.resent_seqs.add(int(seq))
                         payload = str(seq).encode()
-                        link.send(Publish(self.topic, payload, 2, dup=True, packet_id=pid))
+                        link.send(Publish(self.topic, payload, self.qos, dup=True, packet_id=pid))
                         self.resent_publish += 1
                 await self._session(link, deadline)
             except (OSError, ConnectionError):
@@ -273,9 +343,10 @@ class QoS2Publisher:
                         self.acked_at.setdefault(int(entry[0]), time.monotonic())
                     link.send(Pubrel(packet.packet_id))
                 elif (
-                    isinstance(packet, Pubcomp)
-                    and self.outstanding.pop(packet.packet_id, None) is not None
+                    isinstance(packet, Pubcomp if self.qos == 2 else Puback)
+                    and (entry := self.outstanding.pop(packet.packet_id, None)) is not None
                 ):
+                    self.acked_at.setdefault(int(entry[0]), time.monotonic())
                     self.completed += 1
                     room.set()
 
@@ -293,25 +364,29 @@ class QoS2Publisher:
                     continue
                 for _ in range(min(due, self.total - self.next_seq)):
                     pid = self._pid()
-                    seq = self.next_seq
+                    seq = self.offset + self.stride * self.next_seq
                     self.next_seq += 1
                     self.outstanding[pid] = [seq, False]
-                    link.send(Publish(self.topic, str(seq).encode(), 2, packet_id=pid))
+                    link.send(Publish(self.topic, str(seq).encode(), self.qos, packet_id=pid))
                     sent += 1
                 await link.drain()
 
         tasks = [asyncio.create_task(reader()), asyncio.create_task(writer())]
         try:
-            done, _ = await asyncio.wait(
-                tasks,
-                timeout=max(0.0, deadline - time.monotonic()),
-                return_when=asyncio.FIRST_EXCEPTION,
-            )
-            for task in done:
-                if task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-            if not tasks[0].done():  # writer finished; the reader runs until all complete
-                await asyncio.wait_for(tasks[0], max(0.0, deadline - time.monotonic()))
+            pending = set(tasks)
+            # Until both end, or the writer ended with nothing outstanding (after
+            # `finish`, the reader may have no packet left to wake it).
+            while pending and not (self.done and tasks[1].done()):
+                done, pending = await asyncio.wait(
+                    pending,
+                    timeout=max(0.0, deadline - time.monotonic()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not done:
+                    return  # the deadline: `run` says so
+                for task in done:
+                    if task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
         finally:
             for task in tasks:
                 task.cancel()
@@ -325,6 +400,7 @@ class Subscriber:
     qos: int
     level: int = LEVEL
     session_expiry: int = SESSION_EXPIRY_S  # 5.0 only; 3.1.1 clean_session=0 has no expiry
+    clean: bool = False  # a clean session: SUBSCRIBE on every connection
     delivered: list[tuple[int, bool]] = field(default_factory=list)  # (seq, dup) per app delivery
     trace: list[tuple[int, int, bool, int]] = field(default_factory=list)  # seq, pid, dup, conn
     awaiting_rel: set[int] = field(default_factory=set)
@@ -344,7 +420,10 @@ class Subscriber:
 
     def connect_packet(self) -> Connect:
         """Persistent: 3.1.1 clean_session=0 always; 5.0 Clean Start 1 on the very first
-        CONNECT (a fresh session), 0 after, with a Session Expiry Interval every time."""
+        CONNECT (a fresh session), 0 after, with a Session Expiry Interval every time.
+        Clean: Clean Start 1 (no expiry) every time."""
+        if self.clean:
+            return Connect(self.client_id, protocol_level=self.level, keep_alive=0)
         if self.level == LEVEL_5:
             props = Properties(session_expiry_interval=self.session_expiry)
             return Connect(
@@ -356,12 +435,12 @@ class Subscriber:
             )
         return Connect(self.client_id, clean_start=False, keep_alive=0)
 
-    async def _connect(self, port: int, deadline: float) -> Link:
+    async def _connect(self, port: int | Ports, deadline: float) -> Link:
         link, connack = await connect_retry(port, self.connect_packet(), deadline)
         self.connects += 1
         self.connected = True
         if self.connects > 1 and not connack.session_present:
-            self.sessions_lost += 1
+            self.sessions_lost += 0 if self.clean else 1
             self.subscribed = False
         return link
 
@@ -369,7 +448,7 @@ class Subscriber:
         self.subscribes += 1
         link.send(Subscribe(self.subscribes, (Subscription(self.topic, self.qos),)))
 
-    async def run(self, port: int, deadline: float) -> None:
+    async def run(self, port: int | Ports, deadline: float) -> None:
         while not self.stop.is_set():
             link = await self._connect(port, deadline)
             try:
@@ -452,17 +531,19 @@ class Subscriber:
             first.add(seq)
         return out
 
-    def order_violations(self) -> list[tuple[int, int, int]]:
-        """(connection, seq, highest seq before it on that connection) for every delivery
-        without DUP=1 of a sequence number below one delivered earlier on the same
-        connection (DUP=1 redeliveries may legitimately come back in between)."""
+    def order_violations(self, stride: int = 1) -> list[tuple[int, int, int]]:
+        """(connection, seq, highest seq of its publisher before it on that connection)
+        for every delivery without DUP=1 of a sequence number below one of the same
+        publisher (`seq % stride`) delivered earlier on the same connection (DUP=1
+        redeliveries may legitimately come back in between)."""
         out = []
-        top: dict[int, int] = {}
+        top: dict[tuple[int, int], int] = {}
         for seq, _, dup, conn in self.trace:
-            high = top.get(conn, -1)
+            key = (conn, seq % stride)
+            high = top.get(key, -1)
             if seq < high and not dup:
                 out.append((conn, seq, high))
-            top[conn] = max(high, seq)
+            top[key] = max(high, seq)
         return out
 
 
@@ -481,7 +562,7 @@ class OfflineSubscriber(Subscriber):
     left_with_disconnect: int = 0
     left_with_close: int = 0
 
-    async def run(self, port: int, deadline: float) -> None:
+    async def run(self, port: int | Ports, deadline: float) -> None:
         while not self.stop.is_set():
             window = None if self.settle.is_set() else self.rng.uniform(*self.online_s)
             with_disconnect = self.rng.random() < 0.5
@@ -504,7 +585,7 @@ class OfflineSubscriber(Subscriber):
             raise ChaosError(f"{self.client_id}: gate still closed at the deadline") from None
 
     async def _online(
-        self, port: int, deadline: float, window: float | None, with_disconnect: bool
+        self, port: int | Ports, deadline: float, window: float | None, with_disconnect: bool
     ) -> None:
         """Online until `window` seconds after the first CONNACK (None: until `stop`),
         reconnecting when the node dies meanwhile; then leave."""
@@ -555,3 +636,39 @@ class OfflineSubscriber(Subscriber):
             self.left_with_disconnect += 1
         else:
             self.left_with_close += 1
+
+
+async def stored_count(redis: aioredis.Redis, client_ids: Sequence[str]) -> int:
+    """Messages in these clients' Redis queues and inflight windows."""
+    total = 0
+    for client_id in client_ids:
+        keys = client_keys(client_id)
+        total += int(await redis.hlen(keys[1])) + int(await redis.hlen(keys[4]))
+    return total
+
+
+async def until_complete_or_drained(
+    redis: aioredis.Redis,
+    complete: Callable[[], bool],
+    listeners: Sequence[Subscriber],
+    stored_for: Sequence[str],
+    deadline: float,
+    drained_for: float,
+) -> None:
+    """Until `complete()`, or a session was lost, or (a loss) every listener is
+    connected and Redis has held nothing for `stored_for` during `drained_for`
+    seconds: the publishers are done, so nothing more can come. Fails at `deadline`."""
+    drained_since: float | None = None
+    while not complete():
+        now = time.monotonic()
+        if any(s.sessions_lost for s in listeners):
+            return
+        if now > deadline:
+            raise AssertionError("timed out waiting for every subscriber complete or drained")
+        if all(s.connected for s in listeners) and await stored_count(redis, stored_for) == 0:
+            drained_since = now if drained_since is None else drained_since
+            if now - drained_since >= drained_for:
+                return
+        else:
+            drained_since = None
+        await asyncio.sleep(0.1)  # a poll of the clients' and Redis's state

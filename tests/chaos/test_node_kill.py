@@ -42,7 +42,7 @@ import asyncio
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,8 +59,9 @@ from tests.chaos.harness import (
     LEVEL_5,
     NodeProcess,
     OfflineSubscriber,
-    QoS2Publisher,
+    Publisher,
     Subscriber,
+    until_complete_or_drained,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.kafka, pytest.mark.timeout(300)]
@@ -100,16 +101,6 @@ class KillRecord:
     stored_at_kill: dict[str, int] = field(default_factory=dict)  # queue + inflight messages
     # (seq, a higher seq queued before it) in the stored queue's own order at the kill
     queue_inversions: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
-
-
-@pytest.fixture
-def durable_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis", profile="durable")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _subscribers(rng: random.Random) -> tuple[list[Subscriber], list[OfflineSubscriber]]:
@@ -170,7 +161,7 @@ async def test_sigkill_loses_nothing(
         drops = {s.client_id: await queue.drops(s.client_id) for s in subs}
         await queue.close()
         print(f"queue overflow drops in Redis: {drops}")
-        print(f"node log {node.log_path}, warnings/errors: {_log_warnings(node.log_path)}")
+        print(f"node log {node.log_path}, warnings/errors: {node.warnings()}")
         node.stop()
 
 
@@ -187,7 +178,7 @@ async def _run(
     deadline = began + RUN_DEADLINE_S
     subs: list[Subscriber] = [*online, *offline]
     gate, settle = offline[0].gate, offline[0].settle
-    pub = QoS2Publisher("chaos-pub", TOPIC, TOTAL, RATE)
+    pub = Publisher("chaos-pub", TOPIC, TOTAL, RATE)
     tasks = [asyncio.create_task(s.run(node.port, deadline)) for s in subs]
     redis = connect(redis_url)
     kills: list[KillRecord] = []
@@ -219,7 +210,14 @@ async def _run(
                 gate.set()
         await asyncio.wait_for(publisher, max(0.0, deadline - time.monotonic()))
         settle.set()
-        await _until_complete_or_drained(redis, subs, deadline)
+        await until_complete_or_drained(
+            redis,
+            lambda: not any(s.missing(TOTAL) for s in subs),
+            subs,
+            [s.client_id for s in subs],
+            deadline,
+            DRAINED_FOR_S,
+        )
     finally:
         gate.set()
         settle.set()
@@ -255,38 +253,8 @@ async def _run(
     assert pub.sessions_lost == 0
 
 
-async def _until_complete_or_drained(
-    redis: aioredis.Redis, subs: list[Subscriber], deadline: float
-) -> None:
-    """Until every subscriber has every message, or (a loss) every subscriber is
-    connected and Redis has held nothing for any of them for DRAINED_FOR_S: the
-    publisher is done, so no message can still come. Fails at `deadline`."""
-    drained_since: float | None = None
-    while not all(not s.missing(TOTAL) for s in subs):
-        now = time.monotonic()
-        if any(s.sessions_lost for s in subs):
-            return
-        if now > deadline:
-            raise AssertionError("timed out waiting for every subscriber complete or drained")
-        if all(s.connected for s in subs) and await _stored_count(redis, subs) == 0:
-            drained_since = now if drained_since is None else drained_since
-            if now - drained_since >= DRAINED_FOR_S:
-                return
-        else:
-            drained_since = None
-        await asyncio.sleep(0.1)
-
-
-async def _stored_count(redis: aioredis.Redis, subs: list[Subscriber]) -> int:
-    total = 0
-    for s in subs:
-        keys = client_keys(s.client_id)
-        total += int(await redis.hlen(keys[1])) + int(await redis.hlen(keys[4]))
-    return total
-
-
 async def _gaps(
-    redis: aioredis.Redis, pub: QoS2Publisher, subs: list[Subscriber]
+    redis: aioredis.Redis, pub: Publisher, subs: list[Subscriber]
 ) -> tuple[dict[str, list[int]], dict[str, int], dict[str, list[tuple[int, int]]]]:
     """Per subscriber: the messages the publisher got PUBREC for that are neither in
     the subscriber's stored queue / inflight window nor delivered to it, how many
@@ -348,7 +316,7 @@ def _ranges(seqs: list[int]) -> str:
 def _report(
     seed: int,
     began: float,
-    pub: QoS2Publisher,
+    pub: Publisher,
     online: list[Subscriber],
     offline: list[OfflineSubscriber],
     kills: list[KillRecord],
@@ -466,24 +434,6 @@ def _resent_after_pubcomp(sub: Subscriber) -> int:
             count += 1
         first.setdefault(seq, pid)
     return count
-
-
-def _log_warnings(path: Path, limit: int = 40) -> str:
-    """What the node logged besides its start markers and "ready" lines: with no logging
-    configured, Python prints its warnings and errors bare (no level prefix)."""
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    starts = sum(1 for line in text if line.startswith("--- start"))
-    other = [
-        line
-        for line in text
-        if line.startswith("--- start") or not (line.startswith("weir: node") and " ready" in line)
-    ]
-    if len(other) == starts:
-        return f"(none in {starts} starts)"
-    return "\n" + "\n".join(other[-limit:])
 
 
 async def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:

@@ -28,46 +28,36 @@ TIMEOUT_S = 5.0
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+RATE = "(a rate as 100/second or 10 per 5 seconds)"
+UP_OPTIONS = (  # weir up: (flag, settings path, help)
+    ("--max-conn-rate", "max_conn_rate",
+     f"CONNECTs per listener; over: CONNACK 0x9F (3.x: 3) {RATE}"),
+    ("--max-conn-rate-per-ip", "max_conn_rate_per_ip",
+     f"CONNECTs per client address; over: CONNACK 0x9F (3.x: 3) {RATE}"),
+    ("--client-msg-rate", "client_msg_rate",
+     f"PUBLISHes read per client; over: reading pauses, nothing dropped {RATE}"),
+    ("--client-byte-rate", "client_byte_rate",
+     f"bytes read per client; over: reading pauses, nothing dropped {RATE}"),
+    ("--max-subscriptions", "max_subscriptions",
+     "topic filters per client (0: no limit); past it SUBACK 0x97 (3.x: 0x80)"),
+    ("--max-inflight", "max_inflight",
+     "QoS 1/2 messages out to a client unacknowledged (default: 3.x 32, 5.0 its Receive "
+     "Maximum); 5.0 clients get at most their Receive Maximum"),
+    ("--rate-storage", "rate_storage",
+     "memory (per node, default) or redis (cluster-wide) for connection rates and flapping"),
+    ("--flapping-max-connects", "flapping_max_connects",
+     "CONNECTs of one client id allowed in the flapping window (15)"),
+    ("--flapping-max-connects-ip", "flapping_max_connects_ip",
+     "CONNECTs from one address allowed in the flapping window (0: not counted)"),
+    ("--flapping-window", "flapping_window_s", "flapping window, seconds (60)"),
+    ("--flapping-ban", "flapping_ban_s", "how long a flapping client is banned, seconds (300)"),
+)  # fmt: skip
+
+
 def add_up_options(p: argparse.ArgumentParser) -> None:
-    """`weir up`'s options for rates, subscriptions per client and flapping."""
-    rate = "(a rate as 100/second or 10 per 5 seconds)"
-    p.add_argument(
-        "--max-conn-rate",
-        dest="limits.max_conn_rate",
-        help=f"CONNECTs per listener; over: CONNACK 0x9F (3.x: 3) {rate}",
-    )
-    p.add_argument(
-        "--max-conn-rate-per-ip",
-        dest="limits.max_conn_rate_per_ip",
-        help=f"CONNECTs per client address; over: CONNACK 0x9F (3.x: 3) {rate}",
-    )
-    p.add_argument(
-        "--client-msg-rate",
-        dest="limits.client_msg_rate",
-        help=f"PUBLISHes read per client; over: reading pauses, nothing dropped {rate}",
-    )
-    p.add_argument(
-        "--client-byte-rate",
-        dest="limits.client_byte_rate",
-        help=f"bytes read per client; over: reading pauses, nothing dropped {rate}",
-    )
-    p.add_argument(
-        "--max-subscriptions",
-        dest="limits.max_subscriptions",
-        help="topic filters per client (0: no limit); past it SUBACK 0x97 (3.x: 0x80)",
-    )
-    p.add_argument(
-        "--max-inflight",
-        dest="limits.max_inflight",
-        help="QoS 1/2 messages out to a client unacknowledged (default: 3.x 32, 5.0 its "
-        "Receive Maximum); 5.0 clients get at most their Receive Maximum",
-    )
-    p.add_argument(
-        "--rate-storage",
-        dest="limits.rate_storage",
-        help="memory (per node, default) or redis (cluster-wide) for connection "
-        "rates and flapping counts",
-    )
+    """`weir up`'s options for rates, subscriptions and inflight per client, flapping."""
+    for flag, path, text in UP_OPTIONS:
+        p.add_argument(flag, dest=f"limits.{path}", help=text)
     p.add_argument(
         "--flapping",
         dest="limits.flapping",
@@ -75,21 +65,6 @@ def add_up_options(p: argparse.ArgumentParser) -> None:
         const=True,
         help="ban a client id that connects too often (15 times in 60 s: 300 s)",
     )
-    p.add_argument(
-        "--flapping-max-connects",
-        dest="limits.flapping_max_connects",
-        help="CONNECTs of one client id allowed in the window (15)",
-    )
-    p.add_argument(
-        "--flapping-max-connects-ip",
-        dest="limits.flapping_max_connects_ip",
-        help="CONNECTs from one address allowed in the window (0: not counted)",
-    )
-    p.add_argument(
-        "--flapping-window", dest="limits.flapping_window_s", help="flapping window, seconds (60)"
-    )
-    p.add_argument("--flapping-ban", dest="limits.flapping_ban_s",
-                   help="how long a flapping client is banned, seconds (300)")  # fmt: skip
 
 
 class _Parser(argparse.ArgumentParser):

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from services.settings import Limits
-from tests.integration.conftest import Paho
-from tests.support.backend_node import BackendNode, backend_settings, start_node
+from tests.integration.conftest import Paho, node_settings
+from tests.integration.test_cluster_shared import Cluster
 from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.kafka]
@@ -32,26 +32,17 @@ def weir_ban(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-class TwoNodes:
-    def __init__(self, redis_url: str, bootstrap: str, prefix: str) -> None:
-        self.args = (redis_url, bootstrap, prefix)
-        self.nodes: list[BackendNode] = []
-
-    def start(self, **limits: Any) -> tuple[int, int]:
-        for node_id in ("ban-a", "ban-b"):
-            base = backend_settings(*self.args, node_id)
-            self.nodes.append(start_node(replace(base, limits=replace(base.limits, **limits))))
-        return self.nodes[0].mqtt_port, self.nodes[1].mqtt_port
-
-
 @pytest.fixture
-def two_nodes(redis_url: str, kafka_bootstrap: str, kafka_topic_prefix: str) -> Iterator[TwoNodes]:
-    nodes = TwoNodes(redis_url, kafka_bootstrap, kafka_topic_prefix)
-    try:
-        yield nodes
-    finally:
-        for node in nodes.nodes:
-            node.stop()
+def cluster(redis_url: str, kafka_bootstrap: str, kafka_topic_prefix: str) -> Iterator[Cluster]:
+    nodes = Cluster(redis_url, kafka_bootstrap, kafka_topic_prefix)
+    yield nodes
+    nodes.stop()
+
+
+def two(cluster: Cluster, **limits: Any) -> tuple[int, int]:
+    """Two nodes on the test's Redis with these limits; their MQTT ports."""
+    nodes = [cluster.start(i, limits=replace(node_settings().limits, **limits)) for i in "ab"]
+    return nodes[0].mqtt_port, nodes[1].mqtt_port
 
 
 def connack(port: int, client_id: str, v5: bool, **kw: Any) -> str:
@@ -71,9 +62,9 @@ def until_connack(port: int, client_id: str, v5: bool, expected: str, **kw: Any)
 
 @pytest.mark.parametrize("v5", [False, True], ids=["v311", "v5"])
 def test_a_ban_added_on_the_command_line_holds_on_every_node(
-    two_nodes: TwoNodes, redis_url: str, clients: list[Paho], v5: bool
+    cluster: Cluster, redis_url: str, clients: list[Paho], v5: bool
 ) -> None:
-    a, b = two_nodes.start()
+    a, b = two(cluster)
     on_b = Paho(b, "victim", v5=v5)
     clients.append(on_b)
     assert on_b.connack()[1].getName() == "Success"
@@ -95,9 +86,9 @@ def test_a_ban_added_on_the_command_line_holds_on_every_node(
 
 
 def test_user_and_address_bans_and_their_expiry(
-    two_nodes: TwoNodes, redis_url: str, clients: list[Paho]
+    cluster: Cluster, redis_url: str, clients: list[Paho]
 ) -> None:
-    a, b = two_nodes.start()
+    a, b = two(cluster)
     user = Paho(a, "u1", v5=True, username="mallory", password="x")
     clients.append(user)
     user.connack()
@@ -112,14 +103,14 @@ def test_user_and_address_bans_and_their_expiry(
     assert weir_ban(redis_url, "list").stdout == ""  # expired bans are gone from Redis
 
 
-def test_flapping_counted_across_nodes_bans_everywhere(two_nodes: TwoNodes) -> None:
+def test_flapping_counted_across_nodes_bans_everywhere(cluster: Cluster) -> None:
     """rate_storage = redis: connects on either node count in one window; the
     third within it is refused and bans the client id on both nodes."""
-    a, b = two_nodes.start(flapping=True, flapping_max_connects=2, rate_storage="redis")
+    a, b = two(cluster, flapping=True, flapping_max_connects=2, rate_storage="redis")
     assert connack(a, "flap", True) == "Success"
     assert connack(b, "flap", True) == "Success"
     assert connack(a, "flap", True) == "Banned"
-    bans = two_nodes.nodes[1].node.services.seams.admission.bans
+    bans = cluster.nodes["b"].node.services.seams.admission.bans
     wait_until(lambda: bans.match("flap", None, "127.0.0.1:1") is not None, "the ban on B")
     assert connack(b, "flap", False) == "Not authorized"
 

@@ -144,3 +144,25 @@ def test_weir_ban_without_redis_is_one_line_exit_2() -> None:
 def test_limits_defaults_are_off() -> None:
     limits = Limits()
     assert (limits.flapping, limits.max_conn_rate, limits.client_msg_rate) == (False, None, None)
+
+
+def test_a_ban_whose_message_was_missed_arrives_by_the_poll(
+    cluster: Cluster, redis_url: str, clients: list[Paho]
+) -> None:
+    """A ban written to the hash with no message on the channel (as if a node's
+    subscription was reconnecting when it went out) is applied by the next
+    read of the hash: within POLL_S, and it disconnects the covered client."""
+    import redis
+
+    from services.auth.banned import KEY, POLL_S, Ban
+
+    a, _ = two(cluster)
+    victim = Paho(a, "missed", v5=True)
+    clients.append(victim)
+    victim.connack()
+    began = time.monotonic()
+    with redis.Redis.from_url(redis_url) as client:
+        client.hset(KEY, "clientid:missed", Ban("clientid", "missed").to_json())
+    assert victim.disconnects.get(timeout=POLL_S + 5.0).value == 0x98
+    assert time.monotonic() - began <= POLL_S + 1.0
+    assert connack(a, "missed", True) == "Banned"

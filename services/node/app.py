@@ -464,6 +464,8 @@ def main(argv: Sequence[str]) -> int:
             settings.acl_redis or any(b.backend == "redis" for b in settings.auth)
         ):
             raise SettingsError("--acl-redis / --auth-redis need Redis; --backend memory has none")
+        if settings.backend == "memory" and settings.limits.rate_storage == "redis":
+            raise SettingsError("--rate-storage redis needs Redis; --backend memory has none")
         seams_for(settings)  # a missing or malformed password, key or ACL file: exit 2
     except SettingsError as exc:
         print(f"weir up: {exc}", file=sys.stderr)

@@ -89,6 +89,7 @@ def test_a_budget_takes_until_a_window_is_spent() -> None:
         ("--max-subscriptions", "-1"),
         ("--flapping-window", "0"),
         ("--flapping-max-connects", "0"),
+        ("--rate-storage", "redis"),  # with --backend memory: no Redis to count in
     ],
 )
 def test_bad_limit_values_stop_weir_up_in_one_line(args: tuple[str, ...]) -> None:

@@ -166,3 +166,11 @@ def test_a_ban_whose_message_was_missed_arrives_by_the_poll(
     assert victim.disconnects.get(timeout=POLL_S + 5.0).value == 0x98
     assert time.monotonic() - began <= POLL_S + 1.0
     assert connack(a, "missed", True) == "Banned"
+
+
+def test_a_connection_rate_counted_in_redis_holds_for_the_cluster(cluster: Cluster) -> None:
+    """rate_storage = redis: one window per listener name for every node."""
+    a, b = two(cluster, max_conn_rate="3/minute", rate_storage="redis")
+    assert [connack(port, f"r{i}", True) for i, port in enumerate((a, b, a))] == ["Success"] * 3
+    assert connack(b, "r3", True) == "Connection rate exceeded"
+    assert connack(a, "r4", False) == "Server unavailable"

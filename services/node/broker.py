@@ -23,6 +23,10 @@ imports run (each imports only parts above it):
 `Broker` builds them (the composition root, `services.node.app`, picks the
 stores and the event log) and is what a connection sees (`ports.BrokerPort`)
 and what the cluster router calls (`services.cluster.router.LocalNode`).
+A CONNECT is admitted (`Seams.admit`: bans, flapping, connection rates)
+before it is authenticated, or before its session opens when no
+authenticator is asked; a ban new to this node disconnects the connected
+clients it covers (`_banned`).
 """
 
 from __future__ import annotations

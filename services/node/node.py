@@ -1,10 +1,10 @@
 """A running node: the broker plus its listeners (TCP, TLS, WebSocket, WSS;
 `services.node.listeners`).
 
-Start (DESIGN 6): replay the event log to the end of every partition into
-the broker's state (`LogState`), freeze what the replay allocated out of the
-garbage collector's way (`gc.freeze`), then open the listeners, then tail
-the log. So the node is ready only once it knows every subscription,
+Start (DESIGN 6): read the ban table (`Seams.start`), replay the event
+log to the end of every partition into the broker's state (`LogState`),
+freeze what the replay allocated out of the garbage collector's way
+(`gc.freeze`), then open the listeners, then tail the log. So the node is ready only once it knows every subscription,
 session and retained message the log holds.
 
 Shutdown order (STYLE 11): stop accepting, tell every client (5.0 gets

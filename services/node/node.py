@@ -4,8 +4,9 @@
 Start (DESIGN 6): read the ban table (`Seams.start`), replay the event
 log to the end of every partition into the broker's state (`LogState`),
 freeze what the replay allocated out of the garbage collector's way
-(`gc.freeze`), then open the listeners, then tail the log. So the node is ready only once it knows every subscription,
-session and retained message the log holds.
+(`gc.freeze`), then open the listeners, then tail the log. So the node
+is ready only once it knows every subscription, session and retained
+message the log holds.
 
 Shutdown order (STYLE 11): stop accepting, tell every client (5.0 gets
 DISCONNECT 0x8B), flush and close, wait a bounded grace for sockets and

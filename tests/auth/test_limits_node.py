@@ -136,6 +136,9 @@ def test_a_client_over_its_byte_rate_is_slowed_and_loses_nothing(
     sub.subscribe("rate/t", 1)
     pub = node.client("pub", v5)
     pub.connack()
+    under = publish_all(pub, 2, size=10_000)  # 20 KB of the 25 KB
+    assert received(sub, 2) == under
+    assert node.count("connections.read_paused") == 0
     began = time.monotonic()
     sent = publish_all(pub, 6, size=10_000)  # two packets fit a window: three windows
     assert received(sub, 6) == sent

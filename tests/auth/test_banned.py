@@ -7,6 +7,7 @@ import asyncio
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,16 @@ def test_bad_limit_values_stop_weir_up_in_one_line(args: tuple[str, ...]) -> Non
     )  # fmt: skip
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and args[0] in result.stderr
+
+
+def test_limits_from_the_config_file(tmp_path: Path) -> None:
+    from services.settings import load
+
+    good = tmp_path / "good.toml"
+    good.write_text('[limits]\nclient_msg_rate = "10/second"\nflapping = true\nmax_inflight = 4\n')
+    limits = load({"config": str(good)}, env={}).limits
+    assert (limits.client_msg_rate, limits.flapping, limits.max_inflight) == ("10/second", True, 4)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[limits]\nmax_conn_rate = "often"\n')
+    with pytest.raises(SettingsError, match=r"limits\.max_conn_rate"):
+        load({"config": str(bad)}, env={})

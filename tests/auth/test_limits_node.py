@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from services.auth.api import ALLOW, ClientInfo, Decision
 from services.auth.banned import Ban
 from services.metrics.api import MemoryRecorder
 from services.node.seams import Seams, admitting
@@ -25,10 +26,13 @@ LEVELS = [pytest.param(False, id="v311"), pytest.param(True, id="v5")]
 class Limited:
     """A node with these limits and a counting recorder."""
 
-    def __init__(self, **limits: Any) -> None:
+    def __init__(self, authenticator: Any = None, **limits: Any) -> None:
         settings = node_settings(**limits)
         self.metrics = MemoryRecorder()
-        seams = admitting(Seams(metrics=self.metrics), settings.limits)
+        seams = Seams(metrics=self.metrics)
+        if authenticator is not None:
+            seams = Seams(authenticator=authenticator, metrics=self.metrics)
+        seams = admitting(seams, settings.limits)
         self.runner = NodeRunner(settings, seams).start()
         self.port = self.runner.mqtt_port
         self.clients: list[Paho] = []
@@ -69,8 +73,8 @@ def limited() -> Iterator[list[Limited]]:
         node.stop()
 
 
-def start(made: list[Limited], **limits: Any) -> Limited:
-    node = Limited(**limits)
+def start(made: list[Limited], authenticator: Any = None, **limits: Any) -> Limited:
+    node = Limited(authenticator, **limits)
     made.append(node)
     return node
 
@@ -309,3 +313,26 @@ def test_max_inflight_caps_the_window_negotiated() -> None:
     capped = ChannelConfig(max_inflight=2)
     assert [window(capped, 5, 10), window(capped, 5, 1), window(capped, 4, None)] == [2, 1, 2]
     assert [window(ChannelConfig(), 5, None), window(ChannelConfig(), 4, None)] == [65535, 32]
+
+
+class Counting:
+    """An authenticator that lets everyone in and counts who it was asked about."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def authenticate(self, client: ClientInfo, password: bytes | None) -> Decision:
+        self.asked.append(client.client_id)
+        return ALLOW
+
+
+@pytest.mark.parametrize("v5", LEVELS)
+def test_a_banned_client_is_refused_before_the_authenticator_is_asked(
+    limited: list[Limited], v5: bool
+) -> None:
+    counting = Counting()
+    node = start(limited, counting)
+    node.ban(Ban("clientid", "evil"))
+    assert node.connack("evil", v5, username="u", password="p") == BANNED[v5]
+    assert node.connack("good", v5, username="u", password="p") == "Success"
+    assert counting.asked == ["good"]

@@ -16,9 +16,9 @@ accept: `services.node.listeners`.)
 
 A refusal names its rule and the counter it goes to (`services.metrics.api`);
 the node logs and counts it (`services.node.seams`). An admitted client gets
-its read `Budget` when per-client rates are configured. `build` makes the
-admission the settings ask for; the node starts and stops it (the Redis ban
-table follows a channel and polls).
+its read `Budget` when per-client rates are configured. The node builds it
+from its settings (`services.node.seams.admitting`), starts and stops it
+(the Redis ban table follows a channel and polls).
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.auth.api import ClientInfo
-from services.auth.banned import Ban, BanStore, MemoryBans, RedisBans, peer_host
-from services.auth.limits import Budget, ClientRates, ConnectRates, Flapping, storage
+from services.auth.banned import Ban, BanStore, peer_host
+from services.auth.limits import Budget, ClientRates, ConnectRates, Flapping
 from services.mqtt.packets import ReasonCode
-from services.settings import Limits
 
 log = logging.getLogger("weir.auth")
 
@@ -95,21 +94,3 @@ class Admission:
         if self.client_rates is None:
             return None
         return self.client_rates.budget(client_id, on_paused)
-
-
-def build(limits: Limits, redis: Any = None) -> Admission:
-    """The admission `limits` asks for; bans and counts in Redis when given one
-    (`rate_storage = "redis"` puts the rate and flapping windows there too)."""
-    bans: BanStore = RedisBans(redis) if redis is not None else MemoryBans()
-    store = storage(limits.rate_storage, redis)
-    flapping = Flapping(
-        limits.flapping_max_connects, limits.flapping_max_connects_ip,
-        limits.flapping_window_s, limits.flapping_ban_s, store,
-    ) if limits.flapping else None  # fmt: skip
-    rates = ConnectRates(limits.max_conn_rate, limits.max_conn_rate_per_ip, store) if (
-        limits.max_conn_rate or limits.max_conn_rate_per_ip
-    ) else None  # fmt: skip
-    client_rates = ClientRates(limits.client_msg_rate, limits.client_byte_rate) if (
-        limits.client_msg_rate or limits.client_byte_rate
-    ) else None  # fmt: skip
-    return Admission(bans, flapping, rates, client_rates)

@@ -282,6 +282,7 @@ class Publisher:
     completed: int = 0
     resent_seqs: set[int] = field(default_factory=set)  # ids resent with DUP=1 after a reconnect
     acked_at: dict[int, float] = field(default_factory=dict)  # id -> time of 1st PUBREC / PUBACK
+    sent_at: dict[int, float] = field(default_factory=dict)  # id -> time of its first PUBLISH
 
     @property
     def done(self) -> bool:
@@ -362,11 +363,13 @@ class Publisher:
                 if due <= 0:
                     await asyncio.sleep(0.005)  # pacing, not synchronisation
                     continue
+                now = time.monotonic()
                 for _ in range(min(due, self.total - self.next_seq)):
                     pid = self._pid()
                     seq = self.offset + self.stride * self.next_seq
                     self.next_seq += 1
                     self.outstanding[pid] = [seq, False]
+                    self.sent_at[seq] = now
                     link.send(Publish(self.topic, str(seq).encode(), self.qos, packet_id=pid))
                     sent += 1
                 await link.drain()

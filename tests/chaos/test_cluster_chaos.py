@@ -425,7 +425,8 @@ def _report(
         + ", ".join(
             f"{p.client_id} QoS {p.qos} sent {p.total} connects {p.connects} resent "
             f"{p.resent_publish}/{p.resent_pubrel} lost {p.sessions_lost} outstanding "
-            f"{len(p.outstanding)} {sorted(p.outstanding.items())[:4]}"
+            f"{len(p.outstanding)} {sorted(p.outstanding.items())[:4]}, "
+            f"ack latency s median/p99/max {_latency(p)}"
             for p in cast.publishers
         ),
         f"{'listener':<44} {'deliv':>6} {'miss':>5} {'q2x2':>4} {'dup0':>5} {'unexp':>5} "
@@ -518,3 +519,11 @@ def _twice_on_one_connection(sub: Subscriber) -> set[int]:
             again.add(seq)
         seen.add((seq, conn))
     return again
+
+
+def _latency(pub: Publisher) -> str:
+    """Seconds from each message's first PUBLISH to its first PUBACK / PUBREC."""
+    waits = sorted(pub.acked_at[i] - t for i, t in pub.sent_at.items() if i in pub.acked_at)
+    if not waits:
+        return "-"
+    return "/".join(f"{waits[int(q * (len(waits) - 1))]:.2f}" for q in (0.5, 0.99, 1.0))

@@ -174,3 +174,23 @@ def test_a_connection_rate_counted_in_redis_holds_for_the_cluster(cluster: Clust
     assert [connack(port, f"r{i}", True) for i, port in enumerate((a, b, a))] == ["Success"] * 3
     assert connack(b, "r3", True) == "Connection rate exceeded"
     assert connack(a, "r4", False) == "Server unavailable"
+
+
+def test_a_rate_redis_cannot_count_lets_the_connect_in(cluster: Cluster, redis_url: str) -> None:
+    """Redis writes paused past the 2 s bound of a count: the CONNECT over the
+    exhausted rate is let in (logged), not refused and not held for the pause."""
+    import redis
+
+    from services.auth.limits import CALL_S
+
+    a, _ = two(cluster, max_conn_rate="1/minute", rate_storage="redis")
+    assert connack(a, "first", True) == "Success"
+    assert connack(a, "second", True) == "Connection rate exceeded"
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.execute_command("CLIENT", "PAUSE", int(CALL_S * 2000), "WRITE")
+        try:
+            began = time.monotonic()
+            assert connack(a, "third", True) == "Success"
+            assert CALL_S - 0.1 <= time.monotonic() - began < 2 * CALL_S
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")

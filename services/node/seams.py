@@ -139,49 +139,6 @@ class Seams:
             client.client_id, client.username, client.peer, ban.describe(),
         )  # fmt: skip
 
-    async def start(self) -> None:
-        if self.admission is not None:
-            await self.admission.start()
-
-    async def stop(self) -> None:
-        if self.admission is not None:
-            await self.admission.stop()
-
-    async def admit(self, conn: ConnectionPort, client_id: str, username: str | None) -> int:
-        """0 if this CONNECT may go on to authentication, else the reason code it
-        is refused with (logged and counted here)."""
-        admission = self.admission
-        if admission is None:
-            return 0
-        client = ClientInfo(client_id, username, conn.peer, conn.channel.protocol_level)
-        listener = getattr(conn, "listener", None)  # the listener's, where it names one
-        refusal = await admission.admit(client, getattr(listener, "name", None) or "mqtt")
-        if refusal is None:
-            conn.budget = admission.budget(client_id, self._paused)
-            return 0
-        self.metrics.inc(refusal.counter)
-        log.warning(
-            "connect refused: client %s, user %s, peer %s, by %s",
-            client_id, username, conn.peer, refusal.rule,
-        )  # fmt: skip
-        return refusal.reason_code
-
-    def _paused(self, budget: Budget, rule: str) -> None:
-        self.metrics.inc("connections.read_paused")
-        if budget.paused == 1:
-            log.info(
-                "client %s over its read rate (%s): reading paused until its window "
-                "refills (logged once per connection)", budget.client_id, rule,
-            )  # fmt: skip
-
-    def kicked(self, client: ClientInfo, ban: Ban) -> None:
-        """A connected client a new ban covers is disconnected."""
-        self.metrics.inc("connections.kicked_banned")
-        log.warning(
-            "disconnected: client %s, user %s, peer %s, by banned: %s",
-            client.client_id, client.username, client.peer, ban.describe(),
-        )  # fmt: skip
-
     async def connected(self, conn: ConnectionPort) -> None:
         """Before the session opens: the authorizer reads what it needs for this client."""
         client = conn.client

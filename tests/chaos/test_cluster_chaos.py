@@ -60,8 +60,6 @@ import asyncio
 import os
 import random
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -72,16 +70,19 @@ from services.embedded.kafka import EmbeddedKafka
 from services.embedded.redis_server import RedisServer, free_port
 from services.mqtt.packets import Connect, Publish
 from services.session.redis import connect
+from tests.chaos.clients import (
+    OfflineSubscriber,
+    Publisher,
+    Subscriber,
+    until_complete_or_drained,
+)
+from tests.chaos.cluster_figures import Cast, Kill, Tally, all_ids, group_seen, report
 from tests.chaos.harness import (
     LEVEL,
     LEVEL_5,
     Link,
     NodeProcess,
-    OfflineSubscriber,
     Ports,
-    Publisher,
-    Subscriber,
-    until_complete_or_drained,
 )
 from tests.support.wait import until
 
@@ -105,35 +106,6 @@ RUN_DEADLINE_S = 200.0
 TOPIC = "chaos/{}"  # publisher i publishes on chaos/i
 FILTER = "chaos/+"
 GROUP_FILTER = "$share/g/chaos/+"
-
-
-@dataclass
-class Kill:
-    node: str
-    quick: bool
-    at: float  # monotonic
-    away: list[str] = field(default_factory=list)  # offline subscribers away at the kill
-    lapsed: bool = False  # the heartbeat record was seen gone before the node was ready
-    restart_s: float = 0.0  # from the restart to ready
-
-
-@dataclass
-class Cast:
-    publishers: list[Publisher]
-    online: list[Subscriber]
-    offline: list[OfflineSubscriber]
-    clean: list[Subscriber]
-    members: list[Subscriber]
-    ports: dict[str, Ports] = field(default_factory=dict)  # client id -> its Ports
-    publish_s: float = 0.0  # from the publishers' start to their `finish`
-
-    @property
-    def persistent(self) -> list[Subscriber]:
-        return [*self.online, *self.offline]
-
-    @property
-    def listeners(self) -> list[Subscriber]:
-        return [*self.online, *self.offline, *self.clean, *self.members]
 
 
 def _cast(rng: random.Random, ports: list[int]) -> Cast:
@@ -213,8 +185,8 @@ async def test_cluster_sigkill_loses_nothing(
     finally:
         for node in nodes.values():
             node.stop()
-        report = _report(seed, began, cast, kills, nodes)
-    _check(cast, kills, report)
+        tallies = report(seed, began, cast, kills, nodes)
+    _check(cast, kills, tallies)
 
 
 async def _run(
@@ -249,12 +221,12 @@ async def _run(
         cast.publish_s = time.monotonic() - started
         await asyncio.wait_for(asyncio.gather(*publishing), PUBLISHERS_DONE_S)
         settle.set()
-        expected = _expected(cast)
+        expected = all_ids(cast)
         await until_complete_or_drained(
             redis,
             lambda: (
                 not any(expected - s.seen for s in cast.persistent)
-                and not expected - _group_seen(cast)
+                and not expected - group_seen(cast)
             ),
             cast.listeners,
             [s.client_id for s in [*cast.persistent, *cast.members]],
@@ -331,152 +303,6 @@ async def _kill(
     return kill
 
 
-def _expected(cast: Cast) -> set[int]:
-    return {i for p in cast.publishers for i in p.ids()}
-
-
-def _group_seen(cast: Cast) -> set[int]:
-    return set().union(*(m.seen for m in cast.members))
-
-
-@dataclass
-class Tally:
-    """One listener's (or the group's) deliveries of the publishers' messages."""
-
-    name: str
-    deliveries: int = 0
-    missing: list[int] = field(default_factory=list)
-    qos2_twice: list[int] = field(default_factory=list)  # a QoS 2 publisher's id seen again
-    dup0: list[int] = field(default_factory=list)  # repeated deliveries without DUP=1
-    dup0_unexplained: list[int] = field(default_factory=list)  # of them, not a QoS 1 resend
-    order: list[tuple[int, int, int]] = field(default_factory=list)  # (conn, seq, high)
-    order_unexplained: list[tuple[int, int, int]] = field(default_factory=list)
-
-
-def _tally(name: str, subs: list[Subscriber], cast: Cast) -> Tally:
-    stride = len(cast.publishers)
-    qos2 = {i for p in cast.publishers if p.qos == 2 for i in p.ids()}
-    resent = set().union(*(p.resent_seqs for p in cast.publishers))
-    counts: Counter[int] = Counter()
-    tally = Tally(name)
-    for s in subs:
-        counts.update(seq for seq, _ in s.delivered if seq >= 0)
-        tally.dup0 += [seq for seq, dup in s.duplicates() if seq >= 0 and not dup]
-        tally.order += [v for v in s.order_violations(stride) if v[1] >= 0]
-    if len(subs) > 1:  # the group: a copy on one member and another on another
-        first: set[int] = set()
-        for s in subs:
-            again = {seq for seq in s.seen if seq >= 0} & first
-            tally.dup0 += sorted(again - qos2)
-            first |= s.seen
-    tally.deliveries = sum(counts.values())
-    tally.missing = sorted(_expected(cast) - set(counts))
-    if all(s.qos == 2 for s in subs):  # at QoS 1 / 0 a redelivery may come (DUP=1 at QoS 1)
-        tally.qos2_twice = sorted(i for i in qos2 if counts[i] > 1)
-    tally.dup0_unexplained = [i for i in tally.dup0 if i in qos2 or i not in resent]
-    tally.order_unexplained = [v for v in tally.order if v[1] not in resent]
-    return tally
-
-
-def _report(
-    seed: int, began: float, cast: Cast, kills: list[Kill], nodes: dict[str, NodeProcess]
-) -> dict[str, Tally]:
-    """Print the figures (the first line is the one to quote); the tallies by name."""
-    expected = _expected(cast)
-    qos2_msgs = sum(p.total for p in cast.publishers if p.qos == 2)
-    acked = sum(len(p.acked_at) for p in cast.publishers)
-    tallies = {s.client_id: _tally(s.name, [s], cast) for s in [*cast.persistent, *cast.clean]}
-    group = tallies["group"] = _tally(f"{GROUP_FILTER} (3 members)", cast.members, cast)
-    persistent = [tallies[s.client_id] for s in cast.persistent]
-    qos2_subs = [tallies[s.client_id] for s in cast.persistent if s.qos == 2]
-    quick = [k for k in kills if k.quick]
-    qos2 = {i for p in cast.publishers if p.qos == 2 for i in p.ids()}
-    resent = set().union(*(p.resent_seqs for p in cast.publishers))
-    loss = ", ".join(
-        f"{s.client_id.removeprefix('chaos-')} lost {len(tallies[s.client_id].missing)}"
-        f" ({100 * len(tallies[s.client_id].missing) / max(1, len(expected)):.1f}%), "
-        f"QoS 2 messages twice {len(twice)} (resent by their publisher {len(twice & resent)}, "
-        f"on one connection {len(_twice_on_one_connection(s) & qos2)})"
-        for s in cast.clean
-        for twice in [{seq for seq, _ in s.duplicates() if seq in qos2}]
-    )
-    lines = [
-        f"=== cluster chaos figures: seed {seed}, {NODES} nodes, kills {len(kills)} "
-        f"(quick {len(quick)}, back within the TTL {sum(not k.lapsed for k in quick)}; "
-        f"slow {len(kills) - len(quick)}), messages {len(expected)} (QoS 2 {qos2_msgs}, "
-        f"QoS 1 {len(expected) - qos2_msgs}; {len(expected) / max(1.0, cast.publish_s):.0f} msg/s "
-        f"over {cast.publish_s:.0f} s), acknowledged {acked}; missing: persistent "
-        f"{sum(len(t.missing) for t in persistent)}, shared {len(group.missing)}; QoS 2 "
-        f"duplicates: subscribers "
-        f"{sum(len(t.qos2_twice) for t in qos2_subs)}, "
-        f"shared {len(group.qos2_twice)}; DUP=0 duplicates "
-        f"{sum(len(t.dup0) for t in persistent) + len(group.dup0)} (not QoS 1 resends "
-        f"{sum(len(t.dup0_unexplained) for t in persistent) + len(group.dup0_unexplained)}); "
-        f"order violations: persistent {sum(len(t.order) for t in persistent)} (not resends "
-        f"{sum(len(t.order_unexplained) for t in persistent)}), shared {len(group.order)}; "
-        f"clean: {loss}; time {time.monotonic() - began:.0f} s ===",
-        "kills: "
-        + ", ".join(
-            f"{k.node}@{k.at - began:.1f}s {'quick' if k.quick else 'slow'}"
-            f"{' (lapsed)' if k.quick and k.lapsed else ''} ready {k.restart_s:.1f}s"
-            for k in kills
-        ),
-        "publishers: "
-        + ", ".join(
-            f"{p.client_id} QoS {p.qos} sent {p.total} connects {p.connects} resent "
-            f"{p.resent_publish}/{p.resent_pubrel} lost {p.sessions_lost} outstanding "
-            f"{len(p.outstanding)} {sorted(p.outstanding.items())[:4]}, "
-            f"ack latency s median/p99/max {_latency(p)}"
-            for p in cast.publishers
-        ),
-        f"{'listener':<44} {'deliv':>6} {'miss':>5} {'q2x2':>4} {'dup0':>5} {'unexp':>5} "
-        f"{'order':>5} {'unexp':>5} {'conns':>5} {'lost':>4}  by node",
-    ]
-    for s in [*cast.persistent, *cast.clean, *cast.members]:
-        t = tallies.get(s.client_id) or _tally(s.name, [s], cast)
-        used = cast.ports[s.client_id].used
-        lines.append(
-            f"{t.name:<44} {t.deliveries:>6} {len(t.missing):>5} {len(t.qos2_twice):>4} "
-            f"{len(t.dup0):>5} {len(t.dup0_unexplained):>5} {len(t.order):>5} "
-            f"{len(t.order_unexplained):>5} {s.connects:>5} {s.sessions_lost:>4}  "
-            + " ".join(f"{port}:{n}" for port, n in sorted(used.items()))
-        )
-    lines.append(
-        f"{group.name:<44} {group.deliveries:>6} {len(group.missing):>5} "
-        f"{len(group.qos2_twice):>4} {len(group.dup0):>5} {len(group.dup0_unexplained):>5} "
-        f"{len(group.order):>5}"
-    )
-    for t in tallies.values():
-        if t.name.startswith("chaos-clean"):
-            continue
-        for what, items in (
-            ("missing", t.missing),
-            ("QoS 2 twice", t.qos2_twice),
-            ("DUP=0 duplicates not from a QoS 1 resend", t.dup0_unexplained),
-        ):
-            if items:
-                lines.append(f"  {t.name}: {what} {len(items)}: {_ranges(items)}")
-        if t.order_unexplained:
-            lines.append(
-                f"  {t.name}: order violations not from resends: "
-                + ", ".join(f"{q} after {h} (conn {c})" for c, q, h in t.order_unexplained[:8])
-            )
-    lines.append(
-        "offline subscribers: "
-        + ", ".join(
-            f"{s.client_id} windows {len(s.offline_windows)}, kills while away "
-            f"{sum(1 for k in kills if s.client_id in k.away)}"
-            for s in cast.offline
-        )
-    )
-    ports = {n.port: node_id for node_id, n in nodes.items()}
-    lines.append("ports: " + ", ".join(f"{p} {i}" for p, i in ports.items()))
-    for node_id, node in nodes.items():
-        lines.append(f"{node_id} log {node.log_path}:{node.warnings(12)}")
-    print("\n".join(lines))
-    return tallies
-
-
 def _check(cast: Cast, kills: list[Kill], tallies: dict[str, Tally]) -> None:
     assert len(kills) == KILLS
     quick = [k for k in kills if k.quick]
@@ -496,34 +322,3 @@ def _check(cast: Cast, kills: list[Kill], tallies: dict[str, Tally]) -> None:
         assert t.dup0_unexplained == [], f"{t.name}: DUP=0 duplicates {t.dup0_unexplained[:8]}"
         if name != "group":
             assert t.order_unexplained == [], f"{t.name}: order {t.order_unexplained[:8]}"
-
-
-def _ranges(seqs: list[int]) -> str:
-    out: list[list[int]] = []
-    for seq in sorted(seqs):
-        if out and out[-1][1] + len(PUBLISHER_QOS) == seq:
-            out[-1][1] = seq
-        else:
-            out.append([seq, seq])
-    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out[:12])
-    return text + (f" (+{len(out) - 12} runs)" if len(out) > 12 else "")
-
-
-def _twice_on_one_connection(sub: Subscriber) -> set[int]:
-    """Ids the subscriber's application got twice on one connection (a clean
-    session's next connection is a new session: a copy there is not counted)."""
-    seen: set[tuple[int, int]] = set()
-    again = set()
-    for seq, _, _, conn in sub.trace:
-        if (seq, conn) in seen:
-            again.add(seq)
-        seen.add((seq, conn))
-    return again
-
-
-def _latency(pub: Publisher) -> str:
-    """Seconds from each message's first PUBLISH to its first PUBACK / PUBREC."""
-    waits = sorted(pub.acked_at[i] - t for i, t in pub.sent_at.items() if i in pub.acked_at)
-    if not waits:
-        return "-"
-    return "/".join(f"{waits[int(q * (len(waits) - 1))]:.2f}" for q in (0.5, 0.99, 1.0))

@@ -14,14 +14,16 @@ from pathlib import Path
 import pytest
 
 from services.embedded.redis_server import free_port
+from tests.chaos.clients import (
+    OfflineSubscriber,
+    Publisher,
+    Subscriber,
+)
 from tests.chaos.harness import (
     LEVEL,
     LEVEL_5,
     NodeProcess,
-    OfflineSubscriber,
     Ports,
-    Publisher,
-    Subscriber,
 )
 from tests.support.wait import until
 

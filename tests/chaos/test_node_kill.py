@@ -54,14 +54,16 @@ from services.embedded.redis_server import RedisServer, free_port
 from services.queue.redis import RedisQueueStore
 from services.session.redis import client_keys, connect
 from services.store.serial import loads
-from tests.chaos.harness import (
-    LEVEL,
-    LEVEL_5,
-    NodeProcess,
+from tests.chaos.clients import (
     OfflineSubscriber,
     Publisher,
     Subscriber,
     until_complete_or_drained,
+)
+from tests.chaos.harness import (
+    LEVEL,
+    LEVEL_5,
+    NodeProcess,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.kafka, pytest.mark.timeout(300)]

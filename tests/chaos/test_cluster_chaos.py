@@ -1,4 +1,4 @@
-"""Cluster chaos (issue 10): three nodes, a random one SIGKILLed ten times, nothing lost.
+"""Cluster chaos (issue 10): three nodes, a random one SIGKILLed 12 times, nothing lost.
 
 Three `weir up` processes (n1, n2, n3) on one durable redis-server
 (appendfsync always) and one private embedded Kafka, with a short

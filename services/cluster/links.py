@@ -222,6 +222,8 @@ class _Peer:
         transport, proto = self.transport, self.protocol
         if transport is None or proto is None or proto.paused or not self.frames:
             return
+        if transport.is_closing():  # the link broke; they go out on the next one
+            return
         transport.write(b"".join(self.frames))
         self.stats.frames += len(self.frames)
         self.stats.writes += 1

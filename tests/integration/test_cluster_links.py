@@ -144,6 +144,25 @@ async def test_a_removed_peer_releases_its_holds(pair: Pair) -> None:
     assert drained == ["b"]
 
 
+async def test_a_flush_onto_a_closed_link_keeps_its_frames(pair: Pair) -> None:
+    """A flush that runs after the link broke (its peer died) leaves the frames
+    for the next link instead of writing to the closed transport (an error)."""
+    errors: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: errors.append(ctx))
+    rec = Recorder()
+    a = await pair.links("a", Recorder())
+    b = await pair.links("b", rec)
+    await a.set_peer("b", b.address)
+    assert await a.wait_connected("b", 5.0)
+    peer = a._peers["b"]
+    assert peer.transport is not None
+    peer.transport.close()  # broken, and the flush below is already scheduled
+    assert a.forward("b", Message("t/kept", b"x", 1), ["c"])
+    await until(lambda: len(rec.events) == 1)  # over the next link
+    assert rec.events[0][2].topic == "t/kept"  # type: ignore[attr-defined]
+    assert errors == []
+
+
 async def test_reconnects_after_the_peer_restarts_on_the_same_port(pair: Pair) -> None:
     first, second = Recorder(), Recorder()
     a = await pair.links("a", Recorder())

@@ -198,6 +198,7 @@ class Connection(asyncio.Protocol):
             self._waiters = [publisher]
         else:
             self._waiters.append(publisher)
+
     def wake_waiters(self) -> None:
         """Publishers held back for this subscriber may go on."""
         waiters, self._waiters = self._waiters, None

@@ -56,6 +56,7 @@ Token = tuple[
     "asyncio.Future[bool] | None",
     IncomingMark | None,
     tuple[int, int] | None,  # the batch indices of the message's copies
+    "Callable[[bool], None] | None",  # told whether the message was stored as new
 ]
 REFUSED_LOG_EVERY_S = 10.0  # at most one warning about full queues per this many seconds
 
@@ -130,29 +131,39 @@ class Delivery:
         gate: asyncio.Future[bool] | None = None,
         mark: IncomingMark | None = None,
         since: int | None = None,
+        then: Callable[[bool], None] | None = None,
     ) -> None:
         """Answer `channel.routed(token)` once this turn's batch is stored
         (and `gate`, if given, resolved True; False fails the token).
         With `mark` (see `mark`), the answer follows what the store did with it.
         `since` is `batched` before the message was routed: if a full queue
-        refused any of the copies added since, the answer is "quota exceeded"."""
+        refused any of the copies added since, the answer is "quota exceeded".
+        `then` is told first whether the message was stored as a new one."""
         span = None if since is None else (since, len(self._batch))
-        self._batch_tokens.append((conn, token, no_subscribers, gate, mark, span))
+        self._batch_tokens.append((conn, token, no_subscribers, gate, mark, span, then))
         self.schedule()
 
     def _answer(self, tokens: list[Token], ok: bool, result: TakeResult | None = None) -> None:
         refused = result.refused if result is not None else frozenset()
-        for conn, token, none_matched, gate, mark, span in tokens:
+        for conn, token, none_matched, gate, mark, span, then in tokens:
             no_subs = none_matched
             if refused and span is not None and any(i in refused for i in range(*span)):
+                if then is not None:
+                    then(False)
                 conn.routed(token, False, no_subs, ReasonCode.QUOTA_EXCEEDED)
                 continue
+            fresh = ok
             if mark is not None and result is not None:
+                fresh = ok and mark not in result.fenced_marks | result.duplicate_marks
                 if mark in result.fenced_marks:  # taken over: the new owner routes the resend
+                    if then is not None:
+                        then(False)
                     conn.close()
                     continue
                 if mark in result.duplicate_marks:  # routed before: PUBREC only
                     no_subs = False
+            if then is not None:
+                then(fresh)
             if gate is None:
                 conn.routed(token, ok, no_subs)
             else:

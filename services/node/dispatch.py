@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -81,6 +82,7 @@ class Dispatch:
             node_id, routes, remote, delivery, self.deliver, shared_strategy, shared_local
         )
         self._held_routes: dict[ConnectionPort, list[Route]] = {}  # behind a QoS 2 being stored
+        self._deferred: list[Callable[[], object]] | None = None  # see _route_qos2
 
     async def set_retained(self, message: Message) -> bool:
         """Seam: a retained message was set (or cleared by an empty payload).
@@ -191,7 +193,11 @@ class Dispatch:
         """A read-only check first (a known resend reaches nobody, not even the
         memory-tier subscribers); the id is then stored in the same atomic step
         as the message's durable copies (`Delivery.mark`), so a crash between
-        cannot make a resend look like a duplicate of a message never stored."""
+        cannot make a resend look like a duplicate of a message never stored.
+        What would leave at once (QoS 0 writes, forwards to other nodes) waits
+        until the id is stored: a node dying before that cannot have given a
+        copy to a subscriber that the publisher's resend reaches again (at most
+        once for those, exactly once for QoS 2 subscribers)."""
         mark = IncomingMark(session.client_id, session.epoch, route.qos2_packet_id or 0)
         try:
             known = await self.queue.incoming_has(mark.client_id, mark.epoch, mark.packet_id)
@@ -213,10 +219,32 @@ class Dispatch:
             gate = self.loop.create_future()
             self.spawn(self._retain_gate(message, gate))
         since = self.delivery.batched
-        delivered = self.publish_message(message, store_retained=gate is None)
+        deferred: list[Callable[[], object]] = []
+        self._deferred = self.remote.deferred = deferred
+        try:
+            delivered = self.publish_message(message, store_retained=gate is None)
+        finally:
+            self._deferred = self.remote.deferred = None
         self.delivery.mark(mark, since)
-        if route.token is not None:
+        if route.token is None:
+            for send in deferred:
+                send()
+            return
+        if not deferred:
             self.delivery.token(conn, route.token, delivered == 0, gate, mark, since)
+            return
+        stored = self.loop.create_future()
+
+        def then(fresh: bool) -> None:
+            if fresh:  # the id is stored: a resend reaches nobody again
+                for send in deferred:
+                    send()
+                self.delivery.schedule()
+            if not stored.done():
+                stored.set_result(None)
+
+        self.delivery.token(conn, route.token, delivered == 0, gate, mark, since, then)
+        await stored  # the publisher's next messages go after these copies
 
     def publish_message(self, message: Message, store_retained: bool = True) -> int:
         """Route one message to every matching subscription; returns how many."""
@@ -284,8 +312,12 @@ class Dispatch:
                     data = self._encode_qos0(message, retain, v5, sub_ids)
                     encoded[key] = data
                 limit = conn.max_outgoing_packet
-                if limit is None or len(data) <= limit:
+                if limit is not None and len(data) > limit:
+                    continue
+                if self._deferred is None:
                     conn.write_qos0(data)
+                else:
+                    self._deferred.append(functools.partial(_write_qos0, conn, data))
             else:
                 self.deliver(session, adjusted(message, qos, retain, sub_ids))
         return count
@@ -308,6 +340,9 @@ class Dispatch:
         """The general path: through the channel (QoS 0) or the queue (QoS 1/2, offline)."""
         conn = session.conn
         if message.qos == 0 and conn is not None and session.ready:
+            if self._deferred is not None:
+                self._deferred.append(functools.partial(self.deliver, session, message))
+                return
             conn.carry_out(conn.channel.deliver(message, None, False, now_ms()))
             return
         if message.qos == 0 and session.expiry_s == 0:
@@ -337,3 +372,8 @@ class Dispatch:
         if plan:
             self.turn.work += self.deliver_plain(message, plan)
             self.delivery.schedule()
+
+
+def _write_qos0(conn: ConnectionPort, data: bytes) -> None:
+    if not conn.closed:
+        conn.write_qos0(data)

@@ -16,6 +16,7 @@ session another node held, that node is told to close its connection
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -76,6 +77,7 @@ class Remote:
         self.moved: dict[str, str] = {}  # client -> the node that took it over from us
         self.gates: dict[str, PeerGate] = {}  # peer -> the publishers its backed-up link holds
         self.publisher: Callable[[], Publisher | None] = lambda: None  # set by the broker
+        self.deferred: list[Callable[[], object]] | None = None  # see Dispatch._route_qos2
 
     def deliver(self, message: Message, remote: list[RemoteEntry]) -> int:
         """Subscribers online on other nodes (see the module docstring)."""
@@ -100,11 +102,19 @@ class Remote:
             count += 1
             self.enqueue(client_id, entry, delivered)
         if targets:
-            cluster.forward(message, targets)
+            self._forward(message, targets)
+        return count
+
+    def _forward(self, message: Message, targets: dict[str, list[str]]) -> None:
+        """Over the links now, or (`deferred`) once a QoS 2 message's id is stored."""
+        if self.deferred is not None:
+            self.deferred.append(functools.partial(self._forward, message, targets))
+            return
+        if self.cluster is not None:
+            self.cluster.forward(message, targets)
             if message.qos:
                 for node in targets:
                     self._hold_for(node)
-        return count
 
     def link_publisher(self) -> Publisher | None:
         """The hold on the peer link whose frame is being handled, if any."""
@@ -154,10 +164,7 @@ class Remote:
     def forward_to(self, node: str, client_id: str, message: Message) -> None:
         """A clean session online on `node`: the message goes over the link to it alone."""
         self.moved.pop(client_id, None)
-        if self.cluster is not None:
-            self.cluster.forward(message, {node: [client_id]})
-            if message.qos:
-                self._hold_for(node)
+        self._forward(message, {node: [client_id]})
 
     def notify_stored(self, items: Sequence[tuple[str, Message]]) -> None:
         """A batch is stored: tell the owners of the remote persistent sessions in it."""

@@ -12,13 +12,13 @@ check walks all N-1 of them before the last rule, "allow the rest", decides.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from services.auth.aclfile import read
 
-USAGE = "usage: python -m bench.aclfile OUT [--rules N]"
 DEFAULT_RULES = 1000
 
 
@@ -48,22 +48,16 @@ def text(rules: int) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    args = list(argv)
-    rules = DEFAULT_RULES
-    if "--rules" in args:
-        at = args.index("--rules")
-        try:
-            rules = int(args[at + 1])
-        except (IndexError, ValueError):
-            print(USAGE, file=sys.stderr)
-            return 2
-        del args[at : at + 2]
-    if len(args) != 1 or rules < 1:
-        print(USAGE, file=sys.stderr)
-        return 2
-    out = Path(args[0])
-    out.write_text(text(rules), encoding="utf-8")
-    print(f"{out}: {len(read(out))} rules")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.aclfile", description="Write an ACL file of N rules."
+    )
+    parser.add_argument("out", type=Path, help="the file to write")
+    parser.add_argument("--rules", type=int, default=DEFAULT_RULES, help="how many (1000)")
+    args = parser.parse_args(list(argv))  # bad arguments: usage and exit 2
+    if args.rules < 1:
+        parser.error("--rules must be at least 1")
+    args.out.write_text(text(args.rules), encoding="utf-8")
+    print(f"{args.out}: {len(read(args.out))} rules")
     return 0
 
 

@@ -154,14 +154,13 @@ class Delivery:
                 continue
             fresh = ok
             if mark is not None and result is not None:
-                fresh = ok and mark not in result.fenced_marks | result.duplicate_marks
                 if mark in result.fenced_marks:  # taken over: the new owner routes the resend
                     if then is not None:
                         then(False)
                     conn.close()
                     continue
                 if mark in result.duplicate_marks:  # routed before: PUBREC only
-                    no_subs = False
+                    no_subs = fresh = False
             if then is not None:
                 then(fresh)
             if gate is None:

@@ -10,7 +10,7 @@ Expiry: `release` PEXPIREs every key of the client; `claim` PERSISTs them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
@@ -41,22 +41,32 @@ TOPIC_VERSION_TTL_MS = 86_400_000  # versions are clocks, so the key may be forg
 SCAN_COUNT = 2000  # keys per SCAN step of an orphan search (node death: rare, so a scan)
 
 
-class RedisSessionStore:
+class _ScriptStore:
+    """A store of Lua scripts on one client, each call bounded by `timeout`."""
+
     def __init__(self, client: aioredis.Redis, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self._client = client
         self._timeout = timeout
+
+    @classmethod
+    def from_url(cls, url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Self:
+        return cls(connect(url, timeout), timeout)
+
+    async def _run(self, script: AsyncScript, keys: Sequence[bytes], args: list[Any]) -> Any:
+        return await bounded(script(keys=keys, args=args), self._timeout)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+class RedisSessionStore(_ScriptStore):
+    def __init__(self, client: aioredis.Redis, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        super().__init__(client, timeout)
         self._claim = load_script(client, "services.session", "claim.lua")
         self._release = load_script(client, "services.session", "release.lua")
         self._version = load_script(client, "services.session", "version.lua")
         self._topic_version = load_script(client, "services.session", "topic_version.lua")
         self._adopt = load_script(client, "services.session", "adopt.lua")
-
-    @classmethod
-    def from_url(cls, url: str, timeout: float = DEFAULT_TIMEOUT_S) -> RedisSessionStore:
-        return cls(connect(url, timeout), timeout)
-
-    async def _run(self, script: AsyncScript, keys: Sequence[bytes], args: list[Any]) -> Any:
-        return await bounded(script(keys=keys, args=args), self._timeout)
 
     async def claim(self, client_id: str, node: str, clean_start: bool, expiry_s: int) -> Claim:
         epoch, present, previous = await self._run(
@@ -103,9 +113,6 @@ class RedisSessionStore:
     def mark_durable(self, client_id: str) -> None:
         return None  # one tier: nothing to choose
 
-    async def close(self) -> None:
-        await self._client.aclose()
-
 
 async def _scan(
     client: aioredis.Redis, pattern: bytes, fields: tuple[str, ...], limit_s: float
@@ -127,45 +134,35 @@ async def _scan(
             return out
 
 
-class RedisWillStore:
+class RedisWillStore(_ScriptStore):
     """Wills in Redis: one hash `{c:<id>}:w` per client, changed only by Lua."""
 
     def __init__(self, client: aioredis.Redis, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        self._client = client
-        self._timeout = timeout
+        super().__init__(client, timeout)
         self._put = load_script(client, "services.session", "will_put.lua")
         self._arm = load_script(client, "services.session", "will_arm.lua")
         self._take = load_script(client, "services.session", "will_take.lua")
         self._adopt = load_script(client, "services.session", "will_adopt.lua")
 
-    @classmethod
-    def from_url(cls, url: str, timeout: float = DEFAULT_TIMEOUT_S) -> RedisWillStore:
-        return cls(connect(url, timeout), timeout)
-
-    async def close(self) -> None:
-        await self._client.aclose()
-
     @staticmethod
     def _key(client_id: str) -> list[bytes]:
         return [("{c:" + client_id + "}:w").encode()]
 
-    async def _run(self, script: AsyncScript, client_id: str, args: list[Any]) -> Any:
-        return await bounded(script(keys=self._key(client_id), args=args), self._timeout)
-
     async def put(
         self, client_id: str, node: str, token: str, message: bytes | None, delay_s: int
     ) -> StoredWill | None:
-        old = await self._run(self._put, client_id, [node, token, message or b"", delay_s])
+        args = [node, token, message or b"", delay_s]
+        old = await self._run(self._put, self._key(client_id), args)
         if not old:
             return None
         blob, delay, owner, due = old
         return StoredWill(blob, int(delay or 0), (owner or b"").decode(), int(due or 0))
 
     async def arm(self, client_id: str, token: str, due_ms: int) -> bool:
-        return bool(await self._run(self._arm, client_id, [token, due_ms]))
+        return bool(await self._run(self._arm, self._key(client_id), [token, due_ms]))
 
     async def take(self, client_id: str, token: str) -> bytes | None:
-        got = await self._run(self._take, client_id, [token])
+        got = await self._run(self._take, self._key(client_id), [token])
         return bytes(got) if got else None
 
     async def orphans(self, node: str) -> list[str]:
@@ -175,7 +172,7 @@ class RedisWillStore:
     async def adopt(
         self, client_id: str, dead: str, node: str, token: str, now_ms: int
     ) -> StoredWill | None:
-        got = await self._run(self._adopt, client_id, [dead, node, token, now_ms])
+        got = await self._run(self._adopt, self._key(client_id), [dead, node, token, now_ms])
         if not got:
             return None
         blob, delay, due = got

@@ -10,7 +10,6 @@ message arrives in order.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,79 +57,66 @@ def inbound_reading(node: BackendNode, on: bool) -> int:
 
 
 def test_a_stalled_peer_holds_qos1_publishers_and_loses_nothing(
-    two: tuple[BackendNode, BackendNode],
+    two: tuple[BackendNode, BackendNode], clients: list[Paho]
 ) -> None:
     a, b = two
-    made: list[Paho] = []
-    try:
-        sub = Paho(b.mqtt_port, "bp-sub", v5=True)
-        made.append(sub)
-        sub.connack()
-        sub.subscribe("bp/#", 1)
-        pub = Paho(a.mqtt_port, "bp-pub", v5=True)
-        made.append(pub)
-        pub.connack()
-        until_delivered(pub, sub, "bp/probe", 1)  # A routes to B over the link
-        drain(sub)
-        assert inbound_reading(b, on=False) >= 1
-        infos = [
-            pub.client.publish("bp/big", b"%03d" % i + b"x" * PAYLOAD, 1) for i in range(MESSAGES)
-        ]
-        def held() -> bool:
-            gate = a.call(lambda: a.node.broker.remote.gates.get("bp-b"))
-            return gate is not None and gate.holds > 0
+    sub = Paho(b.mqtt_port, "bp-sub", v5=True)
+    clients.append(sub)
+    sub.connack()
+    sub.subscribe("bp/#", 1)
+    pub = Paho(a.mqtt_port, "bp-pub", v5=True)
+    clients.append(pub)
+    pub.connack()
+    until_delivered(pub, sub, "bp/probe", 1)  # A routes to B over the link
+    drain(sub)
+    assert inbound_reading(b, on=False) >= 1
+    infos = [pub.client.publish("bp/big", b"%03d" % i + b"x" * PAYLOAD, 1) for i in range(MESSAGES)]
 
-        wait_until(held, "A holding the publisher for B's backed-up link", timeout=30.0)
-        assert a.call(lambda: a.node.services.cluster.backlog("bp-b")) > 0
-        inbound_reading(b, on=True)
-        for info in infos:
-            info.wait_for_publish(timeout=30.0)
-            assert info.is_published()
-        got = [sub.message(timeout=30.0).payload[:3] for _ in range(MESSAGES)]
-        assert got == [b"%03d" % i for i in range(MESSAGES)]  # all, in order
-        assert a.call(lambda: a.node.services.cluster.backlog("bp-b")) == 0
-    finally:
-        for c in made:
-            with contextlib.suppress(Exception):
-                c.close()
+    def held() -> bool:
+        gate = a.call(lambda: a.node.broker.remote.gates.get("bp-b"))
+        return gate is not None and gate.holds > 0
+
+    wait_until(held, "A holding the publisher for B's backed-up link", timeout=30.0)
+    assert a.call(lambda: a.node.services.cluster.backlog("bp-b")) > 0
+    inbound_reading(b, on=True)
+    for info in infos:
+        info.wait_for_publish(timeout=30.0)
+        assert info.is_published()
+    got = [sub.message(timeout=30.0).payload[:3] for _ in range(MESSAGES)]
+    assert got == [b"%03d" % i for i in range(MESSAGES)]  # all, in order
+    assert a.call(lambda: a.node.services.cluster.backlog("bp-b")) == 0
 
 
 def test_a_slow_subscriber_holds_the_link_it_is_fed_by(
-    two: tuple[BackendNode, BackendNode],
+    two: tuple[BackendNode, BackendNode], clients: list[Paho]
 ) -> None:
     """A subscriber on B stops reading; B stops handling A's link for it (bounded)
     instead of letting its queue overflow: every acknowledged message arrives."""
     a, b = two
-    made: list[Paho] = []
     count, size = 1500, 10 * 1024  # 15 MiB: past the subscriber's socket buffers,
     # and past its queue bound (1000) if nothing held the link
-    try:
-        sub = Paho(b.mqtt_port, "slow-sub")  # 3.1.1: a small inflight window, then the queue
-        made.append(sub)
-        sub.connack()
-        sub.subscribe("slow/#", 1)
-        pub = Paho(a.mqtt_port, "slow-pub", v5=True)
-        made.append(pub)
-        pub.connack()
-        until_delivered(pub, sub, "slow/probe", 1)
-        drain(sub)
-        sub.client.loop_stop()  # the subscriber stops reading its socket
+    sub = Paho(b.mqtt_port, "slow-sub")  # 3.1.1: a small inflight window, then the queue
+    clients.append(sub)
+    sub.connack()
+    sub.subscribe("slow/#", 1)
+    pub = Paho(a.mqtt_port, "slow-pub", v5=True)
+    clients.append(pub)
+    pub.connack()
+    until_delivered(pub, sub, "slow/probe", 1)
+    drain(sub)
+    sub.client.loop_stop()  # the subscriber stops reading its socket
 
-        def link_held() -> bool:
-            def holds() -> int:
-                links = b.node.services.cluster.links
-                return sum(getattr(t.get_protocol().holder, "holds", 0) for t in links._inbound)
+    def link_held() -> bool:
+        def holds() -> int:
+            links = b.node.services.cluster.links
+            return sum(getattr(t.get_protocol().holder, "holds", 0) for t in links._inbound)
 
-            return int(b.call(holds)) > 0
+        return int(b.call(holds)) > 0
 
-        infos = [pub.client.publish("slow/n", b"%05d" % i + b"y" * size, 1) for i in range(count)]
-        wait_until(link_held, "B holding A's link for its slow subscriber", timeout=30.0)
-        sub.client.loop_start()
-        for info in infos:
-            info.wait_for_publish(timeout=30.0)
-        got = [sub.message(timeout=30.0).payload[:5] for _ in range(count)]
-        assert got == [b"%05d" % i for i in range(count)]
-    finally:
-        for c in made:
-            with contextlib.suppress(Exception):
-                c.close()
+    infos = [pub.client.publish("slow/n", b"%05d" % i + b"y" * size, 1) for i in range(count)]
+    wait_until(link_held, "B holding A's link for its slow subscriber", timeout=30.0)
+    sub.client.loop_start()
+    for info in infos:
+        info.wait_for_publish(timeout=30.0)
+    got = [sub.message(timeout=30.0).payload[:5] for _ in range(count)]
+    assert got == [b"%05d" % i for i in range(count)]

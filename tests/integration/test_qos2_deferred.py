@@ -11,7 +11,6 @@ message (a full queue: PUBREC 0x97): the clean subscriber never gets it.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -37,29 +36,25 @@ def node(
         runner.stop()
 
 
-def test_a_qos2_message_the_store_refused_reaches_no_clean_subscriber(node: BackendNode) -> None:
-    made: list[Paho] = []
+def test_a_qos2_message_the_store_refused_reaches_no_clean_subscriber(
+    node: BackendNode, clients: list[Paho]
+) -> None:
 
     def client(client_id: str, **kw: object) -> Paho:
         c = Paho(node.mqtt_port, client_id, v5=True, **kw)  # type: ignore[arg-type]
-        made.append(c)
+        clients.append(c)
         assert c.connack()[1] == 0
         return c
 
-    try:
-        durable = client("q2-durable", clean=False, session_expiry=300)
-        durable.subscribe("q2/#", 1)
-        durable.close()  # offline: its queue (bound 1) fills with the next message
-        sub = client("q2-sub")
-        sub.subscribe("q2/#", 0)
-        other = client("q2-other")
-        other.publish("q2/fill", b"F", 1)
-        assert sub.message().payload == b"F"
-        pub = client("q2-pub", clean=False, session_expiry=300)
-        pub.client.publish("q2/refused", b"M", 2)
-        pub.published.get(timeout=10.0)  # its PUBREC (0x97: the durable copy did not fit)
-        assert [m.payload for m in sub.before_barrier(other, "q2/barrier", 0)] == []
-    finally:
-        for c in made:
-            with contextlib.suppress(Exception):
-                c.close()
+    durable = client("q2-durable", clean=False, session_expiry=300)
+    durable.subscribe("q2/#", 1)
+    durable.close()  # offline: its queue (bound 1) fills with the next message
+    sub = client("q2-sub")
+    sub.subscribe("q2/#", 0)
+    other = client("q2-other")
+    other.publish("q2/fill", b"F", 1)
+    assert sub.message().payload == b"F"
+    pub = client("q2-pub", clean=False, session_expiry=300)
+    pub.client.publish("q2/refused", b"M", 2)
+    pub.published.get(timeout=10.0)  # its PUBREC (0x97: the durable copy did not fit)
+    assert [m.payload for m in sub.before_barrier(other, "q2/barrier", 0)] == []

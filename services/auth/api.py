@@ -37,6 +37,7 @@ class ClientInfo:
     protocol_level: int
     listener: str = ""  # the name of the listener it came in on (services.listener_settings)
     cert_subject: str | None = None  # its TLS client certificate's DN, when it sent one
+    cert_named: bool = False  # `username` is the one its verified certificate gives
 
 
 @dataclass(frozen=True, slots=True)

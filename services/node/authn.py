@@ -4,12 +4,14 @@
 into a `services.auth.chain.Chain` of backends in that order, or `AllowAll`
 when none is configured (the loopback default: `exposure_error` has already
 refused a listener beyond loopback without authentication or
-allow_anonymous). The Redis users backend needs the node's Redis: without
-one (`redis` None, as when `weir up` checks the settings before starting
-anything) it is left out here, and `weir up` refuses it with --backend
-memory. A listener's own allow_anonymous overrides the node's for its
-clients. A key file or password file that cannot be used is a SettingsError
-(one line, exit 2).
+allow_anonymous) unless a listener says `allow_anonymous = false`: then a
+chain without backends, which lets in on that listener only the clients
+its verified certificates name, and everyone elsewhere. The Redis users
+backend needs the node's Redis: without one (`redis` None, as when `weir
+up` checks the settings before starting anything) it is left out here, and
+`weir up` refuses it with --backend memory. A listener's own
+allow_anonymous overrides the node's for its clients. A key file or
+password file that cannot be used is a SettingsError (one line, exit 2).
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ from services.settings import Settings, SettingsError, is_loopback
 
 
 def authenticator(settings: Settings, redis: Any = None) -> Authenticator:
+    listeners = {listener.name: listener.allow_anonymous for listener in settings.listeners.all()
+                 if listener.allow_anonymous is not None}  # fmt: skip
     if not settings.auth:
-        return AllowAll()
+        if all(listeners.values()):
+            return AllowAll()
+        return Chain((), True, listeners)  # those listeners take certificate-named users only
     backends: list[Backend] = []
     try:
         for config in settings.auth:
@@ -35,8 +41,6 @@ def authenticator(settings: Settings, redis: Any = None) -> Authenticator:
                 backends.append(backend)
     except (PasswordFileError, JwtError) as exc:
         raise SettingsError(str(exc)) from None
-    listeners = {listener.name: listener.allow_anonymous for listener in settings.listeners.all()
-                 if listener.allow_anonymous is not None}  # fmt: skip
     return Chain(backends, settings.allow_anonymous, listeners)
 
 

@@ -469,7 +469,8 @@ class Connection(asyncio.Protocol):
         the user, a certificate's name replaces the CONNECT's (a certificate
         without that field names no one); without a certificate it stays."""
         listener = self.listener
-        if self.cert_subject is not None and listener is not None and listener.names_users:
+        named = self.cert_subject is not None and listener is not None and listener.names_users
+        if named:
             username = self.cert_user
         return ClientInfo(
             client_id,
@@ -478,6 +479,7 @@ class Connection(asyncio.Protocol):
             self.channel.protocol_level,
             listener.name if listener is not None else "",
             self.cert_subject,
+            named and username is not None,
         )
 
     @property

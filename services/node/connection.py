@@ -80,6 +80,7 @@ class Connection(asyncio.Protocol):
         "_out_bytes",
         "_read_paused",
         "_slow",
+        "_stall",
         "_timers",
         "_waiters",
         "_wake",
@@ -118,6 +119,7 @@ class Connection(asyncio.Protocol):
         self._deferred = False
         # a paused subscriber, or a backed-up cluster link, we wait for
         self._blocked_on: ConnectionPort | PeerGate | None = None
+        self._stall: asyncio.TimerHandle | None = None  # the bound of the hold `_blocked_on`
         self._waiters: list[Publisher] | None = None  # publishers waiting for us to drain
         self._slow = False  # paused past the stall bound: drop instead of making anyone wait
         self._read_paused = False
@@ -291,7 +293,7 @@ class Connection(asyncio.Protocol):
         self._blocked_on = subscriber
         subscriber.add_waiter(self)
         self._pause_reading()
-        self.broker.loop.call_later(PUBLISHER_STALL_S, self._stalled, subscriber)
+        self._stall = self.broker.loop.call_later(PUBLISHER_STALL_S, self._stalled, subscriber)
 
     def _stalled(self, subscriber: ConnectionPort | PeerGate) -> None:
         if self._blocked_on is subscriber:
@@ -304,6 +306,9 @@ class Connection(asyncio.Protocol):
     def unblock(self, subscriber: ConnectionPort | PeerGate) -> None:
         if self._blocked_on is subscriber:
             self._blocked_on = None
+            if self._stall is not None:  # a stale bound would cut a later hold short
+                self._stall.cancel()
+                self._stall = None
             self._continue()
 
     def resume_processing(self) -> None:

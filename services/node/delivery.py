@@ -78,7 +78,7 @@ class Delivery:
         self.publisher = publisher
         self.dropped = 0  # messages the queue's overflow policy dropped
         self.refused = 0  # QoS 1/2 copies a full queue refused (publisher not acknowledged)
-        self._refused_logged = -REFUSED_LOG_EVERY_S
+        self._refused_logged = self._dropped_logged = -REFUSED_LOG_EVERY_S
         self._backlog_high = max(1, queue_limit // 2)
         self._backlog_low = queue_limit // 4
         self._batch: list[tuple[str, Message]] = []
@@ -245,8 +245,7 @@ class Delivery:
             if self.on_stored is not None:
                 self.on_stored(items)
             if result.dropped:
-                self.dropped += result.dropped
-                self.metrics.inc("messages.dropped", result.dropped)
+                self._dropped(result.dropped)
             if result.refused:
                 self._refused(items, result.refused)
             for session in ready:
@@ -257,6 +256,18 @@ class Delivery:
         for session in takers:
             if session not in ready or session.dirty:
                 self.kick(session)
+
+    def _dropped(self, count: int) -> None:
+        """Count what the overflow policy dropped; warn now and then."""
+        self.dropped += count
+        self.metrics.inc("messages.dropped", count)
+        now = time.monotonic()
+        if now - self._dropped_logged >= REFUSED_LOG_EVERY_S:
+            self._dropped_logged = now
+            log.warning(
+                "queue full: %d queued messages dropped, oldest first (%d in all)",
+                count, self.dropped,
+            )  # fmt: skip
 
     def _refused(self, items: list[tuple[str, Message]], refused: frozenset[int]) -> None:
         """Count what full queues refused; warn now and then, naming the clients."""

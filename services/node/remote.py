@@ -42,6 +42,7 @@ class LinkHold:
         self.link = link
         self.blocked_on: ConnectionPort | PeerGate | None = None
         self.holds = 0  # times it stopped the link (a figure for tests)
+        self._stall: asyncio.TimerHandle | None = None  # this hold's bound
 
     def block_on(self, subscriber: ConnectionPort | PeerGate) -> None:
         if self.blocked_on is not None:
@@ -50,11 +51,17 @@ class LinkHold:
         self.holds += 1
         subscriber.add_waiter(self)
         self.link.pause()
-        asyncio.get_running_loop().call_later(PUBLISHER_STALL_S, self.unblock, subscriber)
+        loop = asyncio.get_running_loop()
+        self._stall = loop.call_later(PUBLISHER_STALL_S, self.unblock, subscriber)
 
     def unblock(self, subscriber: ConnectionPort | PeerGate) -> None:
+        """The hold ends: the subscriber drained, or its bound passed. Its
+        timer goes with it, so it cannot cut a later hold short."""
         if self.blocked_on is subscriber:
             self.blocked_on = None
+            if self._stall is not None:
+                self._stall.cancel()
+                self._stall = None
             self.link.resume()
 
 

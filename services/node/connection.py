@@ -297,9 +297,7 @@ class Connection(asyncio.Protocol):
 
     def _stalled(self, subscriber: ConnectionPort | PeerGate) -> None:
         if self._blocked_on is subscriber:
-            if isinstance(subscriber, PeerGate):
-                subscriber.slow = True  # not held for again until that link drains
-            elif isinstance(subscriber, Connection):
+            if isinstance(subscriber, Connection):
                 subscriber._slow = True  # until it drains, its QoS 0 messages are dropped
             self.unblock(subscriber)
 

@@ -127,14 +127,15 @@ PUBLISHER_STALL_S = 0.5  # seconds a publisher waits for one slow subscriber to 
 
 class PeerGate:
     """What publishers of QoS 1/2 messages wait on while the cluster link to
-    `node` is backed up (`services.node.remote`); `slow` once a wait timed out,
-    so publishers are not held for it again until it drains."""
+    `node` is backed up (`services.node.remote`): each hold ends when the link
+    drains or after PUBLISHER_STALL_S, and the next QoS 1/2 message for a link
+    still backed up holds its publisher again, so what waits in the link's
+    buffer grows by at most a turn's reading per publisher per stall."""
 
-    __slots__ = ("holds", "node", "slow", "waiters")
+    __slots__ = ("holds", "node", "waiters")
 
     def __init__(self, node: str) -> None:
         self.node = node
-        self.slow = False
         self.waiters: list[Publisher] = []
         self.holds = 0  # publishers held for it so far (a figure for tests and metrics)
 

@@ -143,14 +143,13 @@ class Remote:
         if gate is None:
             gate = self.gates[node] = PeerGate(node)
         publisher = self.publisher()
-        if publisher is not None and not gate.slow:
+        if publisher is not None:
             gate.holds += 1
             publisher.block_on(gate)
 
     def peer_drained(self, node: str) -> None:
         gate = self.gates.get(node)
         if gate is not None:
-            gate.slow = False
             gate.wake_waiters()
 
     def is_live(self, node: str) -> bool:

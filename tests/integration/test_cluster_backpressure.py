@@ -3,7 +3,8 @@
 Two nodes in this process on one Redis and Kafka. Node B stops reading its
 inbound cluster link (as a stalled peer would); a QoS 1 publisher on A sends
 large messages to a subscriber on B. Once A's link to B is past its buffer
-limit, A holds that publisher (bounded, as for a slow local subscriber);
+limit, A holds that publisher (each hold bounded, as for a slow local
+subscriber, and again for its next message while the link stays backed up);
 when B reads again the buffer drains, the publisher goes on, and every
 message arrives in order.
 """
@@ -72,12 +73,16 @@ def test_a_stalled_peer_holds_qos1_publishers_and_loses_nothing(
     assert inbound_reading(b, on=False) >= 1
     infos = [pub.client.publish("bp/big", b"%03d" % i + b"x" * PAYLOAD, 1) for i in range(MESSAGES)]
 
-    def held() -> bool:
+    def held(times: int) -> bool:
         gate = a.call(lambda: a.node.broker.remote.gates.get("bp-b"))
-        return gate is not None and gate.holds > 0
+        return gate is not None and gate.holds >= times
 
-    wait_until(held, "A holding the publisher for B's backed-up link", timeout=30.0)
+    wait_until(lambda: held(1), "A holding the publisher for B's backed-up link", timeout=30.0)
     assert a.call(lambda: a.node.services.cluster.backlog("bp-b")) > 0
+    # each hold is bounded, but a link still backed up holds the publisher again
+    wait_until(lambda: held(3), "A holding the publisher again after the bound", timeout=30.0)
+    acked = sum(info.is_published() for info in infos)
+    assert acked < MESSAGES, "the publisher ran free past a link that is still backed up"
     inbound_reading(b, on=True)
     for info in infos:
         info.wait_for_publish(timeout=30.0)

@@ -27,6 +27,18 @@ that so.
    no subscription, and a Subscribed(v4) seen before Unsubscribed(v3)
    leaves the subscription.
 
+4. Ended clients are forgotten, oldest first, past a bound. A client whose
+   session ended (no directory entry, no live subscription) leaves only its
+   versions behind, there to refuse its own late events; a fleet whose
+   clients connect with ever new ids would grow by them for good. With
+   `keep_ended` set, the view keeps the versions of that many ended
+   clients and forgets the longest-ended beyond them. The node sets it once
+   its replay is done (`services.node.logstate`), when the events it reads
+   are the ones being appended now: a client's late event (two writers in a
+   race, or one topic read ahead of the other) comes within moments of its
+   end, long before that many other clients ended after it. During replay
+   nothing is forgotten, so replay stays the pure fold of rules 1-3.
+
 The directory entry of a client is what its newest session event says:
 online on `node` after SessionOpened; offline with its expiry after a
 SessionClosed with expiry_s > 0; absent after the session ended.
@@ -42,6 +54,7 @@ when that is given.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,8 +187,11 @@ class ClusterView:
         self._subs: dict[str, _ClientSubs] = {}
         self._retained: dict[str, RetainedEntry] = {}
         self._retained_versions: dict[str, int] = {}
+        self._ended: OrderedDict[str, None] = OrderedDict()  # longest-ended first
+        self.keep_ended: int | None = None  # see rule 4; None: forget nothing
         self.applied = 0
         self.ignored = 0
+        self.forgotten = 0  # ended clients forgotten (rule 4)
 
     # -- reading ----------------------------------------------------------
 
@@ -284,6 +300,8 @@ class ClusterView:
         """A session end at `version` (its event may be older than the
         client's newest session event, so `apply` cannot carry it)."""
         changed = self._clear_below(client_id, version)
+        if client_id not in self._sessions and client_id not in self._ended:
+            self._ended[client_id] = None  # ended, as far as the snapshot says
         self.applied += changed
         return changed
 
@@ -366,6 +384,7 @@ class ClusterView:
             return cleared
         self._session_versions[e.client_id] = e.version
         if isinstance(e, SessionOpened):
+            self._ended.pop(e.client_id, None)
             self._sessions[e.client_id] = SessionEntry(
                 node=e.node,
                 online=True,
@@ -377,6 +396,7 @@ class ClusterView:
                 username=e.username,
             )
         elif isinstance(e, SessionClosed) and e.expiry_s > 0:
+            self._ended.pop(e.client_id, None)
             self._sessions[e.client_id] = SessionEntry(
                 node=e.node,
                 online=False,
@@ -386,7 +406,30 @@ class ClusterView:
             )
         else:
             self._sessions.pop(e.client_id, None)
+            self._ended[e.client_id] = None
+            self._ended.move_to_end(e.client_id)
+            if self.keep_ended is not None and len(self._ended) > self.keep_ended:
+                self.forget_ended()
         return True
+
+    def forget_ended(self) -> int:
+        """Forget the longest-ended clients past `keep_ended` (rule 4): their
+        versions go, unless the client is back or holds a live subscription."""
+        keep = self.keep_ended
+        ended = self._ended
+        forgotten = 0
+        while keep is not None and len(ended) > keep:
+            client_id, _ = ended.popitem(last=False)
+            if client_id in self._sessions:
+                continue
+            subs = self._subs.get(client_id)
+            if subs is not None and subs.live:
+                continue
+            self._subs.pop(client_id, None)
+            self._session_versions.pop(client_id, None)
+            forgotten += 1
+        self.forgotten += forgotten
+        return forgotten
 
     def _retained_event(self, e: RetainedSet | RetainedCleared) -> bool:
         if e.version <= self._retained_versions.get(e.topic, 0):

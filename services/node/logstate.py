@@ -46,6 +46,7 @@ from services.session.api import SessionError, SessionStore
 log = logging.getLogger("weir.logstate")
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry meaning "never"
+ENDED_KEPT = 100_000  # ended clients whose versions the view keeps (ClusterView rule 4)
 
 
 _SUB_OPTIONS: dict[tuple[int, bool, bool, int | None], SubOptions] = {}
@@ -262,6 +263,12 @@ class LogState:
             log.warning("could not log the end of %s's previous connection: %s", client_id, exc)
 
     def start_tail(self) -> None:
+        """Follow the log from where replay ended; from now on the view
+        forgets the longest-ended clients past ENDED_KEPT (its rule 4)."""
+        self.view.keep_ended = ENDED_KEPT
+        forgotten = self.view.forget_ended()
+        if forgotten:
+            log.info("forgot %d clients whose sessions ended long ago", forgotten)
         self._tail = asyncio.get_running_loop().create_task(self._run_tail())
 
     async def _run_tail(self) -> None:

@@ -442,3 +442,56 @@ async def test_replay_through_kafka_equals_the_live_view(
     finally:
         for log in (*writers.values(), live_log, fresh_log):
             await log.close()
+
+
+def clean_visit(client: str, v: int) -> list[Event]:
+    """A clean client's whole life: connect, subscribe, disconnect."""
+    common = {"client_id": client, "node": "n"}
+    clean = {"epoch": 1, "clean_start": True, "expiry_s": 0, "protocol": 4}
+    return [
+        SessionOpened(**common, **clean, version=v, ts_ms=v),
+        Subscribed(**common, version=v + 1, ts_ms=v + 1, filter=f"d/{client}", qos=1),
+        SessionClosed(**common, version=v + 2, ts_ms=v + 2, reason="normal"),
+    ]
+
+
+def test_ended_clients_are_forgotten_past_the_bound_and_only_they() -> None:
+    """Rule 4: a fleet of ever-new client ids leaves at most `keep_ended` ended
+    clients' versions behind; the longest-ended go first; a client that is
+    back, offline-persistent, or holding a live subscription is never forgotten."""
+    view = ClusterView()
+    view.keep_ended = 3
+    persistent = SessionOpened(client_id="p", version=1, node="n", ts_ms=1, epoch=1,
+                               clean_start=False, expiry_s=60, protocol=5)  # fmt: skip
+    view.apply(persistent)
+    view.apply(SessionClosed(client_id="p", version=2, node="n", ts_ms=2, reason="normal",
+                             expiry_s=60))  # fmt: skip
+    for i in range(10):
+        for e in clean_visit(f"c{i}", 10):
+            assert view.apply(e)
+    assert view.forgotten == 7
+    assert sorted(view._session_versions) == ["c7", "c8", "c9", "p"]
+    assert sorted(view._subs) == ["c7", "c8", "c9"]  # p never subscribed
+    # the kept ones still refuse their own late events
+    assert not view.apply(clean_visit("c9", 10)[1])
+    # a client that comes back is not ended any more: not forgotten however many end after it
+    view.apply(SessionOpened(client_id="c7", version=20, node="n", ts_ms=20, epoch=1,
+                             clean_start=True, expiry_s=0, protocol=4))  # fmt: skip
+    for i in range(10, 20):
+        for e in clean_visit(f"c{i}", 10):
+            view.apply(e)
+    assert view.session("c7") is not None and view.session("p") is not None
+    assert "c7" in view._session_versions and len(view._ended) == 3
+
+
+def test_nothing_is_forgotten_until_the_bound_is_set() -> None:
+    """During replay (`keep_ended` None) the view is the pure fold of rules 1-3;
+    setting the bound afterwards forgets the excess at once."""
+    view = ClusterView()
+    for i in range(50):
+        for e in clean_visit(f"c{i}", 10):
+            view.apply(e)
+    assert len(view._session_versions) == 50 and view.forgotten == 0
+    view.keep_ended = 5
+    assert view.forget_ended() == 45
+    assert sorted(view._session_versions) == [f"c{i}" for i in range(45, 50)]

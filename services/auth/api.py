@@ -14,7 +14,11 @@ An authorizer with state per connection (`ConnectionAuthorizer`: the ACL
 rules of `services.auth.acl`) is also told when a client connects and
 leaves, says which rule decided (for the log line of a refusal) and whether
 a publish can be refused at all (else the node does not ask per PUBLISH).
-MQTT 5 enhanced authentication (SCRAM through AUTH) is still to come.
+MQTT 5 enhanced authentication (4.12: an Authentication Method in CONNECT,
+then AUTH packets; re-authentication with AUTH 0x19) is an
+`EnhancedAuthenticator` (`services.auth.scramauth`: SCRAM-SHA-256): the
+node hands it each Authentication Data the client sends with the `context`
+its previous `AuthAnswer` gave, until an answer carries a decision.
 """
 
 from __future__ import annotations
@@ -51,6 +55,37 @@ class Decision:
 
 
 ALLOW = Decision(True)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthAnswer:
+    """One step of an enhanced authentication: `decision` None means go on (the
+    server sends `data` in AUTH 0x18, and the client's next Authentication Data
+    comes back with `context`); else it ends, `data` then being the server's
+    last word (for the CONNACK, or AUTH 0x00 on re-authentication)."""
+
+    decision: Decision | None
+    data: bytes | None = None
+    context: object = None
+    username: str | None = None  # the identity an allowing decision proved
+
+
+class EnhancedAuthenticator(Protocol):
+    methods: frozenset[str]  # the Authentication Methods it takes ("SCRAM-SHA-256")
+
+    def claimed_user(self, method: str, data: bytes | None) -> str | None:
+        """The user name a first Authentication Data claims (None if it names
+        none), for the bans and rates checked before the exchange starts."""
+        ...
+
+    async def step(
+        self, client: ClientInfo, method: str, data: bytes | None, context: object
+    ) -> AuthAnswer:
+        """The answer to the client's Authentication Data (`context` None: its
+        first). The identity proved must be `client.username` when that is set
+        (the CONNECT's User Name, or the one a re-authenticating client has);
+        else 0x86. Never raises (a store that cannot answer: 0x88)."""
+        ...
 
 
 class Authenticator(Protocol):

@@ -2,7 +2,11 @@
 
 Theory of operation. The file holds one `user:hash` line per user (`#`
 comments and blank lines allowed); hashes are argon2id in the PHC string
-format (argon2-cffi), never plain text. `PasswordFile.check` is one backend
+format (argon2-cffi), never plain text. A user may also have a second line,
+`user:SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`
+(`services.auth.scram`; `weir passwd FILE USER --scram` writes both lines
+from one password), for MQTT 5 enhanced authentication
+(`scram_credentials`, a `services.auth.scramauth.ScramStore`). `PasswordFile.check` is one backend
 of the authentication chain (`services.auth.chain`):
 - a CONNECT without a user name, or with a user the file does not name, is
   not this backend's to decide: it answers "ignore" (the next backend, or
@@ -30,6 +34,7 @@ from typing import Final
 from services.auth.api import ClientInfo
 from services.auth.argon import CACHE_TTL_S, HASHER, check_hash
 from services.auth.cache import CredentialCache, Verdict
+from services.auth.scram import METHOD, ScramCredentials, ScramError
 from services.auth.watched import CHECK_S, Watched
 
 log = logging.getLogger("weir.auth")
@@ -41,36 +46,54 @@ class PasswordFileError(Exception):
     """The file cannot be read or has a malformed line; the message is one line."""
 
 
-def parse(text: str, source: str) -> dict[str, str]:
+Users = tuple[dict[str, str], dict[str, ScramCredentials]]  # argon2 hashes, SCRAM credentials
+
+
+def parse_users(text: str, source: str) -> Users:
     users: dict[str, str] = {}
+    scram: dict[str, ScramCredentials] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         user, sep, hashed = line.partition(":")
+        try:
+            if sep and user and hashed.startswith(f"{METHOD}$"):
+                scram[user] = ScramCredentials.decode(hashed)
+                continue
+        except ScramError as exc:
+            raise PasswordFileError(f"{source} line {number}: {exc}") from None
         if not sep or not user or not hashed.startswith("$argon2"):
             raise PasswordFileError(
                 f"{source} line {number}: expected user:argon2-hash (weir passwd writes them)"
             )
         users[user] = hashed
-    return users
+    return users, scram
 
 
-def read(path: Path) -> dict[str, str]:
+def parse(text: str, source: str) -> dict[str, str]:
+    return parse_users(text, source)[0]
+
+
+def read_users(path: Path) -> Users:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PasswordFileError(f"password file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise PasswordFileError(f"password file {path}: not UTF-8") from None
-    return parse(text, f"password file {path}")
+    return parse_users(text, f"password file {path}")
+
+
+def read(path: Path) -> dict[str, str]:
+    return read_users(path)[0]
 
 
 class PasswordFile:
     def __init__(self, path: str | Path, reload_check_s: float = RELOAD_CHECK_S) -> None:
         self.path = Path(path)
         self.name = f"password file {self.path}"
-        self.users = read(self.path)  # raises PasswordFileError: the node does not start
+        self.users, self.scram = read_users(self.path)  # PasswordFileError: the node stops
         self.file = Watched(self.path, reload_check_s)
         self.cache = CredentialCache(CACHE_TTL_S)
 
@@ -78,7 +101,7 @@ class PasswordFile:
         if not self.file.changed():
             return
         try:
-            self.users = read(self.path)
+            self.users, self.scram = read_users(self.path)
         except PasswordFileError as exc:
             log.warning("%s; keeping the %d users read before", exc, len(self.users))
             return
@@ -93,22 +116,30 @@ class PasswordFile:
             return None  # not a user of this file
         return await check_hash(self.cache, user, hashed, password)
 
+    async def scram_credentials(self, user: str) -> ScramCredentials | None:
+        self._maybe_reload()
+        return self.scram.get(user)
+
 
 # -- weir passwd ------------------------------------------------------------------
 
 USAGE: Final = (
-    "usage: weir passwd FILE USER | weir passwd --redis URL USER  [--delete] [--password-stdin]"
+    "usage: weir passwd FILE USER | weir passwd --redis URL USER"
+    "  [--delete] [--password-stdin] [--scram]"
 )
 
 
-def set_user(path: Path, user: str, password: str | None) -> None:
-    """Add or change `user` (None: delete it), keeping every other line;
-    the file is written whole (a temporary file renamed over it), mode 0600."""
+def set_user(path: Path, user: str, password: str | None, scram: bool = False) -> None:
+    """Add or change `user` (None: delete it), keeping every other line; with
+    `scram` its SCRAM-SHA-256 credentials too (a second line). The file is
+    written whole (a temporary file renamed over it), mode 0600."""
     lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
     parse("\n".join(lines), f"password file {path}")  # refuse to rewrite a broken file
     kept = [line for line in lines if line.strip().partition(":")[0] != user]
     if password is not None:
         kept.append(f"{user}:{HASHER.hash(password)}")
+        if scram:
+            kept.append(f"{user}:{ScramCredentials.from_password(password).encode()}")
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
@@ -128,7 +159,7 @@ def main(argv: Sequence[str]) -> int:
             return 2
     names = [a for a in args if not a.startswith("--")]
     flags = {a for a in args if a.startswith("--")}
-    if len(names) != (1 if redis_url else 2) or flags - {"--delete", "--password-stdin"}:
+    if len(names) != (1 if redis_url else 2) or flags - {"--delete", "--password-stdin", "--scram"}:
         print(USAGE, file=sys.stderr)
         return 2
     user = names[-1]
@@ -142,14 +173,14 @@ def main(argv: Sequence[str]) -> int:
             return 2
     try:
         if redis_url is None:
-            set_user(Path(names[0]), user, password)
+            set_user(Path(names[0]), user, password, "--scram" in flags)
         else:
             from redis import RedisError
 
             from services.auth.redisusers import set_user as set_redis_user
 
             try:
-                set_redis_user(redis_url, user, password)
+                set_redis_user(redis_url, user, password, "--scram" in flags)
             except RedisError as exc:
                 raise OSError(f"redis {redis_url}: {exc}") from None
     except (PasswordFileError, OSError) as exc:

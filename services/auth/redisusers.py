@@ -14,6 +14,11 @@ stored). `RedisUsers.check` is a backend of the authentication chain:
   worker threads, a digest cache). The stored hash is
   part of the cache key and is read on every CONNECT (one HGET), so a
   changed or deleted user applies from the next CONNECT.
+A field `scram_sha_256` holds the user's SCRAM-SHA-256 credentials in the
+password file's form (`services.auth.scram`; `weir passwd --redis URL USER
+--scram` writes both fields from one password): `scram_credentials` reads
+it for MQTT 5 enhanced authentication, one HGET per exchange, with the same
+timeout and 0x88 when Redis does not answer.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ import redis.asyncio as aioredis
 from services.auth.api import ClientInfo, Decision
 from services.auth.argon import BAD_USER_OR_PASSWORD, CACHE_TTL_S, HASHER, check_hash
 from services.auth.cache import CredentialCache, Verdict
+from services.auth.scram import ScramCredentials, ScramError
 from services.store.errors import StoreUnavailable
 from services.store.redis import bounded
 
 KEY_PREFIX: Final = "weir:user:"
 FIELD: Final = "password_hash"
+SCRAM_FIELD: Final = "scram_sha_256"
 FETCH_TIMEOUT_S: Final = 1.0  # a CONNECT waits this long at most for its user's hash
 UNAVAILABLE: Final = 0x88  # server unavailable
 
@@ -43,29 +50,54 @@ class RedisUsers:
         self.prefix = prefix
         self.cache = CredentialCache(CACHE_TTL_S)
 
+    async def _field(self, key: str, field: str) -> str | Decision | None:
+        """One field of a user's hash (None: not there), or the refusal 0x88."""
+        try:
+            raw = await bounded(self.client.hget(key, field), FETCH_TIMEOUT_S)
+        except StoreUnavailable as exc:
+            return Decision(False, UNAVAILABLE, f"{self.name}: {key} not read ({exc})")
+        if raw is None:
+            return None
+        return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
     async def check(self, client: ClientInfo, password: bytes | None) -> Verdict:
         user = client.username
         if user is None:
             return None
         key = self.prefix + user
-        try:
-            raw = await bounded(self.client.hget(key, FIELD), FETCH_TIMEOUT_S)
-        except StoreUnavailable as exc:
-            return Decision(False, UNAVAILABLE, f"{self.name}: {key} not read ({exc})")
-        if raw is None:
-            return None
-        hashed = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        hashed = await self._field(key, FIELD)
+        if hashed is None or isinstance(hashed, Decision):
+            return hashed
         if not hashed.startswith("$argon2"):
             return Decision(False, BAD_USER_OR_PASSWORD.reason_code,
                             f"{self.name}: {key} {FIELD} is not an argon2 hash")  # fmt: skip
         return await check_hash(self.cache, user, hashed, password)
 
+    async def scram_credentials(self, user: str) -> ScramCredentials | Decision | None:
+        key = self.prefix + user
+        text = await self._field(key, SCRAM_FIELD)
+        if text is None or isinstance(text, Decision):
+            return text
+        try:
+            return ScramCredentials.decode(text)
+        except ScramError as exc:
+            return Decision(False, BAD_USER_OR_PASSWORD.reason_code,
+                            f"{self.name}: {key} {SCRAM_FIELD}: {exc}")  # fmt: skip
 
-def set_user(url: str, user: str, password: str | None, prefix: str = KEY_PREFIX) -> None:
-    """Add or change `user` in the Redis at `url` (None: delete it). Raises
-    redis.RedisError when Redis cannot be reached."""
+
+def set_user(
+    url: str, user: str, password: str | None, scram: bool = False, prefix: str = KEY_PREFIX
+) -> None:
+    """Add or change `user` in the Redis at `url` (None: delete it; `scram`: with
+    SCRAM-SHA-256 credentials, else without). Raises redis.RedisError when
+    Redis cannot be reached."""
     with redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5) as client:
         if password is None:
             client.delete(prefix + user)
-        else:
-            client.hset(prefix + user, FIELD, HASHER.hash(password))
+            return
+        fields = {FIELD: HASHER.hash(password)}
+        if scram:
+            fields[SCRAM_FIELD] = ScramCredentials.from_password(password).encode()
+        client.hset(prefix + user, mapping=fields)
+        if not scram:
+            client.hdel(prefix + user, SCRAM_FIELD)

@@ -1,0 +1,166 @@
+"""SCRAM-SHA-256 (services/auth/scram.py, scramauth.py): RFC 7677's test vector on
+both sides (the server here, and the tests' own client, tests/support/scramclient.py),
+the credential format, malformed messages, unknown users, and the two steps of
+the `Scram` enhanced authenticator over a store."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import pytest
+
+from services.auth.api import AuthAnswer, ClientInfo, Decision
+from services.auth.scram import (
+    ScramCredentials,
+    ScramError,
+    client_final,
+    client_first,
+    server_first,
+)
+from services.auth.scramauth import Scram
+from tests.support.scramclient import ScramClient
+
+# RFC 7677 section 3
+CLIENT_FIRST = b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO"
+SERVER_NONCE = "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0"
+SERVER_FIRST = (
+    "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
+)
+CLIENT_FINAL = (
+    b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+    b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ="
+)
+SERVER_FINAL = b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+SALT = base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ==")
+PENCIL = ScramCredentials.from_password("pencil", 4096, SALT)
+
+
+def test_rfc7677_vector_server_side() -> None:
+    conversation = server_first(client_first(CLIENT_FIRST), PENCIL, SERVER_NONCE)
+    assert conversation.server_first == SERVER_FIRST
+    assert client_final(conversation, CLIENT_FINAL) == SERVER_FINAL
+
+
+def test_rfc7677_vector_test_client() -> None:
+    client = ScramClient("user", "pencil", nonce="rOprNGfwEbeRWgbNEkqO")
+    assert client.first() == CLIENT_FIRST
+    assert client.final(SERVER_FIRST.encode()) == CLIENT_FINAL
+    assert client.verified(SERVER_FINAL)
+
+
+def test_wrong_password_proof_is_refused() -> None:
+    client = ScramClient("user", "pen", nonce="abc")
+    conversation = server_first(client_first(client.first()), PENCIL)
+    assert client_final(conversation, client.final(conversation.server_first.encode())) is None
+
+
+def test_credentials_round_trip_and_hold_no_password() -> None:
+    encoded = PENCIL.encode()
+    assert encoded.startswith("SCRAM-SHA-256$4096:W22ZaJ0SNY7soEsUEjb6gQ==$")
+    assert "pencil" not in encoded
+    assert ScramCredentials.decode(encoded) == PENCIL
+    fresh = ScramCredentials.from_password("pencil")
+    assert fresh.iterations == 4096 and fresh.salt != SALT and len(fresh.salt) == 16
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["SCRAM-SHA-1$4096:c2FsdA==$a:b", "SCRAM-SHA-256$x:c2FsdA==$a:b", "SCRAM-SHA-256$4096:c2F$",
+     "SCRAM-SHA-256$4096:c2FsdA==$c2FsdA==:c2FsdA=="],
+)  # fmt: skip
+def test_bad_stored_credentials(text: str) -> None:
+    with pytest.raises(ScramError):
+        ScramCredentials.decode(text)
+
+
+def test_saslname_unescaping() -> None:
+    assert client_first(b"n,,n=a=2Cb=3Dc,r=x").user == "a,b=c"
+    assert ScramClient("a,b=c", "p").first().startswith(b"n,,n=a=2Cb=3Dc,r=")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [None, b"", b"\xff", b"n,,r=x,n=u", b"p=tls-unique,,n=u,r=x", b"x,,n=u,r=x",
+     b"n,,n=u=,r=x", b"n,,n=,r=x", b"n,a=other,n=u,r=x", b"n,,n=u"],
+)  # fmt: skip
+def test_malformed_client_first(data: bytes | None) -> None:
+    with pytest.raises(ScramError):
+        client_first(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"c=biws,r=wrong,p=AAAA", b"c=eSws,r=NONCE,p=AAAA", b"r=NONCE,c=biws,p=AAAA",
+     b"c=biws,r=NONCE", b"c=biws,r=NONCE,p=!!"],
+)  # fmt: skip
+def test_malformed_client_final(data: bytes) -> None:
+    conversation = server_first(client_first(b"n,,n=user,r=NON"), PENCIL, "CE")
+    with pytest.raises(ScramError):
+        client_final(conversation, data)
+
+
+def test_unknown_user_gets_a_stable_made_up_salt_and_fails_at_the_proof() -> None:
+    first = client_first(b"n,,n=nobody,r=abc")
+    one, two = server_first(first, None), server_first(first, None)
+    salt = one.server_first.split(",")[1]
+    assert salt == two.server_first.split(",")[1], "the same made-up salt each time"
+    assert len(base64.b64decode(salt.removeprefix("s="))) == 16
+    assert client_first(b"n,,n=other,r=abc").user == "other"
+    assert server_first(client_first(b"n,,n=other,r=abc"), None).server_first.split(",")[1] != salt
+    client = ScramClient("nobody", "anything", nonce="abc")
+    client.first()
+    assert client_final(one, client.final(one.server_first.encode())) is None
+
+
+class Store:
+    name = "test store"
+
+    def __init__(self, users: dict[str, ScramCredentials | Decision]) -> None:
+        self.users = users
+
+    async def scram_credentials(self, user: str) -> ScramCredentials | Decision | None:
+        return self.users.get(user)
+
+
+def run(scram: Scram, user: str | None, steps: list[bytes]) -> AuthAnswer:
+    """Feed the client's messages to `scram` (server answers go to the next step)."""
+    client = ClientInfo("c1", user, "127.0.0.1:1", 5)
+    answer = asyncio.run(scram.step(client, "SCRAM-SHA-256", steps[0], None))
+    for data in steps[1:]:
+        assert answer.decision is None, answer
+        answer = asyncio.run(scram.step(client, "SCRAM-SHA-256", data, answer.context))
+    return answer
+
+
+def login(scram: Scram, connect_user: str | None, user: str, password: str) -> AuthAnswer:
+    client = ScramClient(user, password)
+    info = ClientInfo("c1", connect_user, "127.0.0.1:1", 5)
+    first = asyncio.run(scram.step(info, "SCRAM-SHA-256", client.first(), None))
+    if first.decision is not None:
+        return first
+    assert first.data is not None
+    last = asyncio.run(scram.step(info, "SCRAM-SHA-256", client.final(first.data), first.context))
+    if last.decision is not None and last.decision.ok:
+        assert client.verified(last.data)
+    return last
+
+
+def test_scram_authenticator_steps() -> None:
+    alice = ScramCredentials.from_password("alice-pw")
+    scram = Scram([Store({}), Store({"alice": alice, "down": Decision(False, 0x88, "down")})])
+    ok = login(scram, None, "alice", "alice-pw")
+    assert ok.decision is not None and ok.decision.ok and ok.username == "alice"
+    assert login(scram, "alice", "alice", "alice-pw").username == "alice"
+    for answer, why in [
+        (login(scram, None, "alice", "wrong"), "scram: wrong proof for 'alice'"),
+        (login(scram, None, "bob", "x"), "scram: unknown user 'bob'"),
+        (login(scram, "bob", "alice", "alice-pw"), "scram: user 'alice' is not the connection's"),
+        (run(scram, None, [b"garbage"]), "scram: client-first-message has no gs2 header"),
+    ]:
+        assert answer.decision is not None and answer.decision.reason_code == 0x86
+        assert answer.decision.by.startswith(why), answer.decision.by
+    down = login(scram, None, "down", "x").decision
+    assert down == Decision(False, 0x88, "down")
+    assert scram.claimed_user("SCRAM-SHA-256", b"n,,n=carol,r=x") == "carol"
+    assert scram.claimed_user("SCRAM-SHA-256", b"junk") is None

@@ -6,6 +6,8 @@ list of actions that the node carries out in order. The node answers the
 actions that need an answer through the channel's explicit methods:
 
 - `Authenticate` -> `channel.authenticated(ok, reason_code)` (then OpenSession)
+- `AuthExchange` -> `channel.auth_continue(data, context)` (AUTH 0x18 follows),
+  or `channel.authenticated(ok, reason_code, data)` when the exchange ends
 - `OpenSession`  -> `channel.session_opened(...)` (CONNACK follows)
 - `Route` with a token -> `channel.routed(token, ok)` (PUBACK / PUBREC follow)
 - `SubscribeRequest` -> `channel.subscribed(packet_id, codes)` (SUBACK)
@@ -60,6 +62,22 @@ class Authenticate:
     client_id: str
     username: str | None
     password: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class AuthExchange:
+    """MQTT 5 enhanced authentication (4.12): the client sent Authentication
+    Data for `method` (in CONNECT, or an AUTH). `context` is what the node's
+    last `auth_continue` gave (None: the exchange's first data); `reauth`:
+    the client is connected and re-authenticating (AUTH 0x19 started it).
+    Answer with `channel.auth_continue` or `channel.authenticated`."""
+
+    client_id: str
+    username: str | None  # the CONNECT's User Name
+    method: str
+    data: bytes | None
+    context: object = None
+    reauth: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +160,7 @@ Action = (
     Send
     | Close
     | Authenticate
+    | AuthExchange
     | OpenSession
     | Route
     | SubscribeRequest

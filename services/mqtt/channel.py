@@ -8,6 +8,8 @@ packet may arrive in which state is one table, `TRANSITIONS`
 (channel_states); a pair that is not in it is a ProtocolError naming both.
 
     AWAIT_CONNECT --CONNECT--> CONNECTING --session_opened(ok)--> CONNECTED
+         |                          ^
+         +--CONNECT with an Authentication Method--> AUTHENTICATING (AUTH ...)
          any close, refusal or error ------------------------------> CLOSED
 
 Packets pipelined after CONNECT are held while CONNECTING and replayed
@@ -16,7 +18,8 @@ becomes "DISCONNECT with its reason code (5.0, where the spec allows it),
 then Close with the will"; before the CONNACK, a refusing CONNACK.
 
 The work per packet family lives beside this module: CONNECT negotiation
-(channel_connect), inbound PUBLISH and the QoS 1/2 receiver flows
+(channel_connect), enhanced authentication and re-authentication with
+AUTH (channel_auth), inbound PUBLISH and the QoS 1/2 receiver flows
 (channel_inbound), SUBSCRIBE / UNSUBSCRIBE (channel_subscribe), outgoing
 PUBLISH shaping (channel_outbound), every way a connection ends (the base
 class in channel_ends). This module owns the states, the table, the
@@ -26,7 +29,8 @@ Outbound QoS: the node owns the inflight window and calls `deliver`; packet
 id stages are in `channel_outbound.OutboundStages`.
 `client_receive_maximum` is the window the node must respect (3.x:
 config.inflight_window_3x). With `config.authenticate`, a valid CONNECT
-first asks the node to `Authenticate` (answer: `authenticated`).
+first asks the node to `Authenticate` (answer: `authenticated`), or, when it
+names an Authentication Method, to take part in an `AuthExchange`.
 
 Keep alive: one timer, "keepalive"; fired early relative to the last packet,
 it restarts itself for the time left (the node arms it once per period).
@@ -44,10 +48,12 @@ from services.mqtt.actions import (
     Acked,
     Action,
     Authenticate,
+    CancelTimer,
     OpenSession,
     Send,
     StartTimer,
 )
+from services.mqtt.channel_auth import REAUTH_TIMER, EnhancedAuth
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.channel_connect import (
     Negotiated,
@@ -73,12 +79,13 @@ from services.mqtt.channel_outbound import (
     OutboundShaper,
     OutboundStages,
 )
-from services.mqtt.channel_states import TRANSITIONS, State
+from services.mqtt.channel_states import SERVER_DISCONNECT_CODES, TRANSITIONS, State
 from services.mqtt.channel_subscribe import SubscribeFlow
 from services.mqtt.errors import MQTTError, ProtocolError, QuotaExceeded
 from services.mqtt.packets import (
     NO_PROPERTIES,
     PACKET_TYPES,
+    Auth,
     Connack,
     ConnackCode311,
     Connect,
@@ -145,6 +152,7 @@ class Channel(ChannelEnds):
         self.outbound_aliases = False  # PUBLISHes to this client may carry topic aliases
         self._refusal: int | None = None  # a reason code every CONNECT is refused with
         self._opening: OpenSession | None = None  # while the node authenticates
+        self._auth: EnhancedAuth | None = None  # a CONNECT with an Authentication Method
 
     # -- what the node reads ------------------------------------------------
 
@@ -199,8 +207,9 @@ class Channel(ChannelEnds):
                 raise QuotaExceeded(f"more than {len(self._held)} packets before CONNACK")
             self._held.append((packet, now))
             return []
+        before = self.state
         actions = self._dispatch(packet)
-        if not self.closed:
+        if self.state is before:
             self.state = nxt
         return actions
 
@@ -226,6 +235,8 @@ class Channel(ChannelEnds):
                 return [Send(Pingresp())]
             case Disconnect():
                 return self._on_disconnect(packet)
+            case Auth():
+                return self._on_auth(packet)
         raise ProtocolError(f"{type(packet).__name__} has no handler")  # pragma: no cover
 
     # -- CONNECT ------------------------------------------------------------
@@ -254,11 +265,46 @@ class Channel(ChannelEnds):
         if not self.config.authenticate:
             return [opening]
         self._opening = opening
-        return [Authenticate(result.client_id, connect.username, connect.password)]
+        method = connect.properties.authentication_method
+        if method is None:
+            return [Authenticate(result.client_id, connect.username, connect.password)]
+        self._auth = EnhancedAuth(method, result.client_id, connect.username)
+        self.state = State.AUTHENTICATING
+        return [self._auth.step(connect.properties.authentication_data)]
 
-    def authenticated(self, ok: bool, reason_code: int = RC.NOT_AUTHORIZED) -> list[Action]:
-        """The node's answer to Authenticate: open the session, or refuse the
-        CONNECT with `reason_code` (3.x: its return code, else "not authorized")."""
+    def _on_auth(self, packet: Auth) -> list[Action]:
+        if self._auth is None:
+            raise ProtocolError("AUTH on a connection whose CONNECT named no method")
+        reauth = self._auth.reauth
+        actions = self._auth.on_auth(packet, self.state is State.CONNECTED)
+        if self._auth.reauth and not reauth and self.config.connect_timeout_s:
+            actions.append(StartTimer(REAUTH_TIMER, self.config.connect_timeout_s))
+        return actions
+
+    def auth_continue(self, data: bytes | None, context: object) -> list[Action]:
+        """The node's answer to AuthExchange when the method needs another round:
+        AUTH 0x18 with `data`; the client's next data comes back with `context`."""
+        if self._auth is None or self.state not in (State.AUTHENTICATING, State.CONNECTED):
+            return []
+        return self._auth.challenge(data, context)
+
+    def authenticated(
+        self, ok: bool, reason_code: int = RC.NOT_AUTHORIZED, data: bytes | None = None
+    ) -> list[Action]:
+        """The node's answer to Authenticate, or the end of an AuthExchange
+        (`data`: the server's last Authentication Data): open the session, or
+        refuse the CONNECT with `reason_code` (3.x: its return code, else "not
+        authorized"). Re-authentication: AUTH 0x00, or DISCONNECT (0x87 where
+        DISCONNECT cannot carry `reason_code`) and the will."""
+        auth = self._auth
+        if auth is not None:
+            reauth = auth.reauth
+            if not auth.finish(data):
+                return []
+            if reauth and self.state is State.CONNECTED:
+                return self._reauthenticated(ok, reason_code, data)
+            if self.state is State.AUTHENTICATING:
+                self.state = State.CONNECTING
         opening, self._opening = self._opening, None
         if self.state is not State.CONNECTING or opening is None:
             return []
@@ -292,6 +338,8 @@ class Channel(ChannelEnds):
         if session_present:
             self._inbound.resume(incoming_qos2_ids)
         props = connack_properties(self.config, neg) if self.v5 else NO_PROPERTIES
+        if self._auth is not None:
+            props = self._auth.connack(props)
         actions: list[Action] = [Send(Connack(session_present, 0, props))]
         if neg.keep_alive:
             self._keepalive_armed = True
@@ -300,6 +348,15 @@ class Channel(ChannelEnds):
         for packet, at in held:
             actions += self.receive(packet, at)
         return actions
+
+    def _reauthenticated(self, ok: bool, reason_code: int, data: bytes | None) -> list[Action]:
+        assert self._auth is not None
+        cancel: list[Action] = [CancelTimer(REAUTH_TIMER)] if self.config.connect_timeout_s else []
+        if ok:
+            return [*cancel, Send(Auth(RC.SUCCESS, self._auth.properties(data)))]
+        code = reason_code if reason_code in SERVER_DISCONNECT_CODES else RC.NOT_AUTHORIZED
+        detail = f"re-authentication refused: 0x{reason_code:02X}"
+        return [*cancel, *self._server_close(code, "error", detail)]
 
     def _refuse(
         self, reason_code: int, detail: str, *, v3_default: int | None = None

@@ -2,7 +2,9 @@
 
 `negotiate` is a pure function of the config and the CONNECT: it either
 refuses (with an MQTT 5 reason code; `connack_code` translates it for 3.x)
-or returns the values the connection runs with.
+or returns the values the connection runs with. An Authentication Method is
+refused (0x8C) here only when the node authenticates no one; else the node
+says whether it takes the method (`channel_auth`).
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def negotiate(
     if level not in (ProtocolLevel.MQTT_3_1, ProtocolLevel.MQTT_3_1_1, ProtocolLevel.MQTT_5):
         return Refusal(RC.UNSUPPORTED_PROTOCOL_VERSION, f"protocol level {level}")
     v5 = level == ProtocolLevel.MQTT_5
-    if v5 and props.authentication_method is not None:
+    if v5 and props.authentication_method is not None and not config.authenticate:
         return Refusal(
             RC.BAD_AUTHENTICATION_METHOD,
             f"enhanced authentication {props.authentication_method!r} is not supported",

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from services.mqtt.actions import Action, CancelTimer, Close, Send, StartTimer
+from services.mqtt.channel_auth import REAUTH_TIMER
 from services.mqtt.channel_states import SERVER_DISCONNECT_CODES, State
 from services.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
 from services.mqtt.packets import (
@@ -30,6 +31,7 @@ from services.mqtt.packets import (
 )
 
 if TYPE_CHECKING:
+    from services.mqtt.channel_auth import EnhancedAuth
     from services.mqtt.channel_config import ChannelConfig
     from services.mqtt.channel_connect import Negotiated
     from services.mqtt.packets import Packet, Will
@@ -52,6 +54,7 @@ class ChannelEnds:
     _last_rx: float
     _keepalive_armed: bool
     _held: list[tuple[Packet, float]]
+    _auth: EnhancedAuth | None
 
     @property
     def v5(self) -> bool:
@@ -68,6 +71,10 @@ class ChannelEnds:
         raise NotImplementedError  # Channel's: a refusing CONNACK, then Close
 
     def _on_disconnect(self, d: Disconnect) -> list[Action]:
+        if self.state is State.AUTHENTICATING:  # before the CONNACK: no will
+            return self._close_early(
+                "normal", f"DISCONNECT 0x{d.reason_code:02X} while authenticating"
+            )
         new_expiry = None
         with_will = False
         if self.v5 and self._neg is not None:
@@ -86,6 +93,13 @@ class ChannelEnds:
         if name == CONNECT_TIMER:
             if self.state is State.AWAIT_CONNECT:
                 return self._close_early("connect_timeout", "no CONNECT within the connect timeout")
+            if self.state is State.AUTHENTICATING:
+                return self._close_early("connect_timeout", "authentication not finished in time")
+            return []
+        if name == REAUTH_TIMER:
+            if self.state is State.CONNECTED and self._auth is not None and self._auth.reauth:
+                detail = "re-authentication not finished in time"
+                return self._server_close(RC.NOT_AUTHORIZED, "error", detail)
             return []
         if name != KEEPALIVE_TIMER or not self._keepalive_armed:
             return []
@@ -106,7 +120,7 @@ class ChannelEnds:
         detail = f"server disconnect 0x{reason_code:02X}"
         if self.state is State.CONNECTED:
             return self._server_close(reason_code, "kicked", detail, reference)
-        if self.state is State.CONNECTING:
+        if self.state in (State.CONNECTING, State.AUTHENTICATING):
             return self._refuse(reason_code, detail, v3_default=ConnackCode311.SERVER_UNAVAILABLE)
         return self._close_early("kicked", detail)
 

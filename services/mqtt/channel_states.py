@@ -11,6 +11,7 @@ T = PacketType
 
 class State(Enum):
     AWAIT_CONNECT = "await_connect"
+    AUTHENTICATING = "authenticating"  # a CONNECT's enhanced authentication (AUTH packets)
     CONNECTING = "connecting"
     CONNECTED = "connected"
     CLOSED = "closed"
@@ -30,6 +31,9 @@ _FROM_CLIENT = (
 
 TRANSITIONS: dict[tuple[State, PacketType], State] = {
     (State.AWAIT_CONNECT, T.CONNECT): State.CONNECTING,
+    (State.AUTHENTICATING, T.AUTH): State.AUTHENTICATING,
+    (State.AUTHENTICATING, T.DISCONNECT): State.CLOSED,  # MQTT-3.1.2-30: AUTH or DISCONNECT
+    (State.CONNECTED, T.AUTH): State.CONNECTED,  # re-authentication
     **{(State.CONNECTING, t): State.CONNECTING for t in _FROM_CLIENT},  # held
     **{(State.CONNECTED, t): State.CONNECTED for t in _FROM_CLIENT},
     (State.CONNECTED, T.DISCONNECT): State.CLOSED,

@@ -222,7 +222,7 @@ def seams_for(settings: Settings, redis: Any = None) -> Seams:
     from services.auth.acl import Acl
     from services.auth.aclfile import AclFileError
     from services.auth.aclredis import RedisAcl
-    from services.node.authn import authenticator
+    from services.node.authn import authenticator, enhanced
     from services.node.seams import Seams
 
     try:
@@ -230,7 +230,8 @@ def seams_for(settings: Settings, redis: Any = None) -> Seams:
         acl = Acl(settings.acl_file, settings.acl_no_match, acl_redis)
     except AclFileError as exc:
         raise SettingsError(str(exc)) from None
-    return Seams(authenticator=authenticator(settings, redis), authorizer=acl)
+    authn = authenticator(settings, redis)
+    return Seams(authenticator=authn, authorizer=acl, enhanced=enhanced(authn))
 
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -431,8 +432,7 @@ async def _serve(
             print("weir: draining: clients told to use another server", flush=True)
             await node.stop(ReasonCode.USE_ANOTHER_SERVER, settings.server_reference)
         else:
-            await node.stop()
-        await services.seams.close()
+            await node.stop()  # the seams too (the authenticator's connections)
         if job is not None:
             from services.node import sparkjob
 

@@ -12,16 +12,21 @@ up` checks the settings before starting anything) it is left out here, and
 `weir up` refuses it with --backend memory. A listener's own
 allow_anonymous overrides the node's for its clients. A key file or
 password file that cannot be used is a SettingsError (one line, exit 2).
+
+`enhanced(chain)`: MQTT 5 enhanced authentication with SCRAM-SHA-256 over
+the chain's backends that hold SCRAM credentials (the password file, the
+Redis users), or None (every Authentication Method refused 0x8C).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from services.auth.api import AllowAll, Authenticator
+from services.auth.api import AllowAll, Authenticator, EnhancedAuthenticator
 from services.auth.chain import Backend, Chain
 from services.auth.jwtauth import Jwt, JwtError
 from services.auth.passwd import PasswordFile, PasswordFileError
+from services.auth.scramauth import Scram, ScramStore
 from services.auth_settings import AuthBackend
 from services.settings import Settings, SettingsError, is_loopback
 
@@ -42,6 +47,12 @@ def authenticator(settings: Settings, redis: Any = None) -> Authenticator:
     except (PasswordFileError, JwtError) as exc:
         raise SettingsError(str(exc)) from None
     return Chain(backends, settings.allow_anonymous, listeners)
+
+
+def enhanced(authn: Authenticator) -> EnhancedAuthenticator | None:
+    backends = authn.backends if isinstance(authn, Chain) else ()
+    stores = [backend for backend in backends if isinstance(backend, ScramStore)]
+    return Scram(stores) if stores else None
 
 
 def _backend(config: AuthBackend, redis: Any) -> Backend | None:

@@ -24,8 +24,9 @@ imports run (each imports only parts above it):
 stores and the event log) and is what a connection sees (`ports.BrokerPort`)
 and what the cluster router calls (`services.cluster.router.LocalNode`).
 A CONNECT is admitted (`Seams.admit`: bans, flapping, connection rates)
-before it is authenticated, or before its session opens when no
-authenticator is asked; a ban new to this node disconnects the connected
+before it is authenticated (enhanced authentication: with the user name its
+first data claims, when the CONNECT gave none), or before its session opens
+when no authenticator is asked; a ban new to this node disconnects the connected
 clients it covers (`_banned`).
 """
 
@@ -41,6 +42,7 @@ from services.auth.banned import Ban
 from services.event.api import EventLog
 from services.mqtt.actions import (
     Authenticate,
+    AuthExchange,
     OpenSession,
     Route,
     SubscribeRequest,
@@ -222,6 +224,16 @@ class Broker:
             conn.resume_processing()
             return
         await self.seams.authenticate(conn, action)
+
+    async def auth_exchange(self, conn: ConnectionPort, action: AuthExchange) -> None:
+        if action.context is None and not action.reauth:  # a CONNECT's: admitted first
+            user = action.username or self.seams.claimed_user(action)
+            code = await self.seams.admit(conn, action.client_id, user)
+            if code:
+                conn.carry_out(conn.channel.authenticated(False, code))
+                conn.resume_processing()
+                return
+        await self.seams.auth_exchange(conn, action)
 
     async def open_session(self, conn: ConnectionPort, action: OpenSession) -> None:
         if not self.channel_config.authenticate:  # else admitted before authentication

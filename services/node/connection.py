@@ -34,6 +34,7 @@ from services.mqtt.actions import (
     Acked,
     Action,
     Authenticate,
+    AuthExchange,
     CancelTimer,
     Close,
     OpenSession,
@@ -340,6 +341,9 @@ class Connection(asyncio.Protocol):
                 case Authenticate():
                     self._busy = True
                     broker.spawn(broker.authenticate(self, action))
+                case AuthExchange():
+                    self._busy = self._busy or not action.reauth  # re-auth: reading goes on
+                    broker.spawn(broker.auth_exchange(self, action))
                 case OpenSession():
                     self._busy = True
                     if self.client is None:  # no authenticator asked who it is

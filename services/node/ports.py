@@ -26,6 +26,7 @@ from services.auth.limits import Budget
 from services.mqtt.actions import (
     Action,
     Authenticate,
+    AuthExchange,
     OpenSession,
     Route,
     SubscribeRequest,
@@ -243,6 +244,8 @@ class BrokerPort(Protocol):
     ) -> None: ...
 
     async def authenticate(self, conn: ConnectionPort, action: Authenticate) -> None: ...
+
+    async def auth_exchange(self, conn: ConnectionPort, action: AuthExchange) -> None: ...
 
     async def open_session(self, conn: ConnectionPort, action: OpenSession) -> None: ...
 

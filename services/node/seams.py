@@ -11,6 +11,13 @@ broker's parts call them here and only here:
   client.authenticate hook's) opens the session or refuses the CONNECT; a
   refusal is one log line (reason code, client id, user name, peer, and the
   backend or hook that refused) and one count (`authentication.denied`);
+- `auth_exchange`: the channel's `AuthExchange` (MQTT 5 enhanced
+  authentication, `enhanced`: SCRAM when a backend holds SCRAM credentials;
+  None: every Authentication Method is refused 0x8C). Each step goes to the
+  enhanced authenticator and its answer back to the channel; the last one
+  passes the client.authenticate hook as above, and a client it lets in
+  takes the user name it proved (`conn.client`, for the ACL and the log).
+  A refusal, re-authentication's too, is logged and counted as above;
 - `connected` / `disconnected`: an authorizer with state per connection
   (the ACL) reads what it needs once per connection, before the session opens;
 - `may_publish` / `may_subscribe`: per PUBLISH topic and SUBSCRIBE filter;
@@ -42,17 +49,20 @@ from services.auth.admission import Admission
 from services.auth.api import (
     Action,
     AllowAll,
+    AuthAnswer,
     Authenticator,
     Authorizer,
     ClientInfo,
     ClosingAuthenticator,
     ConnectionAuthorizer,
+    Decision,
+    EnhancedAuthenticator,
 )
 from services.auth.banned import Ban
 from services.auth.limits import Budget
 from services.hooks.api import Hooks
 from services.metrics.api import NullRecorder, Recorder
-from services.mqtt.actions import Authenticate
+from services.mqtt.actions import Authenticate, AuthExchange
 from services.mqtt.packets import Message
 from services.node.ports import ConnectionPort
 from services.settings import Limits
@@ -71,6 +81,7 @@ class Seams:
     hooks: Hooks = field(default_factory=Hooks)  # callbacks come and go; the chain stays
     metrics: Recorder = field(default_factory=NullRecorder)
     admission: Admission | None = None  # bans, flapping, rates (None: everyone may connect)
+    enhanced: EnhancedAuthenticator | None = None  # MQTT 5 Authentication Methods (SCRAM)
     authenticates: bool = field(init=False)  # CONNECTs wait for the authenticator
     authorizes: bool = field(init=False)  # PUBLISH / SUBSCRIBE ask the authorizer
     acl: ConnectionAuthorizer | None = field(init=False)  # the authorizer, if it has state
@@ -85,17 +96,47 @@ class Seams:
     async def authenticate(self, conn: ConnectionPort, action: Authenticate) -> None:
         info = conn.client_info(action.client_id, action.username)
         conn.client = info
-        decision = await self.authenticator.authenticate(info, action.password)
-        hooked = self.hooks.fold("client.authenticate", decision, info)
+        decision = self._decided(await self.authenticator.authenticate(info, action.password), info)
+        if not conn.closed:
+            conn.carry_out(conn.channel.authenticated(decision.ok, decision.reason_code))
+
+    def _decided(self, decision: Decision, info: ClientInfo, what: str = "connect") -> Decision:
+        """The decision the client.authenticate hook leaves; a refusal logged and counted."""
+        hooked: Decision = self.hooks.fold("client.authenticate", decision, info)
         if not hooked.ok:
             by = decision.by if hooked == decision else "the client.authenticate hook"
             self.metrics.inc("authentication.denied")
-            log.warning("connect refused 0x%02X: client %s, user %s, peer %s, by %s",
-                        hooked.reason_code, info.client_id, info.username, info.peer or "?",
+            log.warning("%s refused 0x%02X: client %s, user %s, peer %s, by %s",
+                        what, hooked.reason_code, info.client_id, info.username, info.peer or "?",
                         by or "the authenticator")  # fmt: skip
-        decision = hooked
-        if not conn.closed:
-            conn.carry_out(conn.channel.authenticated(decision.ok, decision.reason_code))
+        return hooked
+
+    def claimed_user(self, action: AuthExchange) -> str | None:
+        enhanced = self.enhanced
+        return enhanced.claimed_user(action.method, action.data) if enhanced else None
+
+    async def auth_exchange(self, conn: ConnectionPort, action: AuthExchange) -> None:
+        """One step of an enhanced authentication (see the module docstring)."""
+        info = conn.client if action.reauth and conn.client else None
+        info = info or conn.client_info(action.client_id, action.username)
+        enhanced = self.enhanced
+        if enhanced is None or action.method not in enhanced.methods:
+            why = f"enhanced authentication: method {action.method!r} is not supported"
+            answer = AuthAnswer(Decision(False, 0x8C, why))
+        else:
+            answer = await enhanced.step(info, action.method, action.data, action.context)
+        if conn.closed:
+            return
+        if answer.decision is None:
+            conn.carry_out(conn.channel.auth_continue(answer.data, answer.context))
+            if not action.reauth:  # the CONNECT's exchange held reading for its answer
+                conn.resume_processing()
+            return
+        if answer.decision.ok and answer.username is not None and not action.reauth:
+            info = conn.client_info(action.client_id, answer.username)
+        conn.client = info
+        decision = self._decided(answer.decision, info, "re-auth" if action.reauth else "connect")
+        conn.carry_out(conn.channel.authenticated(decision.ok, decision.reason_code, answer.data))
 
     async def start(self) -> None:
         if self.admission is not None:

@@ -183,6 +183,25 @@ def test_a_node_without_scram_store_refuses_every_method_0x8c(raws: list[Raw]) -
         assert r.closed() == [Connack(False, 0x8C)]
 
 
+def test_a_client_stopping_mid_exchange_is_closed_by_the_connect_timer(
+    passwd_file: Path, raws: list[Raw], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No setting names the connect timeout (10 s): the node's channel config is
+    given 0.5 s here. The client sends its CONNECT and never answers the challenge."""
+    import services.node.node as node_module
+
+    built = node_module.channel_config
+    monkeypatch.setattr(node_module, "channel_config", lambda *a: dataclasses.replace(
+        built(*a), connect_timeout_s=0.5))  # fmt: skip
+    with scram_node(AuthBackend("password_file", path=str(passwd_file))) as short:
+        r = raw(short, raws)
+        first = ScramClient("alice", "x").first()
+        r.send(Connect("t1", protocol_level=V5, properties=props(first)))
+        challenge = r.recv()
+        assert isinstance(challenge, Auth) and challenge.reason_code == 0x18
+        assert r.closed(timeout=3.0) == [], "closed, no CONNACK"
+
+
 def test_auth_with_another_method_mid_exchange_is_0x82(node: NodeRunner, raws: list[Raw]) -> None:
     r = raw(node, raws)
     client = ScramClient("alice", "alice-pw")

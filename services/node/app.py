@@ -432,7 +432,8 @@ async def _serve(
             print("weir: draining: clients told to use another server", flush=True)
             await node.stop(ReasonCode.USE_ANOTHER_SERVER, settings.server_reference)
         else:
-            await node.stop()  # the seams too (the authenticator's connections)
+            await node.stop()
+        await services.seams.close()
         if job is not None:
             from services.node import sparkjob
 

@@ -149,15 +149,21 @@ class KafkaEventLog:
             _admin.NewTopic(t, self.settings.partitions, self.settings.replication_factor)  # type: ignore[attr-defined]
             for t in self.topics
         ]
+        # Each future's error is looked at, never raised here: raised, it would hold
+        # this frame (and so the admin client, its threads and its connection) in a
+        # cycle through the future that the garbage collector alone can free.
         for topic, fut in admin.create_topics(new, request_timeout=ADMIN_TIMEOUT_S).items():
             try:
-                fut.result(ADMIN_TIMEOUT_S)
-            except KafkaException as exc:
-                err = exc.args[0]
-                if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise EventLogUnavailable(f"event log: cannot create {topic}: {err}") from None
-            except Exception as exc:  # a timeout: the broker did not answer
-                raise EventLogUnavailable(f"event log: cannot create {topic}: {exc!r}") from None
+                exc = fut.exception(ADMIN_TIMEOUT_S)
+            except Exception as late:  # a timeout: the broker did not answer
+                raise EventLogUnavailable(f"event log: cannot create {topic}: {late!r}") from None
+            if exc is None:
+                continue
+            err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+            if not isinstance(err, KafkaError):
+                raise EventLogUnavailable(f"event log: cannot create {topic}: {exc!r}")
+            if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise EventLogUnavailable(f"event log: cannot create {topic}: {err}")
 
     async def start(self) -> None:
         """Create the topics and the producer now rather than at the first
@@ -447,9 +453,9 @@ class KafkaEventLog:
         if self._producer is not None:
             self._producer.flush(self.settings.append_timeout_s)
         self._retire_producer()
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            self._worker.submit(consumer.close).result()
+        # On the worker, after what it is doing: a tail's assignment still running
+        # there (its task cancelled) may be about to make the consumer.
+        self._worker.submit(self._retire_consumer).result()
         self._worker.shutdown(wait=True)
 
 

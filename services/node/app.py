@@ -432,8 +432,7 @@ async def _serve(
             print("weir: draining: clients told to use another server", flush=True)
             await node.stop(ReasonCode.USE_ANOTHER_SERVER, settings.server_reference)
         else:
-            await node.stop()
-        await services.seams.close()
+            await node.stop()  # the seams too (the authenticator's connections)
         if job is not None:
             from services.node import sparkjob
 

@@ -6,11 +6,18 @@ log to the end of every partition into the broker's state (`LogState`),
 freeze what the replay allocated out of the garbage collector's way
 (`gc.freeze`), then open the listeners, then tail the log. So the node
 is ready only once it knows every subscription, session and retained
-message the log holds.
+message the log holds. A freeze keeps whatever is in the heap then, garbage
+too, so the start first collects what was already garbage (in a process
+that runs node after node, as the tests do: earlier nodes and clients,
+with their sockets).
 
 Shutdown order (STYLE 11): stop accepting, tell every client (5.0 gets
 DISCONNECT 0x8B), flush and close, wait a bounded grace for sockets and
-broker tasks, then abort whatever is left.
+broker tasks, then abort whatever is left; then stop the seams (the ban
+table's tasks, the authenticator's connections) and the cluster, and give
+what the start froze back to the collector (`gc.unfreeze`). Everything a
+node started is stopped and awaited by then; what the composition root
+opened (Redis, Kafka) it closes after (`services.node.app.open_backends`).
 """
 
 from __future__ import annotations
@@ -117,6 +124,7 @@ class Node:
             wills=self.services.wills,
         )
         self.broker = broker
+        gc.collect()  # earlier garbage: the freezes below would keep it for good
         await self.services.seams.start()  # the ban table (services.auth.admission)
         started = await bootstrap.start(broker.logstate, self.services.state, settings.node_id)
         self.started_from = started.source
@@ -171,8 +179,10 @@ class Node:
             await broker.logstate.stop_tail()
         await viewdump.stop(self._viewdump)
         await self.services.seams.stop()
+        await self.services.seams.close()
         if self.services.cluster is not None:
             await self.services.cluster.stop()
         if self.wheel is not None:
             self.wheel.close()
         await self._close_servers()
+        gc.unfreeze()  # the node's state (and all else frozen) may be collected again

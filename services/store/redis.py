@@ -59,7 +59,9 @@ def client_keys(client_id: str) -> tuple[bytes, ...]:
 def connect(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> aioredis.Redis:
     """A client whose pool makes a call wait for a free connection (bounded by
     `timeout`) instead of failing: redis-py's default pool raises at once past
-    its limit, which a burst of persistent sessions reaches."""
+    its limit, which a burst of persistent sessions reaches. The client owns
+    its pool: `aclose` closes the pool's connections too (a client made on a
+    pool it was given leaves them open)."""
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=POOL_CONNECTIONS,
@@ -70,7 +72,7 @@ def connect(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> aioredis.Redis:
         retry=Retry(NoBackoff(), 0),  # never resend a script whose answer was lost
         **_POOL_OPTIONS,
     )
-    return aioredis.Redis(connection_pool=pool, decode_responses=False, **_POOL_OPTIONS)
+    return aioredis.Redis.from_pool(pool)  # decode_responses: the pool's (False)
 
 
 def load_script(client: aioredis.Redis, package: str, name: str) -> AsyncScript:

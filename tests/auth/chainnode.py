@@ -31,14 +31,6 @@ class ChainNode(NodeRunner):
         count: int = self.call(lambda: metrics.counters["authentication.denied"])
         return count
 
-    def stop(self) -> None:
-        """The chain's HTTP client closes in the loop it was made in, then the node stops."""
-        import asyncio
-
-        if self.loop is not None and self.loop.is_running():
-            asyncio.run_coroutine_threadsafe(self.chain.aclose(), self.loop).result(5)
-        super().stop()
-
     def connect(
         self, v5: bool, user: str | None, password: str | bytes | None, client_id: str = "c1"
     ) -> str:

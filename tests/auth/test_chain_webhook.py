@@ -44,10 +44,14 @@ class Hook:
 
 
 @contextlib.contextmanager
-def webhook() -> Iterator[tuple[Hook, str]]:
+def webhook(keep_alive: bool = False) -> Iterator[tuple[Hook, str]]:
+    """The webhook server; `keep_alive`: HTTP/1.1, connections stay open between
+    requests (else each answer closes its connection, as HTTP/1.0)."""
     hook = Hook()
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
         def do_POST(self) -> None:
             length = int(self.headers["Content-Length"])
             body = json.loads(self.rfile.read(length))

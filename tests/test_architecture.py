@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
     "listener_settings": -1,  # parts of the settings module, split out for length:
     "auth_settings": -1,  # the settings module imports them, they import nothing of Weir
+    "tasks": -1,  # asyncio helpers for every layer; imports nothing of Weir
     "settings": 0,
     "mqtt": 0,
     "store": 1,  # what session and queue stores share: Redis plumbing, the message format

@@ -53,6 +53,7 @@ from services.cluster.frames import (
 )
 from services.mqtt.packets import Message
 from services.store import serial
+from services.tasks import cancel_and_wait
 
 log = logging.getLogger("weir.cluster.links")
 
@@ -278,10 +279,7 @@ class _Peer:
             transport.close()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         if self.transport is not None:
             self.transport.close()
 

@@ -29,6 +29,7 @@ from services.cluster.api import (
     MembershipChange,
     MembershipUnavailable,
 )
+from services.store.redis import Client
 
 log = logging.getLogger("weir.cluster")
 
@@ -118,7 +119,7 @@ class RedisMembership(_Base):
 
     @classmethod
     def from_url(cls, url: str, ttl_s: float = DEFAULT_TTL_S) -> RedisMembership:
-        client = aioredis.Redis.from_url(
+        client = Client.from_url(
             url, socket_connect_timeout=CALL_TIMEOUT_S, decode_responses=False
         )
         return cls(client, ttl_s)

@@ -42,6 +42,7 @@ from services.cluster.links import DEFAULT_BUFFER_LIMIT, Links, PeerStats
 from services.cluster.membership import beat_interval
 from services.mqtt.packets import Message
 from services.store import serial
+from services.tasks import cancel_and_wait
 
 log = logging.getLogger("weir.cluster.router")
 
@@ -275,10 +276,7 @@ class ClusterRouter(LinkHandler):
     async def stop(self) -> None:
         """Leave (peers see it on their next poll), then close the links."""
         task, self._watch = self._watch, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         if self._notify:
             self._flush_notify()
         with contextlib.suppress(MembershipUnavailable):

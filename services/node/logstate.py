@@ -42,6 +42,7 @@ from services.mqtt.packets import Message, Properties
 from services.node.ports import RoutingTable, Session, SubOptions, now_ms
 from services.retain.api import RetainStore
 from services.session.api import SessionError, SessionStore
+from services.tasks import cancel_and_wait
 
 log = logging.getLogger("weir.logstate")
 
@@ -281,7 +282,4 @@ class LogState:
 
     async def stop_tail(self) -> None:
         task, self._tail = self._tail, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)

@@ -24,7 +24,6 @@ payload itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -36,6 +35,7 @@ from services.node.ports import now_ms
 from services.statestore.api import StateStore, StateStoreError
 from services.statestore.live import LiveDump, LiveState, Positions, Record
 from services.statestore.redis import RedisStateStore
+from services.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from services.node.broker import Broker
@@ -213,7 +213,4 @@ def start(broker: Broker, state: StateStore | None) -> asyncio.Task[None] | None
 
 
 async def stop(task: asyncio.Task[None] | None) -> None:
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await cancel_and_wait(task)

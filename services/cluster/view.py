@@ -38,6 +38,8 @@ that so.
    race, or one topic read ahead of the other) comes within moments of its
    end, long before that many other clients ended after it. During replay
    nothing is forgotten, so replay stays the pure fold of rules 1-3.
+   Cleared retained topics are forgotten the same way, past the same
+   bound: a topic that holds no retained message keeps only its version.
 
 The directory entry of a client is what its newest session event says:
 online on `node` after SessionOpened; offline with its expiry after a
@@ -188,10 +190,11 @@ class ClusterView:
         self._retained: dict[str, RetainedEntry] = {}
         self._retained_versions: dict[str, int] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()  # longest-ended first
+        self._cleared: OrderedDict[str, None] = OrderedDict()  # topics, longest-cleared first
         self.keep_ended: int | None = None  # see rule 4; None: forget nothing
         self.applied = 0
         self.ignored = 0
-        self.forgotten = 0  # ended clients forgotten (rule 4)
+        self.forgotten = 0  # ended clients and cleared topics forgotten (rule 4)
 
     # -- reading ----------------------------------------------------------
 
@@ -414,7 +417,8 @@ class ClusterView:
 
     def forget_ended(self) -> int:
         """Forget the longest-ended clients past `keep_ended` (rule 4): their
-        versions go, unless the client is back or holds a live subscription."""
+        versions go, unless the client is back or holds a live subscription;
+        and the longest-cleared retained topics past it, unless set again."""
         keep = self.keep_ended
         ended = self._ended
         forgotten = 0
@@ -428,6 +432,12 @@ class ClusterView:
             self._subs.pop(client_id, None)
             self._session_versions.pop(client_id, None)
             forgotten += 1
+        cleared = self._cleared
+        while keep is not None and len(cleared) > keep:
+            topic, _ = cleared.popitem(last=False)
+            if topic not in self._retained:
+                self._retained_versions.pop(topic, None)
+                forgotten += 1
         self.forgotten += forgotten
         return forgotten
 
@@ -437,7 +447,12 @@ class ClusterView:
         self._retained_versions[e.topic] = e.version
         if isinstance(e, RetainedCleared):
             self._retained.pop(e.topic, None)
+            self._cleared[e.topic] = None
+            self._cleared.move_to_end(e.topic)
+            if self.keep_ended is not None and len(self._cleared) > self.keep_ended:
+                self.forget_ended()
             return True
+        self._cleared.pop(e.topic, None)
         self._retained[e.topic] = RetainedEntry(
             topic=e.topic,
             payload=e.payload,

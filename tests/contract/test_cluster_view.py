@@ -495,3 +495,29 @@ def test_nothing_is_forgotten_until_the_bound_is_set() -> None:
     view.keep_ended = 5
     assert view.forget_ended() == 45
     assert sorted(view._session_versions) == [f"c{i}" for i in range(45, 50)]
+
+
+def test_cleared_retained_topics_are_forgotten_past_the_bound() -> None:
+    """Rule 4 for topics: a cleared topic keeps only its version, at most
+    `keep_ended` of them; a topic set again is never forgotten."""
+    view = ClusterView()
+    view.keep_ended = 2
+
+    def retain(topic: str, v: int) -> RetainedSet:
+        return RetainedSet(topic=topic, version=v, node="n", ts_ms=v, payload=b"p", qos=0)
+
+    def clear(topic: str, v: int) -> RetainedCleared:
+        return RetainedCleared(topic=topic, version=v, node="n", ts_ms=v)
+
+    assert view.apply(retain("kept", 1))
+    for i in range(6):
+        assert view.apply(retain(f"t/{i}", 1)) and view.apply(clear(f"t/{i}", 2))
+    assert sorted(view._retained_versions) == ["kept", "t/4", "t/5"]
+    assert view.forgotten == 4
+    assert view.apply(clear("kept", 2))  # a third cleared topic: t/4 goes
+    assert view.apply(retain("kept", 3))  # set again: no longer a cleared one
+    for i in range(6, 9):
+        assert view.apply(retain(f"t/{i}", 1)) and view.apply(clear(f"t/{i}", 2))
+    assert sorted(view._retained_versions) == ["kept", "t/7", "t/8"]
+    assert not view.apply(retain("t/8", 1))  # a kept tombstone still refuses the late set
+    assert view.retained("kept") is not None and view.forgotten == 7

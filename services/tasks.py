@@ -14,8 +14,6 @@ forever. `cancel_and_wait` re-raises when the waiter was cancelled.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 
@@ -32,18 +30,3 @@ async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
         if current is not None and current.cancelling():
             raise
 
-
-@contextlib.contextmanager
-def cancellation_kept() -> Iterator[None]:
-    """Around an await into a library that may swallow this task's
-    cancellation (redis-py 8.1's asyncio client does: `tests/test_tasks.py`):
-    if the task was cancelled meanwhile, CancelledError leaves the block
-    whatever the body made of it. An `asyncio.timeout` inside cancels and
-    uncancels: it counts for nothing here."""
-    task = asyncio.current_task()
-    before = task.cancelling() if task is not None else 0
-    try:
-        yield
-    finally:
-        if task is not None and task.cancelling() > before:
-            raise asyncio.CancelledError

@@ -29,7 +29,7 @@ from services.cluster.api import (
     MembershipChange,
     MembershipUnavailable,
 )
-from services.store.redis import Client
+from services.store.redis import connect
 
 log = logging.getLogger("weir.cluster")
 
@@ -119,10 +119,7 @@ class RedisMembership(_Base):
 
     @classmethod
     def from_url(cls, url: str, ttl_s: float = DEFAULT_TTL_S) -> RedisMembership:
-        client = Client.from_url(
-            url, socket_connect_timeout=CALL_TIMEOUT_S, decode_responses=False
-        )
-        return cls(client, ttl_s)
+        return cls(connect(url, CALL_TIMEOUT_S), ttl_s)
 
     def _key(self) -> str:
         assert self.member is not None, "join first"

@@ -30,7 +30,6 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from services.store.errors import StoreUnavailable
-from services.tasks import cancellation_kept
 
 POOL_CONNECTIONS = 64  # concurrent calls per process; more only queue on one Redis thread
 DEFAULT_TIMEOUT_S = 2.0  # per call; a healthy local Redis answers in well under 1 ms
@@ -57,19 +56,6 @@ def client_keys(client_id: str) -> tuple[bytes, ...]:
     return tuple(tag + suffix.encode() for suffix in KEY_SUFFIXES)
 
 
-class Client(aioredis.Redis):
-    """redis-py's asyncio client, minus one flaw: with 8.1, a task cancelled
-    while it waits for an answer may go on as if it had not been (its
-    CancelledError swallowed: 2 tries in 3 with a client made by `from_url`,
-    its default retry on; not seen with `connect`'s pool, which retries
-    nothing), and a loop that calls Redis then never ends. Each command here
-    raises the cancellation it was given (`services.tasks.cancellation_kept`)."""
-
-    async def execute_command(self, *args: Any, **options: Any) -> Any:
-        with cancellation_kept():
-            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
-
-
 def connect(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> aioredis.Redis:
     """A client whose pool makes a call wait for a free connection (bounded by
     `timeout`) instead of failing: redis-py's default pool raises at once past
@@ -80,13 +66,16 @@ def connect(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> aioredis.Redis:
         url,
         max_connections=POOL_CONNECTIONS,
         timeout=timeout,
-        socket_timeout=None,  # calls are bounded by `bounded`; socket timeouts cost 2 tasks a call
+        # calls are bounded by `bounded`; a socket timeout costs 2 tasks a call, and
+        # with redis-py 8's default one a task cancelled mid-call often goes on
+        # as if it had not been (tests/contract/test_cancellation.py)
+        socket_timeout=None,
         socket_connect_timeout=timeout,
         health_check_interval=0,
         retry=Retry(NoBackoff(), 0),  # never resend a script whose answer was lost
         **_POOL_OPTIONS,
     )
-    return Client.from_pool(pool)  # decode_responses: the pool's (False)
+    return aioredis.Redis.from_pool(pool)  # decode_responses: the pool's (False)
 
 
 def load_script(client: aioredis.Redis, package: str, name: str) -> AsyncScript:
@@ -97,8 +86,7 @@ def load_script(client: aioredis.Redis, package: str, name: str) -> AsyncScript:
 async def bounded(call: Awaitable[T], limit_s: float) -> T:
     """Await one Redis call; any failure to answer becomes StoreUnavailable."""
     try:
-        with cancellation_kept():  # pipelines do not go through Client.execute_command
-            async with asyncio.timeout(limit_s):  # no task per call, unlike wait_for
-                return await call
+        async with asyncio.timeout(limit_s):  # no task per call, unlike wait_for
+            return await call
     except (RedisError, OSError, TimeoutError) as exc:
         raise StoreUnavailable(f"redis did not answer: {type(exc).__name__}: {exc}") from exc

@@ -1,14 +1,16 @@
 """A cancelled task ends, whatever it was awaiting when it was cancelled.
 
-redis-py 8.1's asyncio client, made by `from_url` (its default retry on),
-swallows the CancelledError of a task cancelled while it waits for Redis in
-about 2 of 3 random tries: a loop that calls Redis then runs on for ever, as
-the cluster router's membership watch did (`test_a_dead_node_is_unlinked
-[redis]` hung in CI; the membership poll test here failed 2 tries in 3
-before the fix). `store.redis.Client` and `bounded` give the cancellation
-back (`services.tasks.cancellation_kept`); `connect`'s client was not seen
-to swallow, and is tested all the same. `cancel_and_wait` no longer swallows
-the cancellation of the one who waits. The tries are seeded.
+redis-py 8.1's asyncio client with its default socket timeout swallows the
+CancelledError of a task cancelled while it waits for Redis in about 2 of 3
+random tries (with `socket_timeout=None`: none in 150): a loop that calls
+Redis then runs on for ever, as the cluster router's membership watch did
+(`test_a_dead_node_is_unlinked[redis]` hung in CI; the membership poll test
+here failed 2 tries in 3 while `RedisMembership.from_url` made such a
+client). The node's clients and the membership's are made by
+`store.redis.connect`, which sets no socket timeout (calls are bounded by
+`asyncio.timeout`).
+`cancel_and_wait` no longer swallows the cancellation of the one who waits.
+The tries are seeded.
 """
 
 from __future__ import annotations

@@ -42,12 +42,12 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from services.cluster.view import ClusterView
 from services.embedded.kafka import EmbeddedKafka, free_port
 from services.embedded.redis_server import RedisServer
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.event.schema import Event, SessionClosed, SessionOpened, Subscribed, encode
 from services.session.redis import KEY_SUFFIXES, RedisSessionStore, client_keys, connect
+from services.state.view import ClusterView
 
 PRODUCE_TIMEOUT_S = 300.0
 NODE_READY_TIMEOUT_S = 600.0  # the target is 30 s; give a slow run room to report its figure

@@ -34,7 +34,7 @@ def _up(argv: Sequence[str]) -> int:
 
 
 def _drain(argv: Sequence[str]) -> int:
-    from services.node.drain import main as drain_main
+    from services.machine.drain import main as drain_main
 
     return drain_main(argv)
 

@@ -86,7 +86,7 @@ RATE_STORAGES = ("memory", "redis")  # where connection rates and flapping are c
 QUEUE_FULL_POLICIES = ("refuse", "drop_oldest")  # services.queue.api: at the queue bound,
 #   refuse QoS 1/2 messages (their publishers are not acknowledged) or drop the oldest
 DEFAULT_QUEUE_FULL = "refuse"
-# Shared subscriptions (services.node.shared), named as EMQX's
+# Shared subscriptions (services.broker.shared), named as EMQX's
 # broker.shared_subscription_strategy: which member of a `$share` group gets a message.
 SHARED_STRATEGIES = (
     "random",

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 RAW_COLUMNS: Final = ("topic", "partition", "offset", "key", "value", "timestamp")
 
 # Session events that end a session: they clear the client's subscriptions
-# with a lower version (services.cluster.view, rule 2).
+# with a lower version (services.state.view, rule 2).
 ENDING_TYPES: Final = ("session_expired", "session_discarded")
 
 

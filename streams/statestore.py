@@ -12,7 +12,7 @@ call: the store always reflects at least the offsets it claims, which is
 what a starting node needs (it replays the log from those offsets; events
 it already holds are ignored by version).
 
-What the store holds (`state_keys`; read by services.statestore):
+What the store holds (`state_keys`; read by services.state):
 sessions (the newest session event per client, as the log has it),
 per-client clearing floors, subscriptions per client and filter (live or
 tombstone, with options), routes (live subscriptions per filter and node),
@@ -21,7 +21,7 @@ last batch, and the log generation the offsets belong to).
 
 The log generation: the embedded Kafka keeps its log in memory, so after a
 restart a node re-seeds the log from this store and sets a new generation
-(services.statestore). A checkpoint made on an older generation is then
+(services.state). A checkpoint made on an older generation is then
 ahead of the log; `run` discards it and starts from the offsets the store
 records instead, rather than failing with a data-loss error.
 """
@@ -134,7 +134,7 @@ def fold(parsed: DataFrame) -> DataFrame:
 
 
 def sub_value() -> Any:
-    """A subscription as the store keeps it (services.statestore reads it back):
+    """A subscription as the store keeps it (services.state reads it back):
     "version|live|qos|no_local|rap|rh|sid|ts_ms|node", sid empty for none."""
     from pyspark.sql import functions as F
 

@@ -35,10 +35,13 @@ LAYERS = {
     "auth": 2,
     "hooks": 2,
     "metrics": 2,
-    "statestore": 2,  # the Spark job's projection of the log, as a starting node reads it
-    "node": 3,
-    "admin": 4,  # REST API, CLI, dashboard: over the node
-    "__main__": 5,
+    "state": 2,  # the log's state: the reference fold, the state store's records, drift
+    "machine": 2,  # process lifecycle: backends, supervisor, pid files, drain, Spark child
+    "broker": 3,  # the pub/sub parts of one node
+    "listener": 4,  # sockets and connections over the broker's ports
+    "node": 5,  # one process: composition root, start/stop order, bootstrap
+    "admin": 6,  # REST API, CLI, dashboard: over the node
+    "__main__": 7,
 }
 STREAMS_MAY_IMPORT = ("services.event.schema", "services.settings")
 

@@ -46,16 +46,16 @@ from typing import Any, Final
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.admin import drift
 from services.cluster.membership import RedisMembership
-from services.cluster.view import ClusterView
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.event.schema import Event, topic_names
 from services.node.bootstrap import load_snapshot
-from services.node.viewdump import ViewRecords, view_records
 from services.settings import SettingsError, load
-from services.statestore.live import DumpMeta, LiveState, Positions
-from services.statestore.redis import RedisStateStore
+from services.state import drift
+from services.state.live import DumpMeta, LiveState, Positions
+from services.state.records import ViewRecords, view_records
+from services.state.redis import RedisStateStore
+from services.state.view import ClusterView
 
 log = logging.getLogger("weir.verify")
 

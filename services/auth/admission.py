@@ -12,12 +12,12 @@ in this order, the first refusal winning:
    (3.x: 3, server unavailable), counted only when not refused before.
 
 (Address rules and connection counts per listener are the listener's, at
-accept: `services.node.listeners`.)
+accept: `services.listener.listeners`.)
 
 A refusal names its rule and the counter it goes to (`services.metrics.api`);
-the node logs and counts it (`services.node.seams`). An admitted client gets
+the node logs and counts it (`services.broker.seams`). An admitted client gets
 its read `Budget` when per-client rates are configured. The node builds it
-from its settings (`services.node.seams.admitting`), starts and stops it
+from its settings (`services.broker.seams.admitting`), starts and stops it
 (the Redis ban table follows a channel and polls).
 """
 

@@ -44,7 +44,7 @@ class HandshakeRejected(LinkError):
 class InboundLink(Protocol):
     """A peer's link into this node: the node may make its frames wait."""
 
-    holder: object  # what the node keeps per link (services.node.remote.LinkHold)
+    holder: object  # what the node keeps per link (services.broker.remote.LinkHold)
 
     def pause(self) -> None:
         """Handle no more of its frames (and stop reading them) until `resume`."""

@@ -81,7 +81,7 @@ class _Inbound(asyncio.Protocol):
         self._peer: str | None = None
         self._transport: asyncio.Transport | None = None
         self.paused = False  # by the node: a local subscriber cannot keep up
-        self.holder: object = None  # the node's hold on this link (services.node.remote)
+        self.holder: object = None  # the node's hold on this link (services.broker.remote)
 
     def pause(self) -> None:
         """Stop handling this peer's frames (and reading them) until `resume`."""

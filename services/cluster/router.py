@@ -1,7 +1,7 @@
 """Cross-node routing: what the broker calls, and what it is called back with.
 
 Theory of operation. The broker matches a publish against the global
-subscription tree (from the log, `services.cluster.view`); for every
+subscription tree (from the log, `services.state.view`); for every
 matching client that is not local it asks the router:
 
 - clean session online on node X: `forward(message, {X: [client ids]})`.

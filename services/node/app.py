@@ -10,7 +10,7 @@
   (AOF profile `--durability default|durable`, see
   `services.embedded.redis_server`) and the embedded Kafka-protocol broker
   (Tansu, memory only). Clean sessions use memory stores, persistent ones
-  Redis (`services.node.stores`); every node uses the Kafka event log.
+  Redis (`services.broker.stores`); every node uses the Kafka event log.
   Embedded services stop after the node.
 
 `main(argv)` parses the command line, loads settings, runs one node until
@@ -30,13 +30,13 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from services.listener_settings import add_arguments as add_listener_arguments
-from services.node.backends import BackendError, start_backends
+from services.machine.backends import BackendError, start_backends
 from services.settings import Settings, SettingsError, exposure_error, load
 
 if TYPE_CHECKING:
+    from services.broker.seams import Seams
     from services.cluster.router import ClusterRouter
     from services.node.node import Services
-    from services.node.seams import Seams
 
 EXIT_OK = 0
 EXIT_START_FAILED = 1
@@ -109,7 +109,7 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="run N node processes sharing the MQTT port (SO_REUSEPORT), each a cluster "
         "node <node-id>-<i> on the shared Redis and Kafka, restarted if it dies "
-        "(see services.node.supervisor)",
+        "(see services.machine.supervisor)",
     )
     p.add_argument(
         "--nodes",
@@ -117,7 +117,7 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="run N cluster nodes <node-id>-<i> on consecutive MQTT (and WebSocket) ports "
         "from --mqtt-port, on one Redis and Kafka, restarted if they die; pid and log "
-        "files in <data-dir>/nodes (see services.node.supervisor)",
+        "files in <data-dir>/nodes (see services.machine.supervisor)",
     )
     p.add_argument(
         "--reuse-port",
@@ -196,9 +196,9 @@ def parse_args(argv: Sequence[str]) -> dict[str, Any]:
 
 def build_services(settings: Settings) -> Services:
     """The pure-memory backends (`--backend memory`)."""
+    from services.broker.seams import admitting
     from services.event.memory import MemoryEventLog
     from services.node.node import Services
-    from services.node.seams import admitting
     from services.queue.memory import MemoryQueueStore
     from services.retain.store import MemoryRetainStore
     from services.session.memory import MemorySessionStore
@@ -222,8 +222,8 @@ def seams_for(settings: Settings, redis: Any = None) -> Seams:
     from services.auth.acl import Acl
     from services.auth.aclfile import AclFileError
     from services.auth.aclredis import RedisAcl
+    from services.broker.seams import Seams
     from services.node.authn import authenticator, enhanced
-    from services.node.seams import Seams
 
     try:
         acl_redis = RedisAcl(redis) if settings.acl_redis and redis is not None else None
@@ -265,11 +265,11 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
     if settings.backend == "memory":
         yield build_services(settings), "memory backends"
         return
+    from services.broker.seams import admitting
+    from services.broker.stores import TieredQueueStore, TieredSessionStore, Tiers
     from services.embedded.redis_server import RedisServer
     from services.event.kafka import KafkaEventLog, KafkaSettings
     from services.node.node import Services
-    from services.node.seams import admitting
-    from services.node.stores import TieredQueueStore, TieredSessionStore, Tiers
     from services.queue.api import DROP_OLDEST
     from services.queue.memory import MemoryQueueStore
     from services.queue.redis import RedisQueueStore
@@ -277,7 +277,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
     from services.session.api import SessionError
     from services.session.memory import MemorySessionStore
     from services.session.redis import RedisSessionStore, RedisWillStore, bounded, connect
-    from services.statestore.redis import RedisStateStore
+    from services.state.redis import RedisStateStore
 
     started: list[Any] = []
     closers: list[Any] = []
@@ -367,7 +367,7 @@ async def _serve(
     from services.mqtt.packets import ReasonCode
     from services.node import authn
     from services.node.node import Node
-    from services.statestore.api import StateStoreError
+    from services.state.store import StateStoreError
 
     node = Node(settings, services, reuse_port=reuse_port)
     try:
@@ -411,7 +411,7 @@ async def _serve(
     loop.add_signal_handler(signal.SIGHUP, reload)
     job = None
     if spark and services.endpoints is not None:
-        from services.node import sparkjob
+        from services.machine import sparkjob
 
         job = sparkjob.start(settings, *services.endpoints)
         print(
@@ -434,7 +434,7 @@ async def _serve(
         else:
             await node.stop()  # the seams too (the authenticator's connections)
         if job is not None:
-            from services.node import sparkjob
+            from services.machine import sparkjob
 
             code = await asyncio.to_thread(sparkjob.stop, job)
             print(f"weir: state-store Spark job stopped (exit {code})", flush=True)
@@ -471,7 +471,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"weir up: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     if workers is not None or nodes is not None:
-        from services.node.supervisor import supervise
+        from services.machine.supervisor import supervise
 
         return supervise(settings, _without_workers(argv), nodes, workers, spark=spark)
     if spark and settings.backend == "memory":

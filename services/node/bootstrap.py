@@ -25,11 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from services.cluster.view import ClusterView
+from services.broker.logstate import LogState, gc_paused
 from services.event.api import EventLog
 from services.event.schema import Event
-from services.node.logstate import LogState, gc_paused
-from services.statestore.api import StateSnapshot, StateStore, StateStoreError
+from services.state.store import StateSnapshot, StateStore, StateStoreError
+from services.state.view import ClusterView
 
 log = logging.getLogger("weir.bootstrap")
 

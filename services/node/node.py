@@ -1,5 +1,5 @@
 """A running node: the broker plus its listeners (TCP, TLS, WebSocket, WSS;
-`services.node.listeners`).
+`services.listener.listeners`).
 
 Start (DESIGN 6): read the ban table (`Seams.start`), replay the event
 log to the end of every partition into the broker's state (`LogState`),
@@ -26,24 +26,25 @@ import asyncio
 import gc
 from dataclasses import dataclass, field
 
+from services.broker.broker import Broker
+from services.broker.seams import Seams
+from services.broker.timers import TimerWheel
 from services.cluster.router import ClusterRouter
 from services.event.api import EventLog
+from services.listener.connection import Connection
+from services.listener.listeners import Listener
+from services.listener.websocket import WebSocketProtocol
 from services.metrics.api import Recorder
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import ReasonCode
-from services.node import bootstrap, viewdump
-from services.node.broker import Broker
-from services.node.connection import Connection
-from services.node.listeners import Listener
-from services.node.seams import Seams
-from services.node.timers import TimerWheel
-from services.node.websocket import WebSocketProtocol
+from services.node import bootstrap
+from services.node import dump as viewdump
 from services.queue.api import QueueStore
 from services.retain.api import RetainStore
 from services.session.api import SessionStore, WillStore
 from services.session.memory import MemoryWillStore
 from services.settings import Settings
-from services.statestore.api import StateStore
+from services.state.store import StateStore
 
 
 @dataclass(frozen=True, slots=True)

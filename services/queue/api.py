@@ -107,7 +107,7 @@ class QueueStore(Protocol):
         stale (`fenced_marks`) is not added and its items are left out
         (neither accepted nor dropped). A store made of tiers is atomic per
         tier: a mark with the items in its publisher's tier
-        (`services.node.stores`).
+        (`services.broker.stores`).
 
         Under REFUSE, a client's new QoS 1/2 messages fit while its queued
         QoS 1/2 messages plus them stay within the bound, counting a taker's

@@ -8,8 +8,8 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from services.auth.chain import Backend, Chain
+from services.broker.seams import Seams
 from services.metrics.api import MemoryRecorder
-from services.node.seams import Seams
 from tests.integration.conftest import NodeRunner, Paho, node_settings
 
 ALLOWED = "Success"

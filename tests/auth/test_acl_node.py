@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from services.auth.acl import Acl
+from services.broker.seams import Seams
 from services.metrics.api import MemoryRecorder
 from services.mqtt.packets import Pubcomp, Publish, Pubrec, Pubrel
-from services.node.seams import Seams
 from services.settings import Listeners
 from tests.integration.conftest import NodeRunner, Paho, clients, node_settings, raws
 from tests.integration.rawclient import V5, V311, Raw

@@ -16,8 +16,8 @@ import pytest
 
 from services.auth.api import ALLOW, ClientInfo, Decision
 from services.auth.banned import Ban
+from services.broker.seams import Seams, admitting
 from services.metrics.api import MemoryRecorder
-from services.node.seams import Seams, admitting
 from tests.integration.conftest import NodeRunner, Paho, node_settings
 
 LEVELS = [pytest.param(False, id="v311"), pytest.param(True, id="v5")]

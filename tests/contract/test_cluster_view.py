@@ -19,13 +19,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.cluster.view import (
-    ClusterView,
-    RetainedEntry,
-    SessionEntry,
-    SubscriptionOptions,
-    ViewSnapshot,
-)
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.event.schema import (
     Event,
@@ -37,6 +30,13 @@ from services.event.schema import (
     SessionOpened,
     Subscribed,
     Unsubscribed,
+)
+from services.state.view import (
+    ClusterView,
+    RetainedEntry,
+    SessionEntry,
+    SubscriptionOptions,
+    ViewSnapshot,
 )
 
 CLIENTS = ("c0", "c1", "c2")
@@ -231,7 +231,7 @@ def test_view_is_a_function_of_the_event_set(ops: list[Op], seed: int) -> None:
 
 
 def as_row(e: Subscribed | Unsubscribed) -> tuple[object, ...]:
-    """A state store row (services.statestore.api.StoredSubscription's fields)."""
+    """A state store row (services.state.store.StoredSubscription's fields)."""
     if isinstance(e, Unsubscribed):
         return (e.client_id, e.filter, e.version, False, 0, False, False, 0, None, e.ts_ms, e.node)
     return (

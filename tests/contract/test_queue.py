@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.broker.stores import TieredQueueStore, TieredSessionStore, Tiers
 from services.embedded.redis_server import RedisServer
 from services.mqtt.packets import Message, Properties
-from services.node.stores import TieredQueueStore, TieredSessionStore, Tiers
 from services.queue.api import DROP_OLDEST, REFUSE, EnqueueResult, IncomingMark, QueueStore
 from services.queue.memory import MemoryQueueStore
 from services.queue.redis import RedisQueueStore

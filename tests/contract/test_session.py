@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from services.broker.stores import TieredSessionStore, Tiers
 from services.embedded.redis_server import RedisServer
-from services.node.stores import TieredSessionStore, Tiers
 from services.session.api import Fenced, SessionStore, StoreUnavailable
 from services.session.memory import MemorySessionStore
 from services.session.redis import RedisSessionStore
@@ -225,7 +225,7 @@ async def test_a_burst_of_concurrent_claims_waits_for_connections(store: Session
     assert all(c.epoch > 0 and not c.session_present for c in claims)
 
 
-# -- node death: a dead node's sessions (services.node.orphans) --------------------
+# -- node death: a dead node's sessions (services.broker.orphans) --------------------
 
 
 async def test_orphans_are_the_dead_nodes_online_sessions(store: SessionStore) -> None:

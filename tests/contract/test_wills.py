@@ -1,4 +1,4 @@
-"""WillStore contract (wills stored with the session: services.node.wills), over
+"""WillStore contract (wills stored with the session: services.broker.wills), over
 the memory and the Redis store. Client and node names are unique per test,
 since an orphan search scans every will of the store."""
 

@@ -19,7 +19,7 @@ import pytest
 from services.settings import Listeners, Settings, load
 
 if TYPE_CHECKING:
-    from services.node.seams import Seams
+    from services.broker.seams import Seams
     from tests.integration.rawclient import Raw
 
 START_TIMEOUT_S = 10.0

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.proc import find_listener_pids
-from services.node.pidfiles import NodeFiles, nodes_dir
+from services.machine.pidfiles import NodeFiles, nodes_dir
 from tests.integration.conftest import Paho
 from tests.support.ports import free_port
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from services.auth.api import ALLOW, Action, ClientInfo, Decision
+from services.broker.seams import Seams
 from services.hooks.api import HOOK_POINTS, Continue, Hooks
 from services.metrics.api import MemoryRecorder
 from services.mqtt.packets import (
@@ -23,7 +24,6 @@ from services.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
-from services.node.seams import Seams
 from tests.integration.conftest import NodeRunner, node_settings
 from tests.integration.rawclient import V5, V311, Raw, opened, v5_disconnect_code
 

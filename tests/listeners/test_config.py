@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import trustme
 
-from services.node import supervisor
+from services.machine import supervisor
+from services.machine.pidfiles import NodeFiles
 from services.node.app import main as up_main
-from services.node.pidfiles import NodeFiles
 from services.settings import SettingsError, exposure_error, load
 from tests.listeners.conftest import Pki, make_pki
 

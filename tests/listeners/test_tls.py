@@ -177,7 +177,7 @@ def test_tls_1_3_minimum(listener_node: Start, pki: Pki, clients: list[Paho]) ->
 def test_a_stalled_handshake_is_closed_and_counted(
     listener_node: Start, pki: Pki, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from services.node import listeners
+    from services.listener import listeners
 
     monkeypatch.setattr(listeners, "TLS_HANDSHAKE_TIMEOUT_S", 0.3)
     node = listener_node(tls_table(pki, "slow"))
@@ -195,7 +195,7 @@ def test_a_node_stops_with_a_handshake_pending(listener_node: Start, pki: Pki) -
 
 
 def test_the_dn_is_written_as_rfc_4514_says() -> None:
-    from services.node.listeners import identity
+    from services.listener.listeners import identity
 
     cert = {
         "subject": (

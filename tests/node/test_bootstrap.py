@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import asyncio
 
+from services.broker.logstate import LogState
+from services.broker.ports import Session
+from services.broker.routes import Routes
 from services.event.memory import MemoryEventLog, MemoryLog
 from services.event.schema import Event, SessionClosed, SessionOpened, Subscribed, Unsubscribed
 from services.node import bootstrap
-from services.node.logstate import LogState
-from services.node.ports import Session
-from services.node.routes import Routes
 from services.retain.store import MemoryRetainStore
 from services.session.memory import MemorySessionStore
-from services.statestore.api import StateSnapshot, StoredSubscription
+from services.state.store import StateSnapshot, StoredSubscription
 
 
 class FixedStore:

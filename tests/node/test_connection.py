@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 
+from services.broker.broker import Broker
+from services.broker.timers import TimerWheel
+from services.listener.connection import Connection
 from services.mqtt import codec
 from services.mqtt.packets import (
     Connack,
@@ -26,10 +29,7 @@ from services.mqtt.packets import (
     Subscription,
 )
 from services.node.app import build_services
-from services.node.broker import Broker
-from services.node.connection import Connection
 from services.node.node import channel_config
-from services.node.timers import TimerWheel
 from services.settings import SHARED_STRATEGIES, Settings, load
 from tests.support.wait import until
 
@@ -245,7 +245,7 @@ async def test_publisher_waits_while_its_subscriber_is_paused(harness: Harness) 
 async def test_stuck_subscriber_stalls_publisher_once_then_drops(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from services.node import connection
+    from services.listener import connection
 
     monkeypatch.setattr(connection, "PUBLISHER_STALL_S", 0.05)
     h = await make_harness(settings(subscriber_queue_bytes=100))
@@ -355,8 +355,8 @@ async def test_leaving_shared_member_hands_unacked_to_another(harness: Harness) 
 async def test_qos1_publisher_waits_for_a_full_subscriber_queue(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from services.listener import connection
     from services.mqtt.packets import Puback
-    from services.node import connection
 
     monkeypatch.setattr(connection, "PUBLISHER_STALL_S", 30.0)
     h = await make_harness(settings(queue_limit=8))

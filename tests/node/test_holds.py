@@ -16,8 +16,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from services.node.ports import PUBLISHER_STALL_S
-from services.node.remote import LinkHold
+from services.broker.ports import PUBLISHER_STALL_S
+from services.broker.remote import LinkHold
 from tests.node.test_connection import make_harness, settings
 
 

@@ -1,5 +1,5 @@
 """Shared groups on one node over a fake transport: what a peer's forward and a
-leaving member hand to `services.node.shared` (cross-node runs are in
+leaving member hand to `services.broker.shared` (cross-node runs are in
 tests/integration/test_cluster_shared.py)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from dataclasses import replace
 
 import pytest
 
+from services.broker import shared
 from services.event.schema import SessionOpened, Subscribed
+from services.listener.connection import Connection
 from services.mqtt import codec
 from services.mqtt.packets import Message, Publish, Suback, Subscribe, Subscription, Unsubscribe
-from services.node import shared
-from services.node.connection import Connection
 from services.queue.api import Inflight
 from tests.node.test_connection import (
     FakeTransport,

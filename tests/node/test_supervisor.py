@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from services.node import supervisor
+from services.machine import supervisor
+from services.machine.drain import main as drain_main
+from services.machine.pidfiles import NodeFiles, StalePidFile, live_pid, node_ids, nodes_dir
 from services.node.app import _without_workers
 from services.node.app import main as up_main
-from services.node.drain import main as drain_main
-from services.node.pidfiles import NodeFiles, StalePidFile, live_pid, node_ids, nodes_dir
 from tests.support.wait import wait_until
 
 

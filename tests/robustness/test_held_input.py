@@ -20,9 +20,9 @@ from collections.abc import Iterator
 import pytest
 
 from services.auth.api import ALLOW, ClientInfo, Decision
+from services.broker.seams import Seams
 from services.mqtt.codec import encode
 from services.mqtt.packets import Connack, Connect, Pingreq, Pingresp, Publish
-from services.node.seams import Seams
 from tests.integration.conftest import NodeRunner, node_settings
 from tests.integration.rawclient import V311, WAIT_S, Raw, assert_alive
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import redis
 from confluent_kafka import Producer
 
-from services.cluster.view import ClusterView
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.event.schema import Event, encode
+from services.state.view import ClusterView
 from tests.contract.test_cluster_view import to_events
 from tests.streams.test_statestore import load, random_ops, view_of
 from tests.support.wait import wait_until

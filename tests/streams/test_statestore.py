@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import redis
 
-from services.cluster.view import ClusterView
 from services.event.schema import (
     EVENT_TYPES,
     Event,
@@ -31,9 +30,10 @@ from services.event.schema import (
     wire_fields,
 )
 from services.node.bootstrap import load_snapshot
-from services.statestore import redis as reader
-from services.statestore.api import StateSnapshot
-from services.statestore.redis import RedisStateStore
+from services.state import redis as reader
+from services.state.redis import RedisStateStore
+from services.state.store import StateSnapshot
+from services.state.view import ClusterView
 from streams import statestore
 from streams.events import as_raw_rows, event_schema, parse, raw_schema
 from streams.statestore import StateWriter, collect, fold

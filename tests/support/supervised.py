@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.node.pidfiles import NodeFiles, nodes_dir
+from services.machine.pidfiles import NodeFiles, nodes_dir
 from tests.support.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]

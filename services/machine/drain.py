@@ -6,7 +6,7 @@ MQTT 5 clients get DISCONNECT 0x9C "use another server" (with its
 --server-reference as the Server Reference), 3.1.1 clients are closed, and
 the node exits 0 once they are gone or its shutdown grace has passed; the
 supervisor does not restart a node that exits 0. This command finds the
-nodes through the supervisor's pid files (`services.node.pidfiles`): the
+nodes through the supervisor's pid files (`services.machine.pidfiles`): the
 named ones, or every one with a pid file. It reports each node it signalled
 on stdout, and each it could not (no pid file, a stale one) in one line on
 stderr; exit 0 when every node was signalled, 1 otherwise, 2 for bad
@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from services.node.pidfiles import NodeFiles, StalePidFile, live_pid, node_ids, nodes_dir
+from services.machine.pidfiles import NodeFiles, StalePidFile, live_pid, node_ids, nodes_dir
 from services.settings import SettingsError, load
 
 DRAIN_SIGNAL = signal.SIGUSR1

@@ -20,9 +20,9 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 
+from services.broker.ports import Session, SubOptions
 from services.mqtt.packets import Message
 from services.mqtt.trie import TopicTrie
-from services.node.ports import Session, SubOptions
 
 PLAN_CACHE_SIZE = 4096  # topics whose routing plan is kept; cleared whole when full
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
-from services.cluster.view import ClusterView, SubscriptionOptions
+from services.broker.ports import RoutingTable, Session, SubOptions, now_ms
 from services.event.api import EventLog, EventLogError
 from services.event.schema import (
     Event,
@@ -39,9 +39,9 @@ from services.event.schema import (
     Unsubscribed,
 )
 from services.mqtt.packets import Message, Properties
-from services.node.ports import RoutingTable, Session, SubOptions, now_ms
 from services.retain.api import RetainStore
 from services.session.api import SessionError, SessionStore
+from services.state.view import ClusterView, SubscriptionOptions
 from services.tasks import cancel_and_wait
 
 log = logging.getLogger("weir.logstate")

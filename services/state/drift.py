@@ -3,7 +3,7 @@
 Theory of operation. The reference is a full replay of the log into a
 `ClusterView`. Every source (the state store loaded the way a starting node
 loads it, each live node's dump) is described by the same records
-(services.node.viewdump), so comparing is a matter of keys and fields:
+(services.state.records), so comparing is a matter of keys and fields:
 an entry the source lacks, an entry the log does not have, or an entry
 whose fields differ, one line each, naming every differing field with both
 values. Lines are sorted by what they are about, so two runs over the same
@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from services.event.schema import Event, SessionEvent
-from services.node.viewdump import ViewRecords
-from services.statestore.live import Positions, Record
+from services.state.live import Positions, Record
+from services.state.records import ViewRecords
 
 LOG = "log"  # how the reference is named in a line
 

@@ -11,7 +11,7 @@ dump key (`write`). All keys share the state store's hash tag:
     {<topic prefix>state}:live:<node id>   a node's answer (hash, TTL)
 
 A dump is one hash whose fields are the entries, each a flat JSON object
-of scalars (what they hold is services.node.viewdump's business):
+of scalars (what they hold is services.state.records's business):
 
     meta                       {"nonce", "node", "ts_ms", "positions":
                                 {"<topic>:<partition>": next offset}}
@@ -40,7 +40,7 @@ from typing import Any, Final, TypeAlias, TypeVar, cast
 
 import redis.asyncio as aioredis
 
-from services.statestore.api import StateStoreUnavailable
+from services.state.store import StateStoreUnavailable
 from services.store.errors import StoreUnavailable
 from services.store.redis import bounded
 

@@ -26,18 +26,18 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from services.broker.delivery import Delivery
+from services.broker.dispatch import Dispatch
+from services.broker.logstate import LogState
+from services.broker.ports import ConnectionPort, Session, SubOptions, now_ms
+from services.broker.remote import Remote
+from services.broker.routes import Routes
+from services.broker.seams import Seams
+from services.broker.wills import Wills
 from services.event.api import EventLogError
 from services.event.schema import Event, SessionClosed, SessionExpired, SessionOpened
 from services.mqtt.actions import OpenSession
 from services.mqtt.packets import ReasonCode, Will
-from services.node.delivery import Delivery
-from services.node.dispatch import Dispatch
-from services.node.logstate import LogState
-from services.node.ports import ConnectionPort, Session, SubOptions, now_ms
-from services.node.remote import Remote
-from services.node.routes import Routes
-from services.node.seams import Seams
-from services.node.wills import Wills
 from services.queue.api import Inflight, QueueStore
 from services.session.api import Fenced, SessionError, SessionStore
 from services.settings import Limits

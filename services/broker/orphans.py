@@ -32,11 +32,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from services.broker.logstate import LogState
+from services.broker.ports import now_ms
+from services.broker.wills import Wills
 from services.event.api import EventLogError
 from services.event.schema import SessionClosed
-from services.node.logstate import LogState
-from services.node.ports import now_ms
-from services.node.wills import Wills
 from services.session.api import SessionError, SessionStore
 
 log = logging.getLogger("weir.orphans")

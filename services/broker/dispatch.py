@@ -31,19 +31,19 @@ import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from services.broker.delivery import Delivery
+from services.broker.logstate import LogState
+from services.broker.ports import ConnectionPort, Session, SubOptions, Turn, now_ms
+from services.broker.remote import Remote
+from services.broker.routes import PlanEntry, Routes, adjusted
+from services.broker.seams import Seams
+from services.broker.shared import Shared
 from services.event.api import EventLogError
 from services.event.schema import Event, RetainedCleared, RetainedSet
 from services.mqtt import codec
 from services.mqtt.actions import Route
 from services.mqtt.packets import Message, PacketType, ReasonCode
 from services.mqtt.topics import matches, parse_shared
-from services.node.delivery import Delivery
-from services.node.logstate import LogState
-from services.node.ports import ConnectionPort, Session, SubOptions, Turn, now_ms
-from services.node.remote import Remote
-from services.node.routes import PlanEntry, Routes, adjusted
-from services.node.seams import Seams
-from services.node.shared import Shared
 from services.queue.api import IncomingMark, QueueStore
 from services.session.api import Fenced, SessionError, SessionStore
 

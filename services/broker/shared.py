@@ -48,13 +48,13 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 from typing import TypeVar
 
-from services.cluster.view import SessionEntry
+from services.broker.delivery import Delivery
+from services.broker.ports import Session, SubOptions, now_ms
+from services.broker.remote import Remote
+from services.broker.routes import Routes, for_subscriber
 from services.mqtt.packets import Message
-from services.node.delivery import Delivery
-from services.node.ports import Session, SubOptions, now_ms
-from services.node.remote import Remote
-from services.node.routes import Routes, for_subscriber
 from services.queue.api import Inflight
+from services.state.view import SessionEntry
 
 PICK_STATE_LIMIT = 65_536  # round-robin counters and sticky picks kept; cleared when full
 #   (a key per publisher and group: bounded so a churn of publishers cannot grow it)

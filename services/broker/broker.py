@@ -39,6 +39,18 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from services.auth.banned import Ban
+from services.broker.cm import ConnectionManager
+from services.broker.delivery import Delivery
+from services.broker.dispatch import Dispatch
+from services.broker.logstate import LogState
+from services.broker.orphans import Orphans
+from services.broker.ports import ConnectionPort, Publisher, Session, SubOptions, Turn
+from services.broker.remote import Remote
+from services.broker.routes import Routes
+from services.broker.seams import Seams
+from services.broker.subscriptions import Subscriptions
+from services.broker.timers import TimerWheel
+from services.broker.wills import Wills
 from services.event.api import EventLog
 from services.mqtt.actions import (
     Authenticate,
@@ -51,18 +63,6 @@ from services.mqtt.actions import (
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import Message, ReasonCode, Will
 from services.mqtt.trie import TopicTrie
-from services.node.cm import ConnectionManager
-from services.node.delivery import Delivery
-from services.node.dispatch import Dispatch
-from services.node.logstate import LogState
-from services.node.orphans import Orphans
-from services.node.ports import ConnectionPort, Publisher, Session, SubOptions, Turn
-from services.node.remote import Remote
-from services.node.routes import Routes
-from services.node.seams import Seams
-from services.node.subscriptions import Subscriptions
-from services.node.timers import TimerWheel
-from services.node.wills import Wills
 from services.queue.api import QueueStore
 from services.retain.api import RetainStore
 from services.session.api import SessionStore, WillStore

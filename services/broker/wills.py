@@ -29,8 +29,8 @@ import secrets
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from services.broker.ports import now_ms
 from services.mqtt.packets import NO_PROPERTIES, Message, Will
-from services.node.ports import now_ms
 from services.session.api import SessionError, StoredWill, WillStore
 from services.store import serial
 

@@ -26,6 +26,12 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from services.broker.delivery import Delivery
+from services.broker.dispatch import Dispatch
+from services.broker.logstate import LogState
+from services.broker.ports import ConnectionPort, Session, SubOptions, now_ms
+from services.broker.routes import Routes, for_subscriber
+from services.broker.seams import Seams
 from services.event.api import EventLogError
 from services.event.schema import Event, Subscribed, Unsubscribed
 from services.mqtt.actions import SubscribeRequest, UnsubscribeRequest
@@ -33,12 +39,6 @@ from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.errors import TopicFilterInvalid
 from services.mqtt.packets import ReasonCode
 from services.mqtt.topics import parse_shared, validate_topic_filter
-from services.node.delivery import Delivery
-from services.node.dispatch import Dispatch
-from services.node.logstate import LogState
-from services.node.ports import ConnectionPort, Session, SubOptions, now_ms
-from services.node.routes import Routes, for_subscriber
-from services.node.seams import Seams
 from services.retain.api import RetainStore
 from services.session.api import SessionError, SessionStore
 

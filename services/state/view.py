@@ -33,7 +33,7 @@ that so.
    clients connect with ever new ids would grow by them for good. With
    `keep_ended` set, the view keeps the versions of that many ended
    clients and forgets the longest-ended beyond them. The node sets it once
-   its replay is done (`services.node.logstate`), when the events it reads
+   its replay is done (`services.broker.logstate`), when the events it reads
    are the ones being appended now: a client's late event (two writers in a
    race, or one topic read ahead of the other) comes within moments of its
    end, long before that many other clients ended after it. During replay

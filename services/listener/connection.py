@@ -29,6 +29,14 @@ from typing import TYPE_CHECKING
 
 from services.auth.api import ClientInfo
 from services.auth.limits import Budget
+from services.broker.ports import (
+    PUBLISHER_STALL_S,
+    BrokerPort,
+    ConnectionPort,
+    PeerGate,
+    Publisher,
+    Session,
+)
 from services.mqtt import codec
 from services.mqtt.actions import (
     Acked,
@@ -49,17 +57,9 @@ from services.mqtt.actions import (
 from services.mqtt.channel import KEEPALIVE_FACTOR, KEEPALIVE_TIMER, Channel
 from services.mqtt.errors import MQTTError
 from services.mqtt.packets import ReasonCode
-from services.node.ports import (
-    PUBLISHER_STALL_S,
-    BrokerPort,
-    ConnectionPort,
-    PeerGate,
-    Publisher,
-    Session,
-)
 
 if TYPE_CHECKING:
-    from services.node.listeners import Listener
+    from services.listener.listeners import Listener
 
 #   before that subscriber is treated as slow (QoS 0 dropped) until it drains
 EARLY_FLUSH_BYTES = 64 * 1024  # bytes: hand output to the transport within the turn, so
@@ -132,7 +132,7 @@ class Connection(asyncio.Protocol):
         self.dirty = False
         self.dropped = 0
         self.max_outgoing_packet: int | None = None  # the client's Maximum Packet Size
-        self.will_token: str | None = None  # its will in the will store (services.node.wills)
+        self.will_token: str | None = None  # its will in the will store (services.broker.wills)
 
     # -- asyncio.Protocol ---------------------------------------------------
 

@@ -18,7 +18,7 @@ others over cluster links.
   with SO_REUSEPORT, so the kernel spreads new connections over them and
   clients see one broker.
 
-Files (`services.node.pidfiles`): `<data-dir>/nodes/<id>.pid`, `<id>.log`
+Files (`services.machine.pidfiles`): `<data-dir>/nodes/<id>.pid`, `<id>.log`
 (the node's stdout and stderr, appended across restarts) and `<id>/` (its
 data dir). A node is ready when its log shows its ready line since its
 last start; the supervisor then prints its own ready line for it.
@@ -61,8 +61,8 @@ from typing import Any
 
 from services.embedded.process import child_options
 from services.listener_settings import ListenerConfig
-from services.node.backends import BackendError, start_backends
-from services.node.pidfiles import NodeFiles, nodes_dir
+from services.machine.backends import BackendError, start_backends
+from services.machine.pidfiles import NodeFiles, nodes_dir
 from services.settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
@@ -265,7 +265,7 @@ def supervise(
                 if not stop.requested:
                     slot.start()
             if spark and not stop.requested:  # one job for all; it waits out a re-seed (streams)
-                from services.node import sparkjob
+                from services.machine import sparkjob
 
                 job = sparkjob.start(settings, redis_url, kafka)
                 print(f"weir: state-store Spark job started (pid {job.pid})", flush=True)
@@ -276,7 +276,7 @@ def supervise(
         finally:
             _stop_all(slots)
             if job is not None:
-                from services.node import sparkjob
+                from services.machine import sparkjob
 
                 code = sparkjob.stop(job)
                 print(f"weir: state-store Spark job stopped (exit {code})", flush=True)

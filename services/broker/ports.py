@@ -128,7 +128,7 @@ PUBLISHER_STALL_S = 0.5  # seconds a publisher waits for one slow subscriber to 
 
 class PeerGate:
     """What publishers of QoS 1/2 messages wait on while the cluster link to
-    `node` is backed up (`services.node.remote`): each hold ends when the link
+    `node` is backed up (`services.broker.remote`): each hold ends when the link
     drains or after PUBLISHER_STALL_S, and the next QoS 1/2 message for a link
     still backed up holds its publisher again, so what waits in the link's
     buffer grows by at most a turn's reading per publisher per stall."""

@@ -39,7 +39,7 @@ from services.event.schema import (
     EventSchemaError,
     decode,
 )
-from services.statestore.api import StateSnapshot, StateStoreUnavailable, StoredSubscription
+from services.state.store import StateSnapshot, StateStoreUnavailable, StoredSubscription
 
 log = logging.getLogger("weir.statestore")
 

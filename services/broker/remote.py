@@ -6,7 +6,7 @@ applies their options); persistent ones get it in their Redis queue through
 this node's delivery batch, and once that batch is stored their node is told
 to take it (`notify_stored`). A shared group's member elsewhere gets its copy
 through the same two paths, one client at a time (`forward_to`, `enqueue`;
-`services.node.shared` picks it). A takeover by another node (`kicked`) closes
+`services.broker.shared` picks it). A takeover by another node (`kicked`) closes
 our connection if it is older; until the log says the client moved, what we
 queue for it is announced to its new node (`moved`). When this node claims a
 session another node held, that node is told to close its connection
@@ -20,12 +20,12 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from services.broker.delivery import Delivery
+from services.broker.ports import PUBLISHER_STALL_S, ConnectionPort, PeerGate, Publisher, Session
+from services.broker.routes import RemoteEntry, Routes, delivered_form
 from services.cluster.api import InboundLink
-from services.cluster.view import ClusterView, SessionEntry
 from services.mqtt.packets import Message
-from services.node.delivery import Delivery
-from services.node.ports import PUBLISHER_STALL_S, ConnectionPort, PeerGate, Publisher, Session
-from services.node.routes import RemoteEntry, Routes, delivered_form
+from services.state.view import ClusterView, SessionEntry
 
 if TYPE_CHECKING:
     from services.cluster.router import ClusterRouter

@@ -14,7 +14,7 @@ overflow policy drop messages that were already acknowledged; below a
 quarter they go on.
 
 Tiers: clean sessions' messages go to the memory queue, persistent ones' to
-Redis (`services.node.stores`). When Redis fails, the publishers of that
+Redis (`services.broker.stores`). When Redis fails, the publishers of that
 batch get `channel.routed(token, ok=False)`: an MQTT 5 publisher gets
 PUBACK / PUBREC 0x80 (unspecified error), a 3.x publisher is disconnected
 and resends after reconnecting. Whatever the memory half took is still
@@ -40,10 +40,10 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from services.broker.ports import ConnectionPort, Publisher, Session, now_ms
+from services.broker.stores import DurablePartFailed
 from services.metrics.api import NullRecorder, Recorder
 from services.mqtt.packets import Message, ReasonCode
-from services.node.ports import ConnectionPort, Publisher, Session, now_ms
-from services.node.stores import DurablePartFailed
 from services.queue.api import IncomingMark, Inflight, QueueStore, TakeResult
 from services.session.api import Fenced, SessionError
 

@@ -2,7 +2,7 @@
 an embedded redis-server (its data under `<data-dir>/redis`) and the
 embedded Kafka-protocol broker, on free loopback ports. One node's `weir
 up` (`services.node.app`) and the supervisor of `--nodes` / `--workers`
-(`services.node.supervisor`) both start them here; the caller stops them,
+(`services.machine.supervisor`) both start them here; the caller stops them,
 in reverse order, after whatever uses them.
 """
 

@@ -6,7 +6,7 @@ and hands it `_FramedTransport`, a transport that wraps every write in one
 binary frame. Binary message payloads are fed to the connection as a byte
 stream: MQTT packets may span frames and frames may hold several packets.
 On a wss listener the socket under it is the TLS transport
-(`services.node.listeners`), which `_FramedTransport.get_extra_info` shows
+(`services.listener.listeners`), which `_FramedTransport.get_extra_info` shows
 the connection (its client certificate).
 """
 
@@ -29,11 +29,11 @@ from wsproto.events import (
 )
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
-from services.node.connection import Connection
+from services.listener.connection import Connection
 
 if TYPE_CHECKING:
-    from services.node.broker import Broker
-    from services.node.listeners import Listener
+    from services.broker.broker import Broker
+    from services.listener.listeners import Listener
 
 SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 CLOSE_NORMAL = 1000

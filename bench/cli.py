@@ -8,14 +8,15 @@ that cannot be reached exits 1 with one line.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
 import sys
-from collections.abc import Iterator, Sequence
-from typing import NoReturn
+from collections.abc import Callable, Iterator, Sequence
+from types import SimpleNamespace
+from typing import Any
 
+import click
 import uvloop
 
 from bench import wire
@@ -25,6 +26,8 @@ from bench.mosquitto import MOSQUITTO, spawn_mosquitto
 from bench.redisstats import figures, snapshot
 from bench.report import Result, comparison
 from bench.scenarios import FAN_OUT_SUBSCRIBERS, SCENARIOS, RunConfig, plan_for, run_plan
+from services.cli import CONTEXT
+from services.cli import run as run_command
 
 DEFAULT_MESSAGES = {"fan-in": 400_000, "fan-out": 4_000, "pairs": 400_000}
 """Messages published per run; fan-out delivers 100 times as many."""
@@ -66,22 +69,34 @@ that Redis's INFO commandstats/stats before and after: Redis commands and Lua
 calls per delivered message."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+class _Checked(click.ParamType):  # type: ignore[type-arg]
+    """A click type from a converter whose ValueError says what is wrong."""
+
+    def __init__(self, name: str, convert: Callable[[str], Any]) -> None:
+        self.name, self._convert = name, convert
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return self._convert(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
-    return value
+    if not text.lstrip("-").isdigit() or int(text) <= 0:
+        raise ValueError(f"must be positive, not {text}")
+    return int(text)
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
     if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+        raise ValueError(f"must be a positive number, not {text}")
     return value
 
 
@@ -89,93 +104,84 @@ MAX_PORT = 65535
 
 
 def _port(text: str) -> int:
-    value = int(text)
-    if not 0 < value <= MAX_PORT:
-        raise argparse.ArgumentTypeError(f"not a TCP port: {text}")
-    return value
+    if not text.isdigit() or not 0 < int(text) <= MAX_PORT:
+        raise ValueError(f"not a TCP port: {text}")
+    return int(text)
 
 
 def _address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, not {text!r}")
+        raise ValueError(f"expected HOST:PORT, not {text!r}")
     return host, _port(port)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="weir bench",
-        description=__doc__.splitlines()[0],
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("scenario", choices=(*SCENARIOS, "idle"))
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=_port, default=1883)
-    parser.add_argument(
-        "--sub-port",
-        type=_port,
-        help="subscribers connect here, publishers to --port: two nodes of one cluster "
-        "(the run first waits until the subscribers' routes reach the --port node)",
-    )
-    parser.add_argument(
-        "--ports",
-        type=_positive_int,
-        default=1,
-        help="idle: spread the connections over this many consecutive ports from --port "
-        "(the nodes of weir up --nodes N)",
-    )
-    parser.add_argument("--qos", type=int, choices=(0, 1), default=0)
-    parser.add_argument("--messages", type=_positive_int, help="messages published, at most")
-    parser.add_argument(
-        "--duration",
-        type=_positive_float,
-        default=10.0,
-        help="seconds of publishing, at most (then at most 5 s more for messages in flight)",
-    )
-    parser.add_argument("--size", type=int, default=32, help="payload bytes (at least 14 used)")
-    parser.add_argument("--window", type=_positive_int, default=64, help="QoS 1 unacked/publisher")
-    parser.add_argument("--rate", type=_positive_float, default=2000.0, help="latency: msg/s")
-    parser.add_argument("--mqtt", choices=("3.1.1", "5"), default="3.1.1")
-    parser.add_argument(
-        "--split",
-        action=argparse.BooleanOptionalAction,
-        help="publishers in a second process (default: only for fan-out, where it helps)",
-    )
-    parser.add_argument("--drain", type=_positive_float, default=1.0, help="quiet seconds to end")
-    parser.add_argument(
-        "--persistent", action="store_true", help="clean session 0, fixed client ids"
-    )
-    parser.add_argument(
-        "--cleanup",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="with --persistent: discard the sessions after the run (default: yes)",
-    )
-    parser.add_argument("--redis-url", help="the broker's Redis: count its commands per message")
-    parser.add_argument("--connections", type=_positive_int, default=1000, help="idle: how many")
-    parser.add_argument("--workers", type=_positive_int, help="idle: generator processes")
-    parser.add_argument("--broker-pid", type=_positive_int, help="for RSS and CPU (default: found)")
-    parser.add_argument(
-        "--username", help="idle: connect with this user name ({i}: the connection's index)"
-    )
-    parser.add_argument("--password", help="idle: and this password ({i} as in --username)")
-    parser.add_argument(
-        "--jwt-secret",
-        help="idle: the password is an HS256 JWT signed with this secret (sub: --username)",
-    )
-    parser.add_argument("--vs", type=_address, metavar="HOST:PORT", help="peer broker to compare")
-    parser.add_argument("--rounds", type=_positive_int, default=3, help="with --vs: A,B rounds")
-    parser.add_argument(
-        "--spawn-mosquitto", action="store_true", help=f"run {MOSQUITTO} as the --vs peer"
-    )
-    return parser
+POSITIVE = _Checked("N", _positive_int)
+SECONDS = _Checked("X", _positive_float)
+PORT = _Checked("PORT", _port)
+
+
+@click.command("bench", context_settings=CONTEXT, help=__doc__.splitlines()[0], epilog=EPILOG)
+@click.argument("scenario", type=click.Choice((*SCENARIOS, "idle")), metavar="SCENARIO")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=PORT, default=1883, show_default=True)
+@click.option("--sub-port", type=PORT, help="subscribers connect here, publishers to --port: two "
+              "nodes of one cluster (the run first waits until the subscribers' routes reach "
+              "the --port node)")  # fmt: skip
+@click.option("--ports", type=POSITIVE, default=1, help="idle: spread the connections over this "
+              "many consecutive ports from --port (the nodes of weir up --nodes N)")  # fmt: skip
+@click.option("--qos", type=click.Choice(("0", "1")), default="0", show_default=True)
+@click.option("--messages", type=POSITIVE, help="messages published, at most")
+@click.option("--duration", type=SECONDS, default=10.0, help="seconds of publishing, at most "
+              "(then at most 5 s more for messages in flight)")  # fmt: skip
+@click.option("--size", type=int, default=32, help="payload bytes (at least 14 used)")
+@click.option("--window", type=POSITIVE, default=64, help="QoS 1 unacked/publisher")
+@click.option("--rate", type=SECONDS, default=2000.0, help="latency: msg/s")
+@click.option("--mqtt", type=click.Choice(("3.1.1", "5")), default="3.1.1", show_default=True)
+@click.option("--split/--no-split", default=None,
+              help="publishers in a second process (default: only for fan-out, where it helps)")
+@click.option("--drain", type=SECONDS, default=1.0, help="quiet seconds to end")
+@click.option("--persistent", is_flag=True, help="clean session 0, fixed client ids")
+@click.option("--cleanup/--no-cleanup", default=True,
+              help="with --persistent: discard the sessions after the run (default: yes)")
+@click.option("--redis-url", help="the broker's Redis: count its commands per message")
+@click.option("--connections", type=POSITIVE, default=1000, help="idle: how many")
+@click.option("--workers", type=POSITIVE, help="idle: generator processes")
+@click.option("--broker-pid", type=POSITIVE, help="for RSS and CPU (default: found)")
+@click.option("--username", help="idle: connect with this user name ({i}: the connection's index)")
+@click.option("--password", help="idle: and this password ({i} as in --username)")
+@click.option("--jwt-secret",
+              help="idle: the password is an HS256 JWT signed with this secret (sub: --username)")
+@click.option("--vs", type=_Checked("HOST:PORT", _address), help="peer broker to compare")
+@click.option("--rounds", type=POSITIVE, default=3, help="with --vs: A,B rounds")
+@click.option("--spawn-mosquitto", is_flag=True, help=f"run {MOSQUITTO} as the --vs peer")
+def command(**options: Any) -> int:
+    args = SimpleNamespace(**options)
+    args.qos = int(options["qos"])
+    try:
+        _validate(args)
+        run(args)
+    except UsageError as exc:
+        raise click.UsageError(str(exc)) from None
+    except BenchError as exc:
+        print(f"weir bench: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def parse_args(argv: Sequence[str]) -> SimpleNamespace:
+    """The options of `weir bench ARGV` as `run` takes them (tests)."""
+    args = SimpleNamespace(**command.make_context("weir bench", list(argv)).params)
+    args.qos = int(args.qos)
+    return args
 
 
 Runner = tuple[str, int, int | None]
 
 
-def _run_once(args: argparse.Namespace, host: str, port: int, pid: int | None) -> Result:
+def _run_once(args: SimpleNamespace, host: str, port: int, pid: int | None) -> Result:
     version = wire.MQTT_5 if args.mqtt == "5" else wire.MQTT_311
     if args.scenario == "idle":
         workers = args.workers or math.ceil(args.connections / PER_WORKER_MAX)
@@ -222,7 +228,7 @@ def _run_once(args: argparse.Namespace, host: str, port: int, pid: int | None) -
 
 
 @contextlib.contextmanager
-def _peer(args: argparse.Namespace) -> Iterator[Runner | None]:
+def _peer(args: SimpleNamespace) -> Iterator[Runner | None]:
     if args.spawn_mosquitto:
         with spawn_mosquitto() as (port, pid):
             yield "127.0.0.1", port, pid
@@ -232,7 +238,7 @@ def _peer(args: argparse.Namespace) -> Iterator[Runner | None]:
         yield None
 
 
-def _validate(args: argparse.Namespace) -> None:
+def _validate(args: SimpleNamespace) -> None:
     if args.vs and args.spawn_mosquitto:
         raise UsageError("--vs and --spawn-mosquitto both name the peer; give one")
     if args.workers and args.connections > args.workers * PER_WORKER_MAX:
@@ -266,7 +272,7 @@ def _validate(args: argparse.Namespace) -> None:
             raise UsageError(f"--messages x --size is more than {MAX_ENCODED_BYTES >> 20} MiB")
 
 
-def run(args: argparse.Namespace) -> list[Result]:
+def run(args: SimpleNamespace) -> list[Result]:
     raise_nofile_limit()
     ours: Runner = (args.host, args.port, args.broker_pid)
     with _peer(args) as peer:
@@ -286,18 +292,4 @@ def run(args: argparse.Namespace) -> list[Result]:
 
 
 def main(argv: Sequence[str]) -> int:
-    try:
-        args = build_parser().parse_args(list(argv))
-        _validate(args)
-        run(args)
-    except UsageError as exc:
-        print(f"weir bench: {exc}", file=sys.stderr)
-        return 2
-    except BenchError as exc:
-        print(f"weir bench: {exc}", file=sys.stderr)
-        return 1
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 0
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_command(command, argv, "weir bench")

@@ -1,109 +1,69 @@
-"""The `weir` command: `weir up` runs the broker, `weir bench` measures one,
-`weir streams` runs the Spark jobs and checks the state they keep, `weir
-report` shows what the analytics job found.
-
-Each subcommand lives with the layer it drives; this module only dispatches,
+"""The `weir` command: one click group, each subcommand living with the
+layer it drives and imported only when it runs (`services.cli.LazyGroup`),
 so `weir --help` stays fast and a subcommand's imports stay its own.
+
+Every subcommand takes `--help` (exit 0); a bad argument is one line on
+stderr and exit 2.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
-USAGE = """usage: weir <command> [options]
+import click
 
-commands:
-  up                 run the broker (embedded default: its own Redis and Kafka)
-  drain [NODE-ID...] tell nodes of `up --nodes/--workers` to send their clients elsewhere
-  bench              run the load generator against a broker, optionally --vs a peer
-  streams run NAME   run a Spark job over the event log (state, analytics)
-  streams verify     compare the state store and the live nodes with a replay of the log
-  report             tables and PNG charts of the analytics job's output
-  passwd FILE USER   add or change a user of a password file (argon2id hashes;
-                     passwd --redis URL USER: a user in Redis, for --auth-redis)
-  ban add|list|del   ban clients cluster-wide by client id, user name or address (Redis)
+from services.cli import lazy_group, run
 
-`weir <command> --help` describes each command's options."""
-
-
-def _up(argv: Sequence[str]) -> int:
-    from services.node.app import main as up_main
-
-    return up_main(argv)
-
-
-def _drain(argv: Sequence[str]) -> int:
-    from services.machine.drain import main as drain_main
-
-    return drain_main(argv)
-
-
-def _bench(argv: Sequence[str]) -> int:
-    from bench.cli import main as bench_main
-
-    return bench_main(argv)
+COMMANDS = {
+    "up": ("services.node.app:up", "run the broker (embedded default: its own Redis and Kafka)"),
+    "drain": ("services.machine.drain:drain",
+              "tell nodes of `up --nodes/--workers` to send their clients elsewhere"),
+    "bench": ("bench.cli:command",
+              "run the load generator against a broker, optionally --vs a peer"),
+    "streams": ("",
+                "run a Spark job over the event log (run NAME), or check the state (verify)"),
+    "report": ("streams.report:command", "tables and PNG charts of the analytics job's output"),
+    "passwd": ("services.auth.passwd:passwd",
+               "add or change a user of a password file (or, --redis URL, in Redis)"),
+    "ban": ("services.auth.cli:ban",
+            "ban clients cluster-wide by client id, user name or address (Redis)"),
+    "config": ("services.config.commands:config",
+               "show the effective settings, check a file, write the example file"),
+}  # fmt: skip
+STREAMS = {
+    "run": ("streams.cli:command", "run a Spark job over the event log: state, analytics"),
+    "verify": ("services.admin.verify:command",
+               "compare the state store and the live nodes with a replay of the log"),
+}  # fmt: skip
 
 
-STREAMS_USAGE = "usage: weir streams run NAME [options] | weir streams verify [options]"
+def _version() -> str:
+    try:
+        return version("weir")
+    except PackageNotFoundError:  # pragma: no cover - run from a checkout without install
+        return "unknown"
 
 
-def _streams(argv: Sequence[str]) -> int:
-    sub = argv[0] if argv else None
-    if sub == "run":
-        from streams.cli import main as streams_main  # needs the 'spark' extra
-
-        return streams_main(argv)
-    if sub == "verify":
-        from services.admin.verify import main as verify_main
-
-        return verify_main(argv[1:])
-    if sub in ("-h", "--help"):
-        print(STREAMS_USAGE)
-        return 0
-    print(STREAMS_USAGE, file=sys.stderr)
-    return 2
+@lazy_group("weir", "Weir, a clustered MQTT broker. `weir COMMAND --help` describes each.",
+            COMMANDS)  # fmt: skip
+@click.version_option(_version(), "--version", prog_name="weir", message="%(prog)s %(version)s")
+def weir() -> None:
+    pass
 
 
-def _report(argv: Sequence[str]) -> int:
-    from streams.report import main as report_main  # needs the 'spark' extra (pyarrow, matplotlib)
-
-    return report_main(argv)
-
-
-def _passwd(argv: Sequence[str]) -> int:
-    from services.auth.passwd import main as passwd_main
-
-    return passwd_main(argv)
+@lazy_group("streams", "The Spark jobs and the check of the state they keep.", STREAMS)
+def streams() -> None:
+    pass
 
 
-def _ban(argv: Sequence[str]) -> int:
-    from services.auth.cli import main as ban_main
-
-    return ban_main(argv)
-
-
-COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
-    "passwd": _passwd,
-    "ban": _ban,
-    "up": _up,
-    "drain": _drain,
-    "bench": _bench,
-    "streams": _streams,
-    "report": _report,
-}
+weir.commands_here["streams"] = streams
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0
-    command = COMMANDS.get(args[0])
-    if command is None:
-        print(f"weir: unknown command {args[0]!r}\n\n{USAGE}", file=sys.stderr)
-        return 2
-    return command(args[1:])
+    return run(weir, args, "weir")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ unwritable --out) is one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import re
@@ -31,8 +30,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Final
 
+import click
+
+from services.cli import CONTEXT, run
 from streams.analytics import (
     CHURN,
     FLAPPING_CONNECTS,
@@ -61,37 +64,6 @@ MINUTE_DAYS: Final = 1 / 1440  # a minute in matplotlib date units (days): bar w
 
 class ReportError(Exception):
     """Bad input: printed as one line, exit code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise ReportError(message)
-
-
-def _positive(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {raw!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
-    return value
-
-
-def _parser() -> _Parser:
-    parser = _Parser(prog=PROG, description="Report on the analytics job's tables.")
-    parser.add_argument("--data-dir", help="Weir's data directory (default: from settings)")
-    parser.add_argument("--out", help="where the PNG charts go (default: <data-dir>/report)")
-    parser.add_argument("--client", help="also show this client's connection history")
-    parser.add_argument("--top", type=_positive, default=DEFAULT_TOP, help="rows per table")
-    parser.add_argument(
-        "--flapping",
-        type=_positive,
-        default=FLAPPING_CONNECTS,
-        metavar="N",
-        help=f"flapping: N connects within {FLAPPING_WINDOW_MS // 1000} s (default %(default)s)",
-    )
-    return parser
 
 
 def _progress(message: str) -> None:
@@ -410,7 +382,7 @@ def chart_client(out: Path, client: str, churn: pd.DataFrame) -> Path:
 
 
 def _data_dir(given: str | None) -> Path:
-    from services.settings import SettingsError, load
+    from services.config import SettingsError, load
 
     try:
         return Path(load({"data_dir": given}).data_dir)
@@ -418,7 +390,7 @@ def _data_dir(given: str | None) -> Path:
         raise ReportError(str(exc)) from None
 
 
-def _report(args: argparse.Namespace) -> None:
+def _report(args: SimpleNamespace) -> None:
     data_dir = _data_dir(args.data_dir)
     tables = read_tables(data_dir)
     history, churn = tables[HISTORY], tables[CHURN]
@@ -479,17 +451,28 @@ def _report(args: argparse.Namespace) -> None:
         print(path)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`weir report`: 0 on success, 2 on bad input (one line on stderr)."""
+@click.command("report", context_settings=CONTEXT,
+               help="Report on the analytics job's tables: tables and PNG charts.")
+@click.option("--data-dir", help="Weir's data directory (default: from settings)")
+@click.option("--out", help="where the PNG charts go (default: <data-dir>/report)")
+@click.option("--client", help="also show this client's connection history")
+@click.option("--top", type=click.IntRange(min=1), default=DEFAULT_TOP, show_default=True,
+              help="rows per table")  # fmt: skip
+@click.option("--flapping", type=click.IntRange(min=1), default=FLAPPING_CONNECTS,
+              metavar="N", show_default=True,
+              help=f"flapping: N connects within {FLAPPING_WINDOW_MS // 1000} s")  # fmt: skip
+def command(**options: Any) -> int:
     try:
-        args = _parser().parse_args(argv)
-        _report(args)
+        _report(SimpleNamespace(**options))
     except ReportError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    except SystemExit as exc:  # --help
-        return exc.code if isinstance(exc.code, int) else 0
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`weir report`: 0 on success, 2 on bad input (one line on stderr)."""
+    return run(command, sys.argv[1:] if argv is None else argv, PROG)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Every import counts: top level, inside functions, and under TYPE_CHECKING.
 - no import cycle among the modules of services/;
 - a package imports only packages of a lower layer: siblings (session,
   queue, retain, cluster, ...) never import each other;
-- streams/ imports only the event schema and the settings from services.
+- streams/ imports only the event schema, the settings and the CLI's parts from services.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = {
-    "listener_settings": -1,  # parts of the settings module, split out for length:
-    "auth_settings": -1,  # the settings module imports them, they import nothing of Weir
     "tasks": -1,  # asyncio helpers for every layer; imports nothing of Weir
-    "settings": 0,
+    "config": 0,  # the settings tree, each option declared once, and its loader
+    "cli": 1,  # the one click command line's shared parts (errors, lazy groups)
     "mqtt": 0,
     "store": 1,  # what session and queue stores share: Redis plumbing, the message format
     "embedded": 1,  # launchers of the embedded redis-server and Kafka
@@ -43,7 +42,7 @@ LAYERS = {
     "admin": 6,  # REST API, CLI, dashboard: over the node
     "__main__": 7,
 }
-STREAMS_MAY_IMPORT = ("services.event.schema", "services.settings")
+STREAMS_MAY_IMPORT = ("services.event.schema", "services.config", "services.cli")
 
 
 def _modules(top: str) -> dict[str, Path]:

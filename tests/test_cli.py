@@ -28,8 +28,8 @@ def test_unknown_command_is_one_clear_line_and_exit_2() -> None:
 
 
 def test_up_takes_the_often_tuned_limits() -> None:
+    from services.config import load
     from services.node.app import parse_args
-    from services.settings import load
 
     args = parse_args(
         [
@@ -67,10 +67,3 @@ def test_report_and_streams_are_commands_with_one_line_errors() -> None:
     no_store = run_weir("streams", "run", "state", "--kafka", "127.0.0.1:1")
     assert no_store.returncode == 2 and "--redis" in no_store.stderr
 
-
-def test_workers_do_not_each_run_the_spark_job() -> None:
-    """With --workers N --spark the supervisor runs the one state-store job."""
-    from services.node.app import _without_workers
-
-    argv = ["--workers", "2", "--spark", "--mqtt-port", "1883", "--workers=3"]
-    assert _without_workers(argv) == ["--mqtt-port", "1883"]

@@ -1,6 +1,6 @@
 """docker-compose.yml, checked without a Docker engine: services, ports, env.
 
-Every WEIR_* variable the file sets must be one `services.settings` reads,
+Every WEIR_* variable the file sets must be one `services.config` reads,
 and must load through it into the settings the node will run with.
 """
 
@@ -77,7 +77,7 @@ def test_nodes_build_from_the_dockerfile(compose: dict[str, Any]) -> None:
 
 
 def test_node_env_vars_are_ones_settings_reads(compose: dict[str, Any]) -> None:
-    from services.settings import ENV_VARS
+    from services.config import ENV_VARS
 
     for name in NODES:
         env = env_of(compose["services"][name])
@@ -87,7 +87,7 @@ def test_node_env_vars_are_ones_settings_reads(compose: dict[str, Any]) -> None:
 
 
 def test_node_env_loads_into_settings(compose: dict[str, Any]) -> None:
-    from services.settings import exposure_error, load
+    from services.config import exposure_error, load
 
     ids = set()
     for name in NODES:
@@ -114,7 +114,7 @@ def test_the_state_job_runs_on_sparks_kafka_connector(compose: dict[str, Any]) -
     settings from WEIR_* variables, checkpoints in a volume."""
     import re
 
-    from services.settings import load
+    from services.config import load
 
     job = compose["services"]["streams-state"]
     assert job["build"]["dockerfile"] == "Dockerfile.spark"

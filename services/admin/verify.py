@@ -34,7 +34,6 @@ unreachable (one line on stderr).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import sys
@@ -43,14 +42,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import click
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from services.cli import CONTEXT, fail, run
 from services.cluster.membership import RedisMembership
+from services.config import load
+from services.config.flags import given, settings_flags, some
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.event.schema import Event, topic_names
 from services.node.bootstrap import load_snapshot
-from services.settings import SettingsError, load
 from services.state import drift
 from services.state.live import DumpMeta, LiveState, Positions
 from services.state.records import ViewRecords, view_records
@@ -72,49 +74,6 @@ class VerifyError(Exception):
     """The check could not run; the message is one line."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise VerifyError(message)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
-
-
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog=PROG,
-        description="Compare the state store and every live node's state with a full "
-        "replay of the event log; print every difference (exit 1 if any).",
-    )
-    p.add_argument("--redis", dest="redis_url", help="the cluster's Redis (WEIR_REDIS_URL)")
-    p.add_argument(
-        "--kafka", dest="kafka_bootstrap", help="the cluster's Kafka (WEIR_KAFKA_BOOTSTRAP)"
-    )
-    p.add_argument(
-        "--topic-prefix",
-        "--kafka-topic-prefix",
-        dest="kafka_topic_prefix",
-        help="event topic prefix (weir.; WEIR_KAFKA_TOPIC_PREFIX)",
-    )
-    p.add_argument("--config", help="TOML config file (default: $WEIR_CONFIG)")
-    p.add_argument(
-        "--timeout",
-        type=_seconds,
-        default=DEFAULT_TIMEOUT_S,
-        help=f"seconds to wait for the store and the nodes to reach the log's end "
-        f"(default {DEFAULT_TIMEOUT_S:g})",
-    )
-    p.add_argument("-v", "--verbose", action="store_true", help="show the clients' warnings")
-    return p
-
-
 @dataclass(frozen=True, slots=True)
 class Config:
     redis_url: str
@@ -123,22 +82,31 @@ class Config:
     timeout_s: float
 
 
-def config(argv: Sequence[str]) -> tuple[Config, bool]:
-    args = vars(parser().parse_args(list(argv)))
-    timeout_s, verbose = args.pop("timeout"), args.pop("verbose")
-    try:
-        settings = load(args)
-    except SettingsError as exc:
-        raise VerifyError(str(exc)) from None
+@click.command(
+    "verify", context_settings=CONTEXT,
+    help="Compare the state store and every live node's state with a full replay of the "
+    "event log; print every difference (exit 1 if any).",
+)  # fmt: skip
+@click.option("--config", help="TOML config file (default: $WEIR_CONFIG)")
+@settings_flags(some("redis_url", "kafka_bootstrap", "kafka_topic_prefix"),
+                aliases={"kafka_topic_prefix": "--topic-prefix"})  # fmt: skip
+@click.option(
+    "--timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_S,
+    help="seconds to wait for the store and the nodes to reach the log's end "
+    f"(default {DEFAULT_TIMEOUT_S:g})",
+)  # fmt: skip
+@click.option("-v", "--verbose", is_flag=True, help="show the clients' warnings")
+def command(config: str | None, timeout: float, verbose: bool, **flags: Any) -> int:
+    settings = load({"config": config, **given(flags)})
     if settings.redis_url is None or settings.kafka_bootstrap is None:
-        raise VerifyError(
+        fail(
             "needs the cluster's Redis and Kafka: --redis URL (or WEIR_REDIS_URL) and "
             "--kafka HOST:PORT (or WEIR_KAFKA_BOOTSTRAP)"
         )
-    cfg = Config(
-        settings.redis_url, settings.kafka_bootstrap, settings.kafka_topic_prefix, timeout_s
-    )
-    return cfg, verbose
+    assert settings.redis_url is not None and settings.kafka_bootstrap is not None
+    cfg = Config(settings.redis_url, settings.kafka_bootstrap, settings.kafka_topic_prefix,
+                 timeout)  # fmt: skip
+    return _check(cfg, verbose)
 
 
 @dataclass(slots=True)
@@ -318,11 +286,10 @@ def _quiet_logs(verbose: bool) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    try:
-        cfg, verbose = config(argv)
-    except VerifyError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    return run(command, argv, PROG)
+
+
+def _check(cfg: Config, verbose: bool) -> int:
     _quiet_logs(verbose)
     try:
         report = asyncio.run(verify(cfg))

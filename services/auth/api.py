@@ -39,7 +39,7 @@ class ClientInfo:
     username: str | None
     peer: str  # "host:port"
     protocol_level: int
-    listener: str = ""  # the name of the listener it came in on (services.listener_settings)
+    listener: str = ""  # the name of the listener it came in on (services.config.listeners)
     cert_subject: str | None = None  # its TLS client certificate's DN, when it sent one
     cert_named: bool = False  # `username` is the one its verified certificate gives
 

@@ -29,13 +29,18 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
+
+import click
 
 from services.auth.api import ClientInfo
 from services.auth.argon import CACHE_TTL_S, HASHER, check_hash
 from services.auth.cache import CredentialCache, Verdict
 from services.auth.scram import METHOD, ScramCredentials, ScramError
 from services.auth.watched import CHECK_S, Watched
+from services.cli import CONTEXT, fail, run
+from services.config import load
+from services.config.flags import given, settings_flags, some
 
 log = logging.getLogger("weir.auth")
 
@@ -123,12 +128,6 @@ class PasswordFile:
 
 # -- weir passwd ------------------------------------------------------------------
 
-USAGE: Final = (
-    "usage: weir passwd FILE USER | weir passwd --redis URL USER"
-    "  [--delete] [--password-stdin] [--scram]"
-)
-
-
 def set_user(path: Path, user: str, password: str | None, scram: bool = False) -> None:
     """Add or change `user` (None: delete it), keeping every other line; with
     `scram` its SCRAM-SHA-256 credentials too (a second line). The file is
@@ -147,46 +146,52 @@ def set_user(path: Path, user: str, password: str | None, scram: bool = False) -
     os.replace(tmp, path)
 
 
-def main(argv: Sequence[str]) -> int:
-    args = list(argv)
-    redis_url = None
-    if "--redis" in args:
-        at = args.index("--redis")
-        redis_url = args[at + 1] if at + 1 < len(args) else None
-        del args[at : at + 2]
-        if redis_url is None or not redis_url.startswith(("redis://", "rediss://", "unix://")):
-            print("weir passwd: --redis needs a redis:// URL", file=sys.stderr)
-            return 2
-    names = [a for a in args if not a.startswith("--")]
-    flags = {a for a in args if a.startswith("--")}
-    if len(names) != (1 if redis_url else 2) or flags - {"--delete", "--password-stdin", "--scram"}:
-        print(USAGE, file=sys.stderr)
-        return 2
+@click.command(
+    "passwd", context_settings=CONTEXT,
+    help="Add or change a user of a password file, FILE USER (argon2id hashes), or a user in "
+    "Redis, --redis URL USER (for --auth-redis).",
+)  # fmt: skip
+@click.argument("names", nargs=-1, metavar="[FILE] USER")
+@settings_flags(some("redis_url"))
+@click.option("--delete", is_flag=True, help="remove the user")
+@click.option("--password-stdin", is_flag=True, help="read the password from stdin, one line")
+@click.option("--scram", is_flag=True, help="also keep SCRAM-SHA-256 credentials (MQTT 5 "
+              "enhanced authentication)")  # fmt: skip
+def passwd(names: tuple[str, ...], delete: bool, password_stdin: bool, scram: bool,
+           **flags: Any) -> int:  # fmt: skip
+    redis_url = given(flags).get("redis_url")
+    if redis_url is not None:
+        redis_url = load({"redis_url": redis_url}, env={}).redis_url  # checked as weir up does
+    if len(names) != (1 if redis_url else 2):
+        fail("give FILE USER, or --redis URL USER")
     user = names[-1]
     if ":" in user or not user.strip() or user != user.strip():
-        print("weir passwd: a user name cannot contain ':' or surrounding spaces", file=sys.stderr)
-        return 2
+        fail("a user name cannot contain ':' or surrounding spaces")
     password = None
-    if "--delete" not in flags:
-        password = _read_password(user, "--password-stdin" in flags)
+    if not delete:
+        password = _read_password(user, password_stdin)
         if password is None:
             return 2
     try:
         if redis_url is None:
-            set_user(Path(names[0]), user, password, "--scram" in flags)
+            set_user(Path(names[0]), user, password, scram)
         else:
             from redis import RedisError
 
             from services.auth.redisusers import set_user as set_redis_user
 
             try:
-                set_redis_user(redis_url, user, password, "--scram" in flags)
+                set_redis_user(redis_url, user, password, scram)
             except RedisError as exc:
                 raise OSError(f"redis {redis_url}: {exc}") from None
     except (PasswordFileError, OSError) as exc:
         print(f"weir passwd: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    return run(passwd, argv, "weir passwd")
 
 
 def _read_password(user: str, from_stdin: bool) -> str | None:

@@ -51,6 +51,7 @@ from services.broker.seams import Seams
 from services.broker.subscriptions import Subscriptions
 from services.broker.timers import TimerWheel
 from services.broker.wills import Wills
+from services.config import Limits
 from services.event.api import EventLog
 from services.mqtt.actions import (
     Authenticate,
@@ -67,7 +68,6 @@ from services.queue.api import QueueStore
 from services.retain.api import RetainStore
 from services.session.api import SessionStore, WillStore
 from services.session.memory import MemoryWillStore
-from services.settings import Limits
 
 if TYPE_CHECKING:
     from services.cluster.router import ClusterRouter

@@ -34,13 +34,13 @@ from services.broker.remote import Remote
 from services.broker.routes import Routes
 from services.broker.seams import Seams
 from services.broker.wills import Wills
+from services.config import Limits
 from services.event.api import EventLogError
 from services.event.schema import Event, SessionClosed, SessionExpired, SessionOpened
 from services.mqtt.actions import OpenSession
 from services.mqtt.packets import ReasonCode, Will
 from services.queue.api import Inflight, QueueStore
 from services.session.api import Fenced, SessionError, SessionStore
-from services.settings import Limits
 
 log = logging.getLogger("weir.cm")
 

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from services.auth.api import ClientInfo
 from services.auth.limits import Budget
+from services.config import Limits
 from services.mqtt.actions import (
     Action,
     Authenticate,
@@ -36,7 +37,6 @@ from services.mqtt.channel import Channel
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import Will
 from services.mqtt.trie import TopicTrie
-from services.settings import Limits
 
 
 def now_ms() -> int:

@@ -61,11 +61,11 @@ from services.auth.api import (
 from services.auth.banned import Ban
 from services.auth.limits import Budget
 from services.broker.ports import ConnectionPort
+from services.config import Limits
 from services.hooks.api import Hooks
 from services.metrics.api import NullRecorder, Recorder
 from services.mqtt.actions import Authenticate, AuthExchange
 from services.mqtt.packets import Message
-from services.settings import Limits
 
 log = logging.getLogger("weir.auth")
 

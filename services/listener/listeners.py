@@ -1,6 +1,6 @@
 """The node's listeners at run time: bind, screen the peer, TLS, count.
 
-Theory of operation. Each `ListenerConfig` (`services.listener_settings`)
+Theory of operation. Each `ListenerConfig` (`services.config.listeners`)
 becomes one `Listener` with one asyncio server (`services.node.node`
 gives it its protocol). A plain listener without CIDR rules accepts
 straight into its protocol: a `Connection` (tcp), or a `WebSocketProtocol`
@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from services.listener_settings import ListenerConfig, ssl_context
+from services.config.listeners import ListenerConfig, ssl_context
 
 if TYPE_CHECKING:
     from services.metrics.api import Recorder

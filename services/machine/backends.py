@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from services.settings import Settings
+from services.config import Settings
 
 
 class BackendError(Exception):

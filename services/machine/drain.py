@@ -15,45 +15,36 @@ arguments.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any
 
-from services.machine.pidfiles import NodeFiles, StalePidFile, live_pid, node_ids, nodes_dir
-from services.settings import SettingsError, load
+import click
+
+from services.cli import CONTEXT, run
+from services.config import load
+from services.config.flags import given, settings_flags, some
+from services.machine.pidfiles import NodeFiles, StalePidFile, live_pid, nodes_dir
+from services.machine.pidfiles import node_ids as pid_node_ids
 
 DRAIN_SIGNAL = signal.SIGUSR1
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise SettingsError(message)
-
-
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="weir drain",
-        description="Tell nodes of weir up --nodes/--workers to drain (SIGUSR1): clients "
-        "are sent elsewhere (MQTT 5: DISCONNECT 0x9C), then the node exits and is not restarted.",
-    )
-    p.add_argument("node_ids", nargs="*", metavar="NODE-ID", help="the nodes (default: all)")
-    p.add_argument("--data-dir", dest="data_dir", help="weir up's --data-dir (./weir-data)")
-    p.add_argument("--config", help="TOML config file (default: $WEIR_CONFIG)")
-    return p
-
-
-def main(argv: Sequence[str]) -> int:
-    try:
-        args = parser().parse_args(list(argv))
-        settings = load({"data_dir": args.data_dir, "config": args.config})
-    except SettingsError as exc:
-        print(f"weir drain: {exc}", file=sys.stderr)
-        return 2
+@click.command(
+    "drain", context_settings=CONTEXT,
+    help="Tell nodes of weir up --nodes/--workers to drain (SIGUSR1): clients are sent "
+    "elsewhere (MQTT 5: DISCONNECT 0x9C), then the node exits and is not restarted. "
+    "NODE-ID...: the nodes (default: all).",
+)  # fmt: skip
+@click.argument("node_ids", nargs=-1, metavar="[NODE-ID]...")
+@click.option("--config", help="TOML config file (default: $WEIR_CONFIG)")
+@settings_flags(some("data_dir"))
+def drain(node_ids: tuple[str, ...], config: str | None, **flags: Any) -> int:
+    settings = load({"config": config, **given(flags)})
     root = nodes_dir(settings.data_dir)
-    wanted = args.node_ids or node_ids(settings.data_dir)
+    wanted = list(node_ids) or pid_node_ids(settings.data_dir)
     if not wanted:
         print(
             f"weir drain: no node pid files in {root} (is weir up --nodes/--workers running "
@@ -72,3 +63,7 @@ def main(argv: Sequence[str]) -> int:
             continue
         print(f"weir drain: node {node_id} (pid {pid}) told to drain", flush=True)
     return 1 if failed else 0
+
+
+def main(argv: Sequence[str]) -> int:
+    return run(drain, argv, "weir drain")

@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 from typing import Final
 
+from services.config import Settings
 from services.embedded.process import child_options
-from services.settings import Settings
 
 STOP_TIMEOUT_S: Final = 120.0  # the final fold: a Spark batch over what is left, plus shutdown
 

@@ -11,8 +11,8 @@ others over cluster links.
 
 - `--nodes N`: node i listens on MQTT port + i - 1 (and WebSocket port +
   i - 1 when one is set, and so on for every other listener: TLS, WSS,
-  the config file's [[listener]] tables, passed on as `--listener-port
-  NAME=PORT`); a port of 0 gives each node a free port, kept across its
+  the config file's [[listener]] tables, moved by `listeners.ports`);
+  a port of 0 gives each node a free port, kept across its
   restarts.
 - `--workers N`: every node listens on the same MQTT (and WebSocket) port
   with SO_REUSEPORT, so the kernel spreads new connections over them and
@@ -26,7 +26,7 @@ last start; the supervisor then prints its own ready line for it.
 Restarts. A node that exits 0 was asked to (a drain, `weir drain`, or a
 SIGTERM of its own): it is not restarted. Any other exit after it has
 been ready once is a death: it is restarted with the same id, ports and
-arguments after RESTART_FIRST_S, doubling with each restart in the last
+settings file after RESTART_FIRST_S, doubling with each restart in the last
 RESTART_WINDOW_S up to RESTART_MAX_S; at RESTARTS_PER_WINDOW restarts in
 that window it is given up on (said on stderr), and the others keep
 serving throughout. Exit 2 (bad configuration) is given up on at once. A
@@ -47,6 +47,7 @@ SIGTERM when both backends are external ones (they flush and exit).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -54,16 +55,17 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from services.config import Settings
+from services.config.listeners import ListenerConfig
+from services.config.loader import write_snapshot
 from services.embedded.process import child_options
-from services.listener_settings import ListenerConfig
 from services.machine.backends import BackendError, start_backends
 from services.machine.pidfiles import NodeFiles, nodes_dir
-from services.settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 MAX_PROCESSES = 64
@@ -133,6 +135,7 @@ class Slot:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                env=child_env(),
                 **child_options(self.death_signal),
             )
         self.files.write_pid(self.proc.pid)
@@ -151,23 +154,36 @@ class Slot:
 
 
 def node_args(
-    argv: Sequence[str], settings: Settings, files: NodeFiles, redis_url: str, kafka: str,
+    settings: Settings, files: NodeFiles, redis_url: str, kafka: str,
     mqtt_port: int, ws_port: int | None, reuse_port: bool, others: Sequence[str] = (),
 ) -> list[str]:  # fmt: skip
-    args = [
-        sys.executable, "-m", "services", "up", *argv,
-        "--node-id", files.node_id,
-        "--redis", redis_url, "--kafka", kafka,
-        "--mqtt-port", str(mqtt_port),
-        "--data-dir", str(files.data),
-    ]  # fmt: skip
+    """A node's command line: `weir up --config <its settings file>`. The file
+    is our effective settings with the node's own id, ports, data dir and the
+    shared backends (`services.config.loader.write_snapshot`), read back by
+    the same loader; the node gets no WEIR_* variables (`child_env`), so the
+    file is all it reads. Nothing of our argv is passed on (not --nodes,
+    --workers or --spark: the supervisor runs the one state-store job)."""
+    moved = tuple((name, int(port)) for name, _, port in (o.partition("=") for o in others))
+    mine = replace(
+        settings,
+        node_id=files.node_id,
+        data_dir=str(files.data),
+        redis_url=redis_url,
+        kafka_bootstrap=kafka,
+        listeners=replace(settings.listeners, mqtt_port=mqtt_port, ws_port=ws_port,
+                          ports=moved),
+    )
+    snapshot = files.data / "settings.json"
+    write_snapshot(mine, snapshot)
+    args = [sys.executable, "-m", "services", "up", "--config", str(snapshot)]
     if reuse_port:
         args.append("--reuse-port")
-    if ws_port is not None:
-        args += ["--ws-port", str(ws_port)]
-    for moved in others:
-        args += ["--listener-port", moved]
     return args
+
+
+def child_env() -> dict[str, str]:
+    """Our environment without WEIR_* (they would override the node's settings file)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
 
 
 def _other_listeners(settings: Settings) -> list[ListenerConfig]:
@@ -229,7 +245,6 @@ class _Stop:
 
 def supervise(
     settings: Settings,
-    argv: Sequence[str],
     nodes: int | None = None,
     workers: int | None = None,
     spark: bool = False,
@@ -253,7 +268,7 @@ def supervise(
             for i, (mqtt_port, ws_port) in enumerate(ports, start=1):
                 files = NodeFiles(f"{settings.node_id}-{i}", root)
                 args = node_args(
-                    argv, settings, files, redis_url, kafka, mqtt_port, ws_port, shared,
+                    settings, files, redis_url, kafka, mqtt_port, ws_port, shared,
                     others[i - 1],
                 )  # fmt: skip
                 slot = Slot(files.node_id, args, mqtt_port, files)

@@ -13,15 +13,15 @@
   Redis (`services.broker.stores`); every node uses the Kafka event log.
   Embedded services stop after the node.
 
-`main(argv)` parses the command line, loads settings, runs one node until
-SIGINT/SIGTERM, and maps failures to exit codes: 2 for bad configuration,
+`weir up` (`up`, its flags derived from `services.config`) loads settings,
+runs one node until SIGINT/SIGTERM, and maps failures to exit codes: 2 for
+bad configuration (one line naming the option and where it came from),
 1 when the node cannot start (a port in use, Redis or Kafka unreachable,
 redis-server missing: one line on stderr), 0 after a clean shutdown.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import signal
@@ -29,9 +29,12 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from services.listener_settings import add_arguments as add_listener_arguments
+import click
+
+from services.cli import CONTEXT, run
+from services.config import Settings, SettingsError, exposure_error, load
+from services.config.flags import given, settings_flags
 from services.machine.backends import BackendError, start_backends
-from services.settings import Settings, SettingsError, exposure_error, load
 
 if TYPE_CHECKING:
     from services.broker.seams import Seams
@@ -43,155 +46,56 @@ EXIT_START_FAILED = 1
 EXIT_BAD_CONFIG = 2
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise SettingsError(message)
+UP_HELP = (
+    "Run a Weir MQTT broker node. Every option below is also a key of the --config file "
+    "(weir config example) and some a WEIR_* variable; weir config show says which value wins."
+)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="weir up", description="Run a Weir MQTT broker node.")
-    p.add_argument("--config", help="TOML config file (default: $WEIR_CONFIG)")
-    p.add_argument("--node-id", dest="node_id", help="this node's id")
-    p.add_argument(
-        "--host",
-        dest="listeners.host",
-        help="address to listen on (default 127.0.0.1, loopback only, as Mosquitto 2 without a "
-        "listener; another address needs --allow-anonymous while no authentication exists)",
-    )
-    p.add_argument("--mqtt-port", dest="listeners.mqtt_port", help="MQTT TCP port (1883)")
-    p.add_argument("--ws-port", dest="listeners.ws_port", help="MQTT over WebSocket port (8083)")
-    add_listener_arguments(p)  # --tls-port, --wss-port, --certfile ...
-    p.add_argument("--data-dir", dest="data_dir", help="directory for node data")
-    p.add_argument(
-        "--max-connections",
-        dest="limits.max_connections",
-        help="connections this node holds; past it a CONNECT gets CONNACK 0x97 (3.x: 3)",
-    )
-    p.add_argument(
-        "--max-packet-size", dest="limits.max_packet_size", help="largest MQTT packet, bytes"
-    )
-    p.add_argument(
-        "--queue-limit",
-        dest="limits.queue_limit",
-        help="messages queued per session (offline or behind its inflight window)",
-    )
-    p.add_argument(
-        "--queue-full",
-        dest="limits.queue_full",
-        help="at a persistent session's queue bound: refuse (default; QoS 1/2 publishers "
-        "get 0x97, 3.x ones are disconnected and resend) or drop_oldest (as EMQX)",
-    )
-    p.add_argument(
-        "--max-keep-alive",
-        dest="limits.max_keep_alive_s",
-        help="largest keep alive in seconds; a 5.0 client's larger one is lowered to it, a 3.x "
-        "client's is refused (CONNACK 2)",
-    )
-    p.add_argument(
-        "--receive-maximum",
-        dest="limits.receive_maximum",
-        help="unacknowledged QoS 1/2 PUBLISHes a 5.0 client may send at once",
-    )
-    from services.auth.cli import add_up_options
+@click.command("up", help=UP_HELP, context_settings=CONTEXT)
+@click.option("--config", help="TOML config file (default: $WEIR_CONFIG)")
+@settings_flags()
+@click.option(
+    "--workers", type=int,
+    help="run N node processes sharing the MQTT port (SO_REUSEPORT), each a cluster node "
+    "<node-id>-<i> on the shared Redis and Kafka, restarted if it dies "
+    "(see services.machine.supervisor)",
+)  # fmt: skip
+@click.option(
+    "--nodes", type=int,
+    help="run N cluster nodes <node-id>-<i> on consecutive MQTT (and WebSocket) ports from "
+    "--mqtt-port, on one Redis and Kafka, restarted if they die; pid and log files in "
+    "<data-dir>/nodes (see services.machine.supervisor)",
+)  # fmt: skip
+@click.option(
+    "--spark", is_flag=True,
+    help="also run the state-store Spark job (streams/), which keeps the state store that "
+    "nodes start from and that lets the embedded default survive a restart",
+)  # fmt: skip
+@click.option("--reuse-port", is_flag=True, hidden=True)  # a worker of --workers
+def up(
+    config: str | None, workers: int | None, nodes: int | None, spark: bool, reuse_port: bool,
+    **flags: Any,
+) -> int:  # fmt: skip
+    settings = load({"config": config, **given(flags)})
+    exposed = exposure_error(settings)
+    if exposed is not None:
+        raise SettingsError(exposed)
+    seams_for(settings)  # a missing or malformed password, key or ACL file: exit 2
+    if workers is not None or nodes is not None:
+        from services.machine.supervisor import supervise
 
-    add_up_options(p)  # --max-conn-rate, --client-msg-rate, --max-subscriptions, --flapping ...
-    p.add_argument(
-        "--shared-subscription-strategy",
-        dest="shared_subscription_strategy",
-        help="which $share group member gets a message: round_robin (default), "
-        "round_robin_per_group, random, sticky, hash_clientid, hash_topic, local",
-    )
-    p.add_argument("--shared-local", dest="shared_local", action="store_const", const=True,
-                   help="a $share group's member on this node first, when it has one")  # fmt: skip
-    p.add_argument(
-        "--workers",
-        dest="workers",
-        type=int,
-        help="run N node processes sharing the MQTT port (SO_REUSEPORT), each a cluster "
-        "node <node-id>-<i> on the shared Redis and Kafka, restarted if it dies "
-        "(see services.machine.supervisor)",
-    )
-    p.add_argument(
-        "--nodes",
-        dest="nodes",
-        type=int,
-        help="run N cluster nodes <node-id>-<i> on consecutive MQTT (and WebSocket) ports "
-        "from --mqtt-port, on one Redis and Kafka, restarted if they die; pid and log "
-        "files in <data-dir>/nodes (see services.machine.supervisor)",
-    )
-    p.add_argument(
-        "--reuse-port",
-        dest="reuse_port",
-        action="store_const",
-        const=True,
-        help=argparse.SUPPRESS,  # a worker of --workers
-    )
-    p.add_argument(
-        "--backend",
-        dest="backend",
-        help="embedded (default: Redis + Kafka, started here unless --redis/--kafka name "
-        "them) or memory (one process, no Redis, no Kafka, nothing survives)",
-    )
-    from services.auth_settings import add_arguments as add_auth_arguments
-
-    add_auth_arguments(p)  # --password-file, --jwt-secret, --auth-http ...
-    p.add_argument(
-        "--acl-file",
-        dest="acl_file",
-        help="authorize publish/subscribe by these ACL rules (TOML; default: the built-in "
-        "rules, which keep $SYS/# and # itself to loopback); reread on SIGHUP and on change",
-    )
-    p.add_argument(
-        "--acl-no-match", dest="acl_no_match", help="allow or deny (default) what no rule matched"
-    )
-    p.add_argument(
-        "--acl-redis",
-        dest="acl_redis",
-        action="store_const",
-        const=True,
-        help="also allow by per-user rules in Redis (hash weir:acl:<user>: topic -> action)",
-    )
-    p.add_argument(
-        "--server-reference",
-        dest="server_reference",
-        help="on a drain (SIGUSR1), MQTT 5 clients are told to use this server (host:port)",
-    )
-    p.add_argument(
-        "--cluster-ttl",
-        dest="cluster_ttl_s",
-        help="seconds without a heartbeat after which a node is dead and taken over (10)",
-    )
-    p.add_argument(
-        "--allow-anonymous",
-        dest="allow_anonymous",
-        action="store_const",
-        const=True,
-        help="let anonymous clients in on a listener that is not loopback",
-    )
-    p.add_argument(
-        "--spark",
-        dest="spark",
-        action="store_const",
-        const=True,
-        help="also run the state-store Spark job (streams/), which keeps the state store "
-        "that nodes start from and that lets the embedded default survive a restart",
-    )
-    p.add_argument("--redis", dest="redis_url", help="use this Redis (redis://host:port/db)")
-    p.add_argument("--kafka", dest="kafka_bootstrap", help="use this Kafka (HOST:PORT[,...])")
-    p.add_argument(
-        "--kafka-topic-prefix", dest="kafka_topic_prefix", help="event topic prefix (weir.)"
-    )
-    p.add_argument(
-        "--durability",
-        dest="durability",
-        help="embedded redis-server AOF profile: default (fsync every second) or durable "
-        "(fsync every write)",
-    )
-    return p
+        return supervise(settings, nodes, workers, spark=spark)
+    if spark and settings.backend == "memory":
+        raise SettingsError("--spark needs Redis and Kafka; --backend memory has neither")
+    with asyncio.Runner(loop_factory=_new_loop) as runner:
+        return runner.run(serve(settings, reuse_port=reuse_port, spark=spark))
 
 
 def parse_args(argv: Sequence[str]) -> dict[str, Any]:
-    return dict(vars(parser().parse_args(list(argv))))
+    """`weir up`'s settings flags in `argv`, by dotted path (and config), for `load`."""
+    params = up.make_context("weir up", list(argv)).params
+    return {"config": params["config"], **given(params)}
 
 
 def build_services(settings: Settings) -> Services:
@@ -451,47 +355,4 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 def main(argv: Sequence[str]) -> int:
-    try:
-        args = parse_args(argv)
-        workers, reuse_port = args.pop("workers", None), bool(args.pop("reuse_port", None))
-        nodes = args.pop("nodes", None)
-        spark = bool(args.pop("spark", None))
-        settings = load(args)
-        exposed = exposure_error(settings)
-        if exposed is not None:
-            raise SettingsError(exposed)
-        if settings.backend == "memory" and (
-            settings.acl_redis or any(b.backend == "redis" for b in settings.auth)
-        ):
-            raise SettingsError("--acl-redis / --auth-redis need Redis; --backend memory has none")
-        if settings.backend == "memory" and settings.limits.rate_storage == "redis":
-            raise SettingsError("--rate-storage redis needs Redis; --backend memory has none")
-        seams_for(settings)  # a missing or malformed password, key or ACL file: exit 2
-    except SettingsError as exc:
-        print(f"weir up: {exc}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    if workers is not None or nodes is not None:
-        from services.machine.supervisor import supervise
-
-        return supervise(settings, _without_workers(argv), nodes, workers, spark=spark)
-    if spark and settings.backend == "memory":
-        print(
-            "weir up: --spark needs Redis and Kafka; --backend memory has neither", file=sys.stderr
-        )
-        return EXIT_BAD_CONFIG
-    with asyncio.Runner(loop_factory=_new_loop) as runner:
-        return runner.run(serve(settings, reuse_port=reuse_port, spark=spark))
-
-
-def _without_workers(argv: Sequence[str]) -> list[str]:
-    """A supervised node's arguments: no --workers / --nodes, and no --spark
-    (the supervisor runs the one state-store job)."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("--workers", "--nodes"):
-            skip = True
-        elif not arg.startswith(("--workers=", "--nodes=")) and arg != "--spark":
-            out.append(arg)
-    return out
+    return run(up, argv, "weir up")

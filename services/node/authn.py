@@ -1,6 +1,6 @@
 """The authentication the settings ask for: the chain of backends, built here.
 
-`authenticator(settings, redis)` turns `settings.auth` (services.auth_settings)
+`authenticator(settings, redis)` turns `settings.auth` (services.config.auth)
 into a `services.auth.chain.Chain` of backends in that order, or `AllowAll`
 when none is configured (the loopback default: `exposure_error` has already
 refused a listener beyond loopback without authentication or
@@ -27,8 +27,8 @@ from services.auth.chain import Backend, Chain
 from services.auth.jwtauth import Jwt, JwtError
 from services.auth.passwd import PasswordFile, PasswordFileError
 from services.auth.scramauth import Scram, ScramStore
-from services.auth_settings import AuthBackend
-from services.settings import Settings, SettingsError, is_loopback
+from services.config import Settings, SettingsError, is_loopback
+from services.config.auth import AuthBackend
 
 
 def authenticator(settings: Settings, redis: Any = None) -> Authenticator:
@@ -57,7 +57,7 @@ def enhanced(authn: Authenticator) -> EnhancedAuthenticator | None:
 
 def _backend(config: AuthBackend, redis: Any) -> Backend | None:
     if config.backend == "password_file":
-        assert config.path is not None  # auth_settings requires it
+        assert config.path is not None  # services.config.auth requires it
         return PasswordFile(config.path)
     if config.backend == "redis":
         from services.auth.redisusers import RedisUsers
@@ -73,7 +73,7 @@ def _backend(config: AuthBackend, redis: Any) -> Backend | None:
         )
     from services.auth.webhook import HttpWebhook
 
-    assert config.url is not None  # auth_settings requires it
+    assert config.url is not None  # services.config.auth requires it
     return HttpWebhook(config.url, config.timeout_s, config.cache_s, config.on_error)
 
 

@@ -30,6 +30,7 @@ from services.broker.broker import Broker
 from services.broker.seams import Seams
 from services.broker.timers import TimerWheel
 from services.cluster.router import ClusterRouter
+from services.config import Settings
 from services.event.api import EventLog
 from services.listener.connection import Connection
 from services.listener.listeners import Listener
@@ -43,7 +44,6 @@ from services.queue.api import QueueStore
 from services.retain.api import RetainStore
 from services.session.api import SessionStore, WillStore
 from services.session.memory import MemoryWillStore
-from services.settings import Settings
 from services.state.store import StateStore
 
 

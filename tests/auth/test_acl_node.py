@@ -23,9 +23,9 @@ import pytest
 
 from services.auth.acl import Acl
 from services.broker.seams import Seams
+from services.config import Listeners
 from services.metrics.api import MemoryRecorder
 from services.mqtt.packets import Pubcomp, Publish, Pubrec, Pubrel
-from services.settings import Listeners
 from tests.integration.conftest import NodeRunner, Paho, clients, node_settings, raws
 from tests.integration.rawclient import V5, V311, Raw
 from tests.support.ports import free_port

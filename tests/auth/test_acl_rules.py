@@ -303,7 +303,7 @@ def test_redis_hash_fields_are_allow_rules(caplog: pytest.LogCaptureFixture) -> 
 
 
 def test_acl_settings_from_env_config_file_and_cli(tmp_path: Path) -> None:
-    from services.settings import SettingsError, load
+    from services.config import SettingsError, load
 
     assert (load({}, env={}).acl_file, load({}, env={}).acl_no_match) == (None, "deny")
     env = {"WEIR_ACL_FILE": "/etc/weir/acl.toml", "WEIR_ACL_NO_MATCH": "allow"}

@@ -14,8 +14,8 @@ import pytest
 from services.auth.banned import Ban, BanError, MemoryBans, checked, peer_host
 from services.auth.cli import parse_until
 from services.auth.limits import ClientRates
+from services.config import SettingsError
 from services.mqtt.packets import Pingreq, Publish
-from services.settings import SettingsError
 
 
 def test_a_ban_matches_its_kind_only_while_active() -> None:
@@ -104,7 +104,7 @@ def test_bad_limit_values_stop_weir_up_in_one_line(args: tuple[str, ...]) -> Non
 
 
 def test_limits_from_the_config_file(tmp_path: Path) -> None:
-    from services.settings import load
+    from services.config import load
 
     good = tmp_path / "good.toml"
     good.write_text('[limits]\nclient_msg_rate = "10/second"\nflapping = true\nmax_inflight = 4\n')

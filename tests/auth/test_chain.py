@@ -66,8 +66,8 @@ def test_when_every_backend_ignores_the_anonymous_rules_decide() -> None:
 
 def test_a_listeners_own_allow_anonymous_overrides_the_nodes(tmp_path: Path) -> None:
     """[[listener]] allow_anonymous reaches the chain built from the settings."""
+    from services.config import load
     from services.node.authn import authenticator
-    from services.settings import load
 
     config = tmp_path / "weir.toml"
     config.write_text(

@@ -10,8 +10,8 @@ from pathlib import Path
 import jwt
 import pytest
 
-from services.auth_settings import AuthBackend
-from services.settings import SettingsError, load
+from services.config import SettingsError, load
+from services.config.auth import AuthBackend
 from tests.auth.chainnode import ALLOWED, BAD, NOT_AUTHORIZED
 from tests.auth.test_password_file import add, weir, weir_up
 from tests.integration.conftest import Paho

@@ -20,7 +20,7 @@ import redis
 from services.auth.admission import Admission
 from services.auth.banned import Ban, MemoryBans
 from services.auth.redisusers import KEY_PREFIX, SCRAM_FIELD
-from services.auth_settings import AuthBackend
+from services.config.auth import AuthBackend
 from services.metrics.api import MemoryRecorder
 from services.mqtt.packets import (
     Auth,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from services.settings import Listeners, Settings, load
+from services.config import Listeners, Settings, load
 
 if TYPE_CHECKING:
     from services.broker.seams import Seams

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from services.settings import Limits
+from services.config import Limits
 from tests.integration.conftest import Paho, node_settings
 from tests.integration.test_cluster_shared import Cluster
 from tests.support.wait import wait_until

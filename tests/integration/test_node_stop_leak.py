@@ -39,7 +39,8 @@ from typing import Any
 import pytest
 import redis
 
-from services.auth_settings import AuthBackend
+from services.config import Settings
+from services.config.auth import AuthBackend
 from services.mqtt.packets import (
     Properties,
     Puback,
@@ -50,7 +51,6 @@ from services.mqtt.packets import (
     Subscription,
     Will,
 )
-from services.settings import Settings
 from tests.auth.test_chain_webhook import webhook
 from tests.integration.conftest import NodeRunner, node_settings
 from tests.integration.rawclient import V5, Raw

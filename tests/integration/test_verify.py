@@ -370,8 +370,8 @@ def run_weir(*args: str) -> subprocess.CompletedProcess[str]:
     [
         ((), "needs the cluster's Redis and Kafka"),
         (("--redis", "redis://127.0.0.1:1/0"), "needs the cluster's Redis and Kafka"),
-        (("--timeout", "0"), "expected seconds > 0"),
-        (("--bogus",), "unrecognized arguments: --bogus"),
+        (("--timeout", "0"), "0.0 is not in the range x>0"),
+        (("--bogus",), "No such option '--bogus'"),
         (("--redis", "http://x", "--kafka", "h:1"), "expected a redis:// URL"),
     ],
 )

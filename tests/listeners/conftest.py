@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import trustme
 
-from services.listener_settings import tables
+from services.config.listeners import tables
 from tests.integration.conftest import NodeRunner, clients, node_settings
 
 __all__ = ["clients"]  # the fixture, for these tests too

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from services.auth.passwd import set_user
-from services.auth_settings import AuthBackend
-from services.listener_settings import tables
+from services.config.auth import AuthBackend
+from services.config.listeners import tables
 from services.node.app import seams_for
 from tests.integration.conftest import NodeRunner, Paho, node_settings
 from tests.listeners.conftest import Pki, clients_on, port, tls_table

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import trustme
 
+from services.config import SettingsError, exposure_error, load
 from services.machine import supervisor
 from services.machine.pidfiles import NodeFiles
 from services.node.app import main as up_main
-from services.settings import SettingsError, exposure_error, load
 from tests.listeners.conftest import Pki, make_pki
 
 

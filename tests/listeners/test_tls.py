@@ -127,8 +127,8 @@ def test_required_client_certificate(
 def test_the_certificate_cn_is_the_user_the_acl_sees(
     listener_node: Start, pki: Pki, clients: list[Paho], tmp_path: Path
 ) -> None:
+    from services.config import load
     from services.node.app import seams_for
-    from services.settings import load
 
     acl = tmp_path / "acl.toml"
     acl.write_text(

@@ -13,6 +13,8 @@ import pytest
 
 from services.broker.broker import Broker
 from services.broker.timers import TimerWheel
+from services.config import Settings, load
+from services.config.settings import SHARED_STRATEGIES
 from services.listener.connection import Connection
 from services.mqtt import codec
 from services.mqtt.packets import (
@@ -30,7 +32,6 @@ from services.mqtt.packets import (
 )
 from services.node.app import build_services
 from services.node.node import channel_config
-from services.settings import SHARED_STRATEGIES, Settings, load
 from tests.support.wait import until
 
 WAIT_S = 5.0

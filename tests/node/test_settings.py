@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from services import settings
-from services.settings import ENV_VARS, SettingsError, load
+import services.config as settings
+from services.config import ENV_VARS, SettingsError, load
 
 
 def test_defaults() -> None:

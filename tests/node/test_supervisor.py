@@ -15,7 +15,6 @@ import pytest
 from services.machine import supervisor
 from services.machine.drain import main as drain_main
 from services.machine.pidfiles import NodeFiles, StalePidFile, live_pid, node_ids, nodes_dir
-from services.node.app import _without_workers
 from services.node.app import main as up_main
 from tests.support.wait import wait_until
 
@@ -26,7 +25,7 @@ from tests.support.wait import wait_until
         (["--nodes", "2", "--workers", "2"], "--nodes and --workers exclude each other"),
         (["--nodes", "0"], "--nodes must be 1..64, not 0"),
         (["--workers", "65"], "--workers must be 1..64, not 65"),
-        (["--nodes", "x"], "argument --nodes: invalid int value: 'x'"),
+        (["--nodes", "x"], "Invalid value for '--nodes': 'x' is not a valid integer"),
         (["--nodes", "3", "--mqtt-port", "65534"], "needs ports up to 65536; the last is 65535"),
         (["--nodes", "2", "--ws-port", "65535"], "from --ws-port 65535 needs ports up to 65536"),
         (["--nodes", "2", "--backend", "memory"], "--nodes needs shared backends"),
@@ -41,7 +40,7 @@ def test_bad_supervisor_arguments_exit_2_with_one_line(
 
 
 def test_nodes_get_consecutive_ports_and_workers_share_one() -> None:
-    from services.settings import load
+    from services.config import load
 
     settings = load({"listeners.mqtt_port": "1883", "listeners.ws_port": "8083"}, env={})
     assert supervisor._ports(settings, 3, shared=False) == [
@@ -55,9 +54,30 @@ def test_nodes_get_consecutive_ports_and_workers_share_one() -> None:
     assert [ws for _, ws in free] == [None, None] and all(p > 0 for p, _ in free)
 
 
-def test_a_supervised_node_gets_neither_nodes_workers_nor_spark() -> None:
-    argv = ["--nodes", "3", "--spark", "--mqtt-port", "1883", "--nodes=2", "--workers", "2"]
-    assert _without_workers(argv) == ["--mqtt-port", "1883"]
+def test_a_supervised_node_reads_our_settings_with_its_own_id_ports_and_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node's command line is `up --config <its settings file>` (no --nodes,
+    --workers or --spark of ours); the file, read by the same loader, is our
+    settings but for the node's id, ports, data dir and the shared backends,
+    and the node gets no WEIR_* variable that could override it."""
+    from services.config import load
+
+    config = tmp_path / "weir.toml"
+    config.write_text('[[listener]]\nname = "extra"\ntype = "tcp"\nport = 8999\n')
+    ours = load({"config": str(config), "listeners.mqtt_port": "1883", "limits.queue_limit": "7",
+                 "password_file": "/etc/weir/passwd"}, env={})  # fmt: skip
+    files = NodeFiles("n-2", tmp_path / "nodes")
+    args = supervisor.node_args(ours, files, "redis://127.0.0.1:1/0", "127.0.0.1:2", 1884, None,
+                                reuse_port=True, others=["extra=9000"])  # fmt: skip
+    assert args[1:5] == ["-m", "services", "up", "--config"] and args[6:] == ["--reuse-port"]
+    node = load({"config": args[5]}, env={})
+    assert (node.node_id, node.data_dir, node.listeners.mqtt_port) == ("n-2", str(files.data), 1884)
+    assert node.listeners.ws_port is None and node.listeners.ports == (("extra", 9000),)
+    assert (node.redis_url, node.kafka_bootstrap) == ("redis://127.0.0.1:1/0", "127.0.0.1:2")
+    assert node.limits.queue_limit == 7 and node.auth == ours.auth
+    monkeypatch.setenv("WEIR_MQTT_PORT", "2000")
+    assert "WEIR_MQTT_PORT" not in supervisor.child_env()
 
 
 class _Exited:
@@ -161,7 +181,7 @@ def test_drain_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
     for argv, code, needle in (
         (["--data-dir", str(tmp_path)], 1, "no node pid files in"),
         (["--data-dir", str(tmp_path), "w-9"], 1, "node w-9: no pid file"),
-        (["--bogus"], 2, "unrecognized arguments: --bogus"),
+        (["--bogus"], 2, "No such option '--bogus'"),
     ):
         assert drain_main(argv) == code
         err = capsys.readouterr().err

@@ -179,11 +179,11 @@ def one_line_error(code: int, stdout: str, stderr: list[str], fragment: str) -> 
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [
-        (["--top", "0"], "must be 1 or more"),
-        (["--top", "many"], "not a whole number"),
-        (["--flapping", "-3"], "must be 1 or more"),
-        (["--colour"], "unrecognized arguments: --colour"),
-        (["--data-dir"], "expected one argument"),
+        (["--top", "0"], "0 is not in the range x>=1"),
+        (["--top", "many"], "'many' is not a valid integer"),
+        (["--flapping", "-3"], "-3 is not in the range x>=1"),
+        (["--colour"], "No such option '--colour'"),
+        (["--data-dir"], "Option '--data-dir' requires an argument"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(

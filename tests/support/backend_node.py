@@ -9,8 +9,8 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
+from services.config import Settings
 from services.node.node import Node
-from services.settings import Settings
 from tests.integration.conftest import NodeRunner, node_settings
 
 

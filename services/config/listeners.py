@@ -1,4 +1,4 @@
-"""Listener settings: which sockets a node opens, read by `services.settings`.
+"""Listener settings: which sockets a node opens, part of `services.config`.
 
 Theory of operation. A node has one listener per (type, address): `tcp`
 (plain MQTT), `tls` (MQTT over TLS 1.2+), `ws` (MQTT over WebSocket) and
@@ -32,53 +32,96 @@ asked for and checked if sent) and "none" without one. `ports` (the hidden
 `--listener-port NAME=PORT`, from `weir up --nodes`) moves a listener to
 another port. Every check that needs no socket is made here (names, ports,
 TLS files, which are loaded once to see that they can be, CIDRs), so a bad
-listener is a `ValueError` with one line that the settings module turns
-into its SettingsError.
+listener is a `ValueError` with one line (a model validator of `Listeners`)
+that the loader turns into its SettingsError.
 """
-
 from __future__ import annotations
 
-import argparse
+import enum
 import ipaddress
 import ssl
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, TypeAdapter, model_validator
+from pydantic.dataclasses import dataclass
+
+from services.config.declare import FROZEN, Int, OptionalPort, Port, Text, opt
 
 # Loopback, as Mosquitto 2 does without a configured listener: a broker
-# reachable from other machines must be asked for (`settings.exposure_error`).
+# reachable from other machines must be asked for (`exposure_error`).
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_MQTT_PORT = 1883  # IANA port for MQTT
 DEFAULT_WS_PORT = 8083  # EMQX's WebSocket port
-TYPES = ("tcp", "tls", "ws", "wss")
-VERIFY = ("none", "optional", "required")
-CERT_USERNAME = ("none", "cn", "dn")  # which part of a client certificate is the user name
-TLS_VERSIONS = ("1.2", "1.3")  # the lowest TLS version a listener accepts (never below 1.2)
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
-MAX_PORT = 65_535
 
+
+class ListenerType(enum.StrEnum):
+    TCP = "tcp"
+    TLS = "tls"
+    WS = "ws"
+    WSS = "wss"
+
+
+class Verify(enum.StrEnum):
+    NONE = "none"
+    OPTIONAL = "optional"
+    REQUIRED = "required"
+
+
+class CertUsername(enum.StrEnum):  # which part of a client certificate is the user name
+    NONE = "none"
+    CN = "cn"
+    DN = "dn"
+
+
+class TlsVersion(enum.StrEnum):  # the lowest TLS version a listener accepts (never below 1.2)
+    V1_2 = "1.2"
+    V1_3 = "1.3"
+
+
+TYPES = tuple(ListenerType)
+VERIFY = tuple(Verify)
+CERT_USERNAME = tuple(CertUsername)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 TLS_MINIMUM = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 VERIFY_MODE = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
                "required": ssl.CERT_REQUIRED}  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
+def _networks(raw: Any) -> Any:
+    """CIDR strings ("10.0.0.0/8", "::1", "127.0.0.1"), one or a list; host bits allowed."""
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list | tuple):
+        return raw
+    out = []
+    for item in items:
+        try:
+            out.append(ipaddress.ip_network(str(item), strict=False))
+        except ValueError:
+            raise ValueError(f"{item!r} is not an IP address or CIDR") from None
+    return tuple(out)
+
+
+Networks = Annotated[tuple[Network, ...], BeforeValidator(_networks)]
+
+
+@dataclass(frozen=True, slots=True, config=FROZEN)
 class ListenerConfig:
     name: str
-    type: str  # one of TYPES
-    host: str  # "": the node's host (listeners.host)
-    port: int  # 0: a free port
-    certfile: str | None = None
-    keyfile: str | None = None
-    cafile: str | None = None
-    verify: str | None = None  # None: "optional" with a cafile, else "none"
-    cert_username: str = "none"
-    tls_min: str = "1.2"
-    max_connections: int | None = None  # None: only the node's limit
-    allow: tuple[Network, ...] = ()  # empty: every peer (that deny does not name)
-    deny: tuple[Network, ...] = ()
+    type: ListenerType
+    host: str = ""  # "": the node's host (listeners.host)
+    port: Port = 0  # 0: a free port
+    certfile: Text | None = None
+    keyfile: Text | None = None
+    cafile: Text | None = None
+    verify: Verify | None = None  # None: "optional" with a cafile, else "none"
+    cert_username: CertUsername = CertUsername.NONE
+    tls_min: TlsVersion = TlsVersion.V1_2
+    max_connections: Annotated[Int, Field(ge=1, le=1 << 31)] | None = None  # None: the node's
+    allow: Networks = ()  # empty: every peer (that deny does not name)
+    deny: Networks = ()
     allow_anonymous: bool | None = None  # None: the node's allow_anonymous
 
     @property
@@ -116,103 +159,17 @@ class ListenerConfig:
         return "; ".join(parts)
 
 
-def _choice(table: Mapping[str, Any], key: str, options: tuple[str, ...], default: Any) -> Any:
-    value = table.get(key, default)
-    if value is not default and value not in options:
-        raise ValueError(f"{key} must be one of {', '.join(options)}, not {value!r}")
-    return value
 
-
-def _text(table: Mapping[str, Any], key: str) -> str | None:
-    value = table.get(key)
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ValueError(f"{key} must be a non-empty string")
-    return value
-
-
-def _int(table: Mapping[str, Any], key: str, low: int, high: int) -> int | None:
-    value = table.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{key} must be an integer in {low}..{high}, not {value!r}")
-    return value
-
-
-def networks(raw: Any, key: str) -> tuple[Network, ...]:
-    """CIDR strings ("10.0.0.0/8", "::1", "127.0.0.1") as networks."""
-    if isinstance(raw, str):
-        raw = [raw]
-    if not isinstance(raw, list):
-        raise ValueError(f"{key} must be a list of CIDR strings")
-    out: list[Network] = []
-    for item in raw:
-        try:
-            out.append(ipaddress.ip_network(str(item), strict=False))
-        except ValueError:
-            raise ValueError(f"{key}: {item!r} is not an IP address or CIDR") from None
-    return tuple(out)
-
-
-TABLE_KEYS = frozenset(
-    {"name", "type", "host", "port", "certfile", "keyfile", "cafile", "verify", "cert_username",
-     "tls_min", "max_connections", "allow", "deny", "allow_anonymous"}
-)  # fmt: skip
-
-
-def table(raw: Any, index: int) -> ListenerConfig:
-    """One `[[listener]]` table (the index counts from 1, for the message)."""
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"listener {index} must be a table")
-    where = f"listener {raw.get('name', index)!r}" if "name" in raw else f"listener {index}"
-    try:
-        unknown = sorted(set(raw) - TABLE_KEYS)
-        if unknown:
-            raise ValueError(f"unknown key {unknown[0]!r}")
-        name = _text(raw, "name")
-        if name is None:
-            raise ValueError("needs a name")
-        kind = _choice(raw, "type", TYPES, None)
-        if kind is None:
-            raise ValueError(f"needs a type ({', '.join(TYPES)})")
-        port = _int(raw, "port", 0, MAX_PORT)
-        if port is None:
-            raise ValueError("needs a port")
-        anonymous = raw.get("allow_anonymous")
-        if anonymous is not None and not isinstance(anonymous, bool):
-            raise ValueError("allow_anonymous must be true or false")
-        return ListenerConfig(
-            name=name,
-            type=kind,
-            host=_text(raw, "host") or "",
-            port=port,
-            certfile=_text(raw, "certfile"),
-            keyfile=_text(raw, "keyfile"),
-            cafile=_text(raw, "cafile"),
-            verify=_choice(raw, "verify", VERIFY, None),
-            cert_username=_choice(raw, "cert_username", CERT_USERNAME, "none"),
-            tls_min=_choice(raw, "tls_min", TLS_VERSIONS, "1.2"),
-            max_connections=_int(raw, "max_connections", 1, 1 << 31),
-            allow=networks(raw.get("allow", []), "allow"),
-            deny=networks(raw.get("deny", []), "deny"),
-            allow_anonymous=anonymous,
-        )
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-
-
-def tables(raw: Any) -> tuple[ListenerConfig, ...]:
-    """The config file's `[[listener]]` array."""
-    if not isinstance(raw, list):
-        raise ValueError("expected [[listener]] tables")
-    return tuple(table(item, i) for i, item in enumerate(raw, start=1))
-
-
-def port_overrides(raw: Any) -> tuple[tuple[str, int], ...]:
+def _port_overrides(raw: Any) -> Any:
     """`NAME=PORT` items (a list, or one string with commas)."""
+    if not isinstance(raw, str | list | tuple):
+        return raw
     items = raw.split(",") if isinstance(raw, str) else list(raw)
     out = []
     for item in items:
+        if isinstance(item, list | tuple):
+            out.append(tuple(item))
+            continue
         name, sep, port = str(item).partition("=")
         if not sep or not name or not port.isdigit() or int(port) > MAX_PORT:
             raise ValueError(f"expected NAME=PORT, got {item!r}")
@@ -220,22 +177,60 @@ def port_overrides(raw: Any) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-@dataclass(frozen=True, slots=True)
-class Listeners:
-    """The [listeners] section of the settings (`services.settings`)."""
+MAX_PORT = 65_535
+_TABLES: TypeAdapter[tuple[ListenerConfig, ...]] = TypeAdapter(tuple[ListenerConfig, ...])
 
-    host: str = DEFAULT_HOST
-    mqtt_port: int = DEFAULT_MQTT_PORT
-    ws_port: int | None = DEFAULT_WS_PORT  # None: no WebSocket listener
-    tls_port: int | None = None
-    wss_port: int | None = None
-    certfile: str | None = None  # the tls and wss listeners' files and client certificates
-    keyfile: str | None = None
-    cafile: str | None = None
-    verify: str | None = None  # client certificates: none | optional | required
-    cert_username: str = "none"  # cn | dn: the client certificate names the user
-    tables: tuple[ListenerConfig, ...] = ()  # the config file's [[listener]] tables
-    ports: tuple[tuple[str, int], ...] = ()  # listener name -> port (weir up --nodes)
+
+def tables(raw: Any) -> tuple[ListenerConfig, ...]:
+    """The config file's `[[listener]]` array as configs (pydantic.ValidationError,
+    a ValueError, if one is wrong)."""
+    return _TABLES.validate_python(raw)
+
+
+@dataclass(frozen=True, slots=True, config=FROZEN)
+class Listeners:
+    """The [listeners] section: the shortcuts on the node's host, and the tables."""
+
+    host: Text = opt(
+        DEFAULT_HOST,
+        "address to listen on (default 127.0.0.1, loopback only, as Mosquitto 2 without a "
+        "listener; another address needs authentication or --allow-anonymous)",
+        env="WEIR_MQTT_HOST", flag="--host",
+    )  # fmt: skip
+    mqtt_port: Port = opt(DEFAULT_MQTT_PORT, "MQTT TCP port (0: a free one)", env="WEIR_MQTT_PORT")
+    ws_port: OptionalPort = opt(
+        DEFAULT_WS_PORT, "MQTT over WebSocket port (off: none)", env="WEIR_WS_PORT"
+    )
+    tls_port: OptionalPort = opt(None, "MQTT over TLS port (8883 is usual)")
+    wss_port: OptionalPort = opt(None, "MQTT over secure WebSocket port")
+    certfile: Text | None = opt(None, "the TLS listeners' certificate (PEM)")
+    keyfile: Text | None = opt(None, "the TLS listeners' private key (PEM)")
+    cafile: Text | None = opt(
+        None,
+        "CA certificates that client certificates are checked against (then a client "
+        "certificate is asked for; see --require-client-cert)",
+    )
+    verify: Verify | None = opt(
+        None,
+        "client certificates of the tls/wss listeners: none, optional (default with a cafile) "
+        "or required (--require-client-cert: TLS clients must present one the cafile signed)",
+        flag="--require-client-cert", const=Verify.REQUIRED,
+    )  # fmt: skip
+    cert_username: CertUsername = opt(
+        CertUsername.NONE, "cn or dn: a client certificate's CN (or its whole DN) is the user name"
+    )
+    tables: tuple[ListenerConfig, ...] = opt(
+        (), "the config file's [[listener]] tables (see above)", flag=False
+    )
+    ports: Annotated[tuple[tuple[str, Port], ...], BeforeValidator(_port_overrides)] = opt(
+        (), "listener NAME=PORT: moves a listener (weir up --nodes gives each node its own)",
+        flag="--listener-port",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _combines(self) -> Listeners:
+        combine(self)
+        return self
 
     def all(self) -> tuple[ListenerConfig, ...]:
         """Every listener, checked (ValueError)."""
@@ -243,14 +238,14 @@ class Listeners:
 
 
 def _shortcuts(listeners: Listeners) -> list[ListenerConfig]:
-    out = [ListenerConfig("mqtt", "tcp", "", listeners.mqtt_port)]
+    out = [ListenerConfig("mqtt", ListenerType.TCP, "", listeners.mqtt_port)]
     if listeners.ws_port is not None:
-        out.append(ListenerConfig("ws", "ws", "", listeners.ws_port))
+        out.append(ListenerConfig("ws", ListenerType.WS, "", listeners.ws_port))
     for name, port in (("tls", listeners.tls_port), ("wss", listeners.wss_port)):
         if port is not None:
             out.append(
                 ListenerConfig(
-                    name, name, "", port,
+                    name, ListenerType(name), "", port,
                     certfile=listeners.certfile, keyfile=listeners.keyfile,
                     cafile=listeners.cafile, verify=listeners.verify,
                     cert_username=listeners.cert_username,
@@ -328,20 +323,3 @@ def _check(config: ListenerConfig) -> None:
         ) from None
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`weir up`'s listener shortcuts (the [listeners] options)."""
-    add = parser.add_argument
-    add("--tls-port", dest="listeners.tls_port", help="MQTT over TLS port (8883 is usual)")
-    add("--wss-port", dest="listeners.wss_port", help="MQTT over secure WebSocket port")
-    add("--certfile", dest="listeners.certfile", help="the TLS listeners' certificate (PEM)")
-    add("--keyfile", dest="listeners.keyfile", help="the TLS listeners' private key (PEM)")
-    add("--cafile", dest="listeners.cafile",
-        help="CA certificates that client certificates are checked against (then a client "
-        "certificate is asked for; see --require-client-cert)")  # fmt: skip
-    add("--require-client-cert", dest="listeners.verify", action="store_const",
-        const="required",
-        help="TLS clients must present a certificate the --cafile signed")  # fmt: skip
-    add("--cert-username", dest="listeners.cert_username",
-        help="cn or dn: a client certificate's CN (or its whole DN) is the user name")  # fmt: skip
-    add("--listener-port", dest="listeners.ports", action="append",
-        help=argparse.SUPPRESS)  # NAME=PORT, from the supervisor of --nodes  # fmt: skip

@@ -1,0 +1,85 @@
+"""What every `weir` subcommand shares: running a click command as
+`main(argv) -> exit code`, and groups whose subcommands load lazily.
+
+Errors: a bad argument (click's UsageError) or a bad setting
+(SettingsError) is one line on stderr, `<prog>: <what>`, and exit 2; the
+command's own return value is its exit code. `weir --help` lists the
+subcommands from their names and one-line helps here, without importing
+them, so it stays fast and each subcommand's imports stay its own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+from services.config.declare import SettingsError
+
+EXIT_USAGE = 2
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def run(command: click.Command, argv: Sequence[str], prog: str) -> int:
+    """Run `command` on `argv`; its result (an int, None: 0) is the exit code."""
+    try:
+        result = command.main(list(argv), prog_name=prog, standalone_mode=False)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else prog
+        print(f"{where}: {' '.join(exc.format_message().split())}", file=sys.stderr)  # one line
+        return EXIT_USAGE
+    except SettingsError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except click.Abort:
+        print(f"{prog}: aborted", file=sys.stderr)
+        return 1
+    except click.ClickException as exc:
+        print(f"{prog}: {exc.format_message()}", file=sys.stderr)
+        return exc.exit_code
+    return int(result or 0)
+
+
+def fail(message: str) -> None:
+    """A bad argument found after parsing: one line, exit 2."""
+    raise click.UsageError(message)
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are `module:attribute` strings, imported when used."""
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy  # name -> ("module:attribute", one-line help)
+        self.commands_here: dict[str, click.Command] = {}  # defined beside the group
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.lazy)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.lazy:
+            return None
+        if cmd_name in self.commands_here:
+            return self.commands_here[cmd_name]
+        module, _, attribute = self.lazy[cmd_name][0].partition(":")
+        command: click.Command = getattr(importlib.import_module(module), attribute)
+        return command
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] not in self.lazy and not args[0].startswith("-"):
+            raise click.UsageError(f"unknown command {args[0]!r} (see {ctx.command_path} --help)")
+        return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, text) for name, (_, text) in self.lazy.items()])
+
+
+def lazy_group(name: str, help: str, lazy: dict[str, tuple[str, str]]) -> Callable[..., Any]:
+    """Decorator for a group function with lazily imported subcommands."""
+    return click.group(name, cls=LazyGroup, lazy=lazy, help=help, context_settings=CONTEXT)

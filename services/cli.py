@@ -48,7 +48,44 @@ def fail(message: str) -> None:
     raise click.UsageError(message)
 
 
-class LazyGroup(click.Group):
+def _attached(
+    parse: Callable[[click.Context, list[str]], list[str]], ctx: click.Context, args: list[str]
+) -> list[str]:
+    try:
+        return parse(ctx, args)
+    except click.UsageError as exc:
+        exc.ctx = exc.ctx or ctx
+        raise
+
+
+class Command(click.Command):
+    """A command whose errors name it (`weir up: ...`): a SettingsError is a
+    usage error of its own, and so is a bad argument click found unattached."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return _attached(super().parse_args, ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SettingsError as exc:
+            raise click.UsageError(str(exc), ctx) from None
+
+
+class Group(click.Group):
+    command_class = Command
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return _attached(super().parse_args, ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SettingsError as exc:
+            raise click.UsageError(str(exc), ctx) from None
+
+
+class LazyGroup(Group):
     """A group whose subcommands are `module:attribute` strings, imported when used."""
 
     def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any) -> None:
@@ -72,7 +109,9 @@ class LazyGroup(click.Group):
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
         if args and args[0] not in self.lazy and not args[0].startswith("-"):
-            raise click.UsageError(f"unknown command {args[0]!r} (see {ctx.command_path} --help)")
+            raise click.UsageError(
+                f"unknown command {args[0]!r} (see {ctx.command_path} --help)", ctx
+            )
         return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

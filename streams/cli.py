@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import click
 
-from services.cli import CONTEXT, fail
+from services.cli import CONTEXT, Command, fail
 from services.cli import run as run_command
 from services.config import load
 from services.config.flags import given, settings_flags, some
@@ -29,7 +29,7 @@ from streams.config import DEFAULT_TRIGGER_S, MAX_RECORDS_PER_TRIGGER, JobConfig
 JOBS: Final = {"state": "streams.statestore", "analytics": "streams.analytics"}
 
 
-@click.command("run", context_settings=CONTEXT,
+@click.command("run", cls=Command, context_settings=CONTEXT,
                help=f"Run a Weir Spark job: JOB is one of {', '.join(JOBS)}.")  # fmt: skip
 @click.argument("job")
 @click.option("--config", help="TOML config file (default: $WEIR_CONFIG)")

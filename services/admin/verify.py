@@ -46,7 +46,7 @@ import click
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.cli import CONTEXT, fail, run
+from services.cli import CONTEXT, Command, fail, run
 from services.cluster.membership import RedisMembership
 from services.config import load
 from services.config.flags import given, settings_flags, some
@@ -83,7 +83,7 @@ class Config:
 
 
 @click.command(
-    "verify", context_settings=CONTEXT,
+    "verify", cls=Command, context_settings=CONTEXT,
     help="Compare the state store and every live node's state with a full replay of the "
     "event log; print every difference (exit 1 if any).",
 )  # fmt: skip

@@ -23,7 +23,7 @@ from typing import Any
 import click
 
 from services.auth.banned import Ban, BanError, RedisBans, checked
-from services.cli import CONTEXT, fail, run
+from services.cli import CONTEXT, Group, fail, run
 from services.config import SettingsError, load
 from services.config.flags import given, settings_flags, some
 
@@ -32,7 +32,7 @@ TIMEOUT_S = 5.0
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-@click.group("ban", context_settings=CONTEXT,
+@click.group("ban", cls=Group, context_settings=CONTEXT,
              help="Ban clients cluster-wide (Redis): by client id, user name or address.")
 @click.option("--config", help="TOML config file naming redis_url")
 @settings_flags(some("redis_url"))

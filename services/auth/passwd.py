@@ -38,7 +38,7 @@ from services.auth.argon import CACHE_TTL_S, HASHER, check_hash
 from services.auth.cache import CredentialCache, Verdict
 from services.auth.scram import METHOD, ScramCredentials, ScramError
 from services.auth.watched import CHECK_S, Watched
-from services.cli import CONTEXT, fail, run
+from services.cli import CONTEXT, Command, fail, run
 from services.config import load
 from services.config.flags import given, settings_flags, some
 
@@ -147,7 +147,7 @@ def set_user(path: Path, user: str, password: str | None, scram: bool = False) -
 
 
 @click.command(
-    "passwd", context_settings=CONTEXT,
+    "passwd", cls=Command, context_settings=CONTEXT,
     help="Add or change a user of a password file, FILE USER (argon2id hashes), or a user in "
     "Redis, --redis URL USER (for --auth-redis).",
 )  # fmt: skip

@@ -107,6 +107,19 @@ def _networks(raw: Any) -> Any:
 Networks = Annotated[tuple[Network, ...], BeforeValidator(_networks)]
 
 
+def _required(raw: Any) -> Any:
+    """A [[listener]] table names its name, type and port (the dataclass has
+    defaults for host and port, which the shortcuts build on)."""
+    if isinstance(raw, list):
+        for number, table in enumerate(raw, start=1):
+            if isinstance(table, dict):
+                where = f"listener {table['name']!r}" if "name" in table else f"listener {number}"
+                for key in ("name", "type", "port"):
+                    if key not in table:
+                        raise ValueError(f"{where}: needs a {key}")
+    return raw
+
+
 @dataclass(frozen=True, slots=True, config=FROZEN)
 class ListenerConfig:
     name: str
@@ -219,7 +232,7 @@ class Listeners:
     cert_username: CertUsername = opt(
         CertUsername.NONE, "cn or dn: a client certificate's CN (or its whole DN) is the user name"
     )
-    tables: tuple[ListenerConfig, ...] = opt(
+    tables: Annotated[tuple[ListenerConfig, ...], BeforeValidator(_required)] = opt(
         (), "the config file's [[listener]] tables (see above)", flag=False
     )
     ports: Annotated[tuple[tuple[str, Port], ...], BeforeValidator(_port_overrides)] = opt(

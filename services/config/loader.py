@@ -123,24 +123,37 @@ def _one_line(exc: ValidationError, values: Mapping[str, Any], sources: Mapping[
     error = exc.errors(include_url=False)[0]
     loc = [str(part) for part in error["loc"]]
     message = str(error["msg"]).removeprefix("Value error, ")
-    if error["type"] == "unexpected_keyword_argument":
-        message = "unknown key"
+    if error["type"] == "enum":
+        message = f"must be one of {error.get('ctx', {}).get('expected', '')}"
     # The longest declared option the location is in: listeners.tables for
     # ("listeners", "tables", "0", "port"); a rule across fields has a section.
     path = next((".".join(loc[:n]) for n in range(len(loc), 0, -1)
                  if ".".join(loc[:n]) in _BY_PATH), ".".join(loc))  # fmt: skip
     source = sources.get(path)
     inner = loc[len(path.split(".")):] if path in _BY_PATH else []
-    if path == "listeners.tables" and inner:
-        return _in_table("listener", values.get(path), inner, message, source)
-    if path == "auth" and inner:
-        return _in_table("[[auth]]", values.get(path), inner, message, source)
-    if path not in _BY_PATH:  # a rule across fields: its message names them
-        return f"{source}: {message}" if source else message
+    if path in _TABLES:
+        kind = _TABLES[path]
+        if not inner and error["type"] == "value_error":  # listeners._required
+            return f"{source}: {message}" if source else message
+        if not inner:
+            return f"{source or 'default'}: expected {kind} tables"
+        if error["type"] in ("unexpected_keyword_argument", "missing_argument"):
+            key = inner[1] if len(inner) > 1 else "?"
+            what = "unknown key" if error["type"].startswith("unexpected") else "needs a"
+            message = f"{what} {key!r}" if what == "unknown key" else f"{what} {key}"
+            inner = inner[:1]
+        return _in_table(kind.strip("[]") if kind == "[[listener]]" else kind,
+                         values.get(path), inner, message, source)  # fmt: skip
+    if path not in _BY_PATH:  # a rule across fields: its message names them, and
+        origins = set(sources.values())  # where they came from, when that is one place
+        return f"{origins.pop()}: {message}" if len(origins) == 1 else message
     raw = values.get(path)
     secret = "secret" in path or isinstance(raw, list | dict)
     shown = "" if secret or path not in values else f" {raw!r}"
     return f"{source or 'default'}: bad value{shown} for {path}: {message}"
+
+
+_TABLES = {"listeners.tables": "[[listener]]", "auth": "[[auth]]"}
 
 
 def _in_table(kind: str, raw: Any, inner: list[str], message: str, source: str | None) -> str:

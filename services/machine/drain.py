@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from services.cli import CONTEXT, run
+from services.cli import CONTEXT, Command, run
 from services.config import load
 from services.config.flags import given, settings_flags, some
 from services.machine.pidfiles import NodeFiles, StalePidFile, live_pid, nodes_dir
@@ -33,7 +33,7 @@ DRAIN_SIGNAL = signal.SIGUSR1
 
 
 @click.command(
-    "drain", context_settings=CONTEXT,
+    "drain", cls=Command, context_settings=CONTEXT,
     help="Tell nodes of weir up --nodes/--workers to drain (SIGUSR1): clients are sent "
     "elsewhere (MQTT 5: DISCONNECT 0x9C), then the node exits and is not restarted. "
     "NODE-ID...: the nodes (default: all).",

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from services.cli import CONTEXT, run
+from services.cli import CONTEXT, Command, run
 from services.config import Settings, SettingsError, exposure_error, load
 from services.config.flags import given, settings_flags
 from services.machine.backends import BackendError, start_backends
@@ -52,7 +52,7 @@ UP_HELP = (
 )
 
 
-@click.command("up", help=UP_HELP, context_settings=CONTEXT)
+@click.command("up", cls=Command, help=UP_HELP, context_settings=CONTEXT)
 @click.option("--config", help="TOML config file (default: $WEIR_CONFIG)")
 @settings_flags()
 @click.option(

@@ -57,12 +57,12 @@ def test_tables_then_shortcuts_in_order(tmp_path: Path) -> None:
 
 BAD_TABLES = [
     ('auth = "jwt"', "expected [[auth]] tables"),
-    ('[[auth]]\nbackend = "ldap"', "backend must be one of"),
+    ('[[auth]]\nbackend = "ldap"', "backend: must be one of"),
     ('[[auth]]\nbackend = "jwt"', "give one of secret, public_key, jwks"),
     ('[[auth]]\nbackend = "jwt"\nsecret = "a"\njwks = "b"', "give one of"),
     ('[[auth]]\nbackend = "jwt"\nsecret = "a"\nurl = "http://x"', "unknown key 'url'"),
     ('[[auth]]\nbackend = "http"\nurl = "ftp://x"', "http:// or https://"),
-    ('[[auth]]\nbackend = "http"\nurl = "http://x"\non_error = "maybe"', "deny, ignore"),
+    ('[[auth]]\nbackend = "http"\nurl = "http://x"\non_error = "maybe"', "'deny' or 'ignore'"),
     ('[[auth]]\nbackend = "http"\nurl = "http://x"\ntimeout_s = -1', "timeout_s"),
     ('[[auth]]\nbackend = "password_file"', "give one of path"),
 ]

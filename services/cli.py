@@ -76,6 +76,9 @@ class Group(click.Group):
     command_class = Command
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args:  # one line naming the commands, not the whole help
+            commands = ", ".join(f"{ctx.command_path} {n}" for n in self.list_commands(ctx))
+            raise click.UsageError(f"give a command: {commands}", ctx)
         return _attached(super().parse_args, ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -93,6 +96,12 @@ class LazyGroup(Group):
         self.lazy = lazy  # name -> ("module:attribute", one-line help)
         self.commands_here: dict[str, click.Command] = {}  # defined beside the group
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args and ctx.parent is None:  # `weir` alone: its help, as `weir --help`
+            click.echo(ctx.get_help())
+            ctx.exit(0)
+        return super().parse_args(ctx, args)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.lazy)
 
@@ -108,7 +117,7 @@ class LazyGroup(Group):
     def resolve_command(
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
-        if args and args[0] not in self.lazy and not args[0].startswith("-"):
+        if args[0] not in self.lazy and not args[0].startswith("-"):
             raise click.UsageError(
                 f"unknown command {args[0]!r} (see {ctx.command_path} --help)", ctx
             )

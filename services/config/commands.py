@@ -31,7 +31,8 @@ def _fail(message: str) -> None:
     raise click.UsageError(message)  # one line, exit 2 (services.cli.run)
 
 
-@click.group("config", context_settings=CONTEXT, help="Show, check or write the settings.")
+@click.group("config", context_settings=CONTEXT, no_args_is_help=False,
+             help="Show, check or write the settings.")  # fmt: skip
 def config() -> None:
     pass
 

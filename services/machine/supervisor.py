@@ -157,7 +157,7 @@ def node_args(
     settings: Settings, files: NodeFiles, redis_url: str, kafka: str,
     mqtt_port: int, ws_port: int | None, reuse_port: bool, others: Sequence[str] = (),
 ) -> list[str]:  # fmt: skip
-    """A node's command line: `weir up --config <its settings file>`. The file
+    """A node's command line: `weir up --config <its settings file> --node-id ID`. The file
     is our effective settings with the node's own id, ports, data dir and the
     shared backends (`services.config.loader.write_snapshot`), read back by
     the same loader; the node gets no WEIR_* variables (`child_env`), so the
@@ -175,7 +175,10 @@ def node_args(
     )
     snapshot = files.data / "settings.json"
     write_snapshot(mine, snapshot)
-    args = [sys.executable, "-m", "services", "up", "--config", str(snapshot)]
+    # --node-id again, though the file has it: `weir drain` knows a node's
+    # process by it in /proc/<pid>/cmdline (services.machine.pidfiles).
+    args = [sys.executable, "-m", "services", "up", "--config", str(snapshot),
+            "--node-id", files.node_id]  # fmt: skip
     if reuse_port:
         args.append("--reuse-port")
     return args

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -83,7 +82,10 @@ def test_show_says_where_each_value_came_from(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("kind", "values"),
-    [("enum", {"limits.queue_full": "drop_oldest"}), ("rate", {"limits.max_conn_rate": "5/second"})],
+    [
+        ("enum", {"limits.queue_full": "drop_oldest"}),
+        ("rate", {"limits.max_conn_rate": "5/second"}),
+    ],
 )
 def test_enums_and_rates_are_typed_values_that_still_compare_as_text(
     kind: str, values: dict[str, str]

@@ -70,7 +70,8 @@ def test_a_supervised_node_reads_our_settings_with_its_own_id_ports_and_dir(
     files = NodeFiles("n-2", tmp_path / "nodes")
     args = supervisor.node_args(ours, files, "redis://127.0.0.1:1/0", "127.0.0.1:2", 1884, None,
                                 reuse_port=True, others=["extra=9000"])  # fmt: skip
-    assert args[1:5] == ["-m", "services", "up", "--config"] and args[6:] == ["--reuse-port"]
+    assert args[1:5] == ["-m", "services", "up", "--config"]
+    assert args[6:] == ["--node-id", "n-2", "--reuse-port"]
     node = load({"config": args[5]}, env={})
     assert (node.node_id, node.data_dir, node.listeners.mqtt_port) == ("n-2", str(files.data), 1884)
     assert node.listeners.ws_port is None and node.listeners.ports == (("extra", 9000),)

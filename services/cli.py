@@ -1,9 +1,9 @@
 """What every `weir` subcommand shares: running a click command as
 `main(argv) -> exit code`, and groups whose subcommands load lazily.
 
-Errors: a bad argument (click's UsageError) or a bad setting
-(SettingsError) is one line on stderr, `<prog>: <what>`, and exit 2; the
-command's own return value is its exit code. `weir --help` lists the
+Errors: a bad argument or a bad setting (click's UsageError, which
+services.config's SettingsError is) is one line on stderr, `<prog>:
+<what>`, and exit 2; the command's own return value is its exit code. `weir --help` lists the
 subcommands from their names and one-line helps here, without importing
 them, so it stays fast and each subcommand's imports stay its own.
 """
@@ -17,8 +17,6 @@ from typing import Any
 
 import click
 
-from services.config.declare import SettingsError
-
 EXIT_USAGE = 2
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -30,9 +28,6 @@ def run(command: click.Command, argv: Sequence[str], prog: str) -> int:
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else prog
         print(f"{where}: {' '.join(exc.format_message().split())}", file=sys.stderr)  # one line
-        return EXIT_USAGE
-    except SettingsError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except click.Abort:
         print(f"{prog}: aborted", file=sys.stderr)
@@ -59,8 +54,8 @@ def _attached(
 
 
 class Command(click.Command):
-    """A command whose errors name it (`weir up: ...`): a SettingsError is a
-    usage error of its own, and so is a bad argument click found unattached."""
+    """A command whose errors name it (`weir up: ...`): a SettingsError (a
+    UsageError) raised while it runs, or a bad argument click found unattached."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return _attached(super().parse_args, ctx, args)
@@ -68,8 +63,9 @@ class Command(click.Command):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except SettingsError as exc:
-            raise click.UsageError(str(exc), ctx) from None
+        except click.UsageError as exc:
+            exc.ctx = exc.ctx or ctx
+            raise
 
 
 class Group(click.Group):
@@ -84,8 +80,9 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except SettingsError as exc:
-            raise click.UsageError(str(exc), ctx) from None
+        except click.UsageError as exc:
+            exc.ctx = exc.ctx or ctx
+            raise
 
 
 class LazyGroup(Group):

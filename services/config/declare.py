@@ -19,20 +19,22 @@ per-node overrides, many tests) keeps working and validates.
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import click
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
 MAX_PORT = 65_535
 FROZEN = ConfigDict(extra="forbid")  # an unknown key is an error, never ignored
 
 
-class SettingsError(Exception):
-    """A configuration value is missing, malformed or out of range."""
+class SettingsError(click.UsageError):
+    """A configuration value is missing, malformed or out of range: to the
+    command line a usage error (one line, exit 2; `services.cli.run`), so
+    the CLI needs no import of the settings to report one."""
 
 
 def opt(
@@ -99,13 +101,6 @@ def options(tree: type[Any], prefix: str = "") -> Iterator[Option]:
         )
 
 
-def unwrap_optional(annotation: Any) -> Any:
-    """int | None -> int."""
-    if isinstance(annotation, types.UnionType):
-        args = [a for a in annotation.__args__ if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return annotation
 
 
 # Value types. Pydantic's lax mode reads "1883", "true"/"on"/"0" from env and

@@ -60,7 +60,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from services.config import Settings
+from services.config import ENV_VARS, Settings
 from services.config.listeners import ListenerConfig
 from services.config.loader import write_snapshot
 from services.embedded.process import child_options
@@ -185,8 +185,9 @@ def node_args(
 
 
 def child_env() -> dict[str, str]:
-    """Our environment without WEIR_* (they would override the node's settings file)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    """Our environment without the settings' WEIR_* variables (they would
+    override the node's settings file); others (WEIR_SPARK_MASTER...) stay."""
+    return {k: v for k, v in os.environ.items() if k not in ENV_VARS}
 
 
 def _other_listeners(settings: Settings) -> list[ListenerConfig]:

@@ -78,7 +78,9 @@ def test_a_supervised_node_reads_our_settings_with_its_own_id_ports_and_dir(
     assert (node.redis_url, node.kafka_bootstrap) == ("redis://127.0.0.1:1/0", "127.0.0.1:2")
     assert node.limits.queue_limit == 7 and node.auth == ours.auth
     monkeypatch.setenv("WEIR_MQTT_PORT", "2000")
-    assert "WEIR_MQTT_PORT" not in supervisor.child_env()
+    monkeypatch.setenv("WEIR_SPARK_MASTER", "local[1]")
+    env = supervisor.child_env()
+    assert "WEIR_MQTT_PORT" not in env and env["WEIR_SPARK_MASTER"] == "local[1]"
 
 
 class _Exited:

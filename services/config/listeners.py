@@ -28,13 +28,14 @@ tuple of `ListenerConfig` (`combine`):
       max_connections = 5000
 
 `verify` left out means "optional" when a cafile is given (a certificate is
-asked for and checked if sent) and "none" without one. `ports` (the hidden
-`--listener-port NAME=PORT`, from `weir up --nodes`) moves a listener to
-another port. Every check that needs no socket is made here (names, ports,
+asked for and checked if sent) and "none" without one. `ports` (NAME=PORT
+items; `weir up --nodes` writes them into each node's settings file) moves
+a listener to another port. Every check that needs no socket is made here (names, ports,
 TLS files, which are loaded once to see that they can be, CIDRs), so a bad
 listener is a `ValueError` with one line (a model validator of `Listeners`)
 that the loader turns into its SettingsError.
 """
+
 from __future__ import annotations
 
 import enum

@@ -72,6 +72,7 @@ def test_a_supervised_node_reads_our_settings_with_its_own_id_ports_and_dir(
                                 reuse_port=True, others=["extra=9000"])  # fmt: skip
     assert args[1:5] == ["-m", "services", "up", "--config"]
     assert args[6:] == ["--node-id", "n-2", "--reuse-port"]
+    assert Path(args[5]).stat().st_mode & 0o077 == 0  # it may hold a JWT secret
     node = load({"config": args[5]}, env={})
     assert (node.node_id, node.data_dir, node.listeners.mqtt_port) == ("n-2", str(files.data), 1884)
     assert node.listeners.ws_port is None and node.listeners.ports == (("extra", 9000),)

@@ -1,89 +1,50 @@
-"""What /proc says about the broker: which process listens on a port, its RSS, its CPU time.
+"""What the operating system says about the broker, through psutil: which
+process listens on a port, its RSS, its CPU time.
 
-Only Linux, and only processes this user may inspect; every function returns
-None rather than guessing when /proc does not tell.
+Only processes this user may inspect; every function returns None rather
+than guessing when the system does not tell.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-PROC = Path("/proc")
-TCP_LISTEN = "0A"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _listening_inodes(port: int) -> set[str]:
-    inodes: set[str] = set()
-    for table in ("net/tcp", "net/tcp6"):
-        try:
-            lines = (PROC / table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) <= 9 or fields[3] != TCP_LISTEN:
-                continue
-            if int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    return inodes
+import psutil
 
 
 def is_local(host: str) -> bool:
     return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
-def find_listener_pid(port: int) -> int | None:
-    """The process holding a socket that listens on TCP `port`, if /proc shows one."""
-    wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
-    if not wanted:
-        return None
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            for fd in (entry / "fd").iterdir():
-                if os.readlink(fd) in wanted:
-                    return int(entry.name)
-        except OSError:
-            continue
-    return None
-
-
 def find_listener_pids(port: int) -> list[int]:
-    """Every process listening on TCP `port` (several with SO_REUSEPORT workers), sorted."""
-    wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
-    pids: list[int] = []
-    if not wanted:
-        return pids
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if any(os.readlink(fd) in wanted for fd in (entry / "fd").iterdir()):
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return sorted(pids)
+    """Every process listening on TCP `port` (several with SO_REUSEPORT workers), sorted.
+    A socket whose process this user may not inspect has no pid and is left out."""
+    return sorted(
+        {
+            conn.pid
+            for conn in psutil.net_connections(kind="tcp")
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port
+            and conn.pid is not None
+        }
+    )  # fmt: skip
+
+
+def find_listener_pid(port: int) -> int | None:
+    """The process holding a socket that listens on TCP `port`, if one shows."""
+    pids = find_listener_pids(port)
+    return pids[0] if pids else None
 
 
 def rss_kib(pid: int) -> int | None:
-    """VmRSS of `pid` in KiB."""
+    """Resident memory of `pid` in KiB."""
     try:
-        for line in (PROC / str(pid) / "status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
+        return int(psutil.Process(pid).memory_info().rss // 1024)
+    except psutil.Error:
         return None
-    return None
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time `pid` has used so far."""
+    """User + system CPU time `pid` has used so far (its children's not counted)."""
     try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except OSError:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return float(times.user + times.system)

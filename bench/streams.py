@@ -44,6 +44,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import redis
 from confluent_kafka import Producer
 
@@ -73,23 +74,16 @@ STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
 def tree_rss_mib(session: int) -> float:
-    """Resident memory of every process in session `session`, MiB."""
+    """Resident memory of every process in session `session`, MiB: the job
+    starts one (start_new_session), and its JVM and Python workers stay in it."""
     total = 0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+    for proc in psutil.process_iter():
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[3]) != session:  # field 6 of stat: the session id
-                continue
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-        except (OSError, IndexError, ValueError):
+            if os.getsid(proc.pid) == session:
+                total += proc.memory_info().rss
+        except (OSError, psutil.Error):  # gone since the listing, or not ours to inspect
             continue
-    return total / 1024
+    return total / 2**20
 
 
 def job(

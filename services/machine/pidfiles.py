@@ -12,9 +12,10 @@ process must be a `weir up` whose command line names this node id.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 NODES_DIR = "nodes"
 PID_SUFFIX = ".pid"
@@ -83,17 +84,10 @@ def live_pid(files: NodeFiles) -> int:
 
 def _runs_node(pid: int, node_id: str) -> bool:
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except FileNotFoundError:
+        args = psutil.Process(pid).cmdline()  # a zombie's is empty
+    except psutil.NoSuchProcess:  # gone (a zombie's cmdline raises ZombieProcess, one of these)
         return False
-    except OSError:  # no /proc (not Linux): whether the pid is alive is all we can tell
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+    except psutil.AccessDenied:  # not ours to read: whether the pid is alive is all we can tell
         return True
-    args = raw.decode(errors="replace").split("\0")  # a zombie's is empty
     named = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--node-id"]
     return bool(named) and named[-1] == node_id and "up" in args

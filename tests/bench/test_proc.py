@@ -2,9 +2,13 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 
 from bench.idle import shares, source_address
-from bench.proc import cpu_seconds, find_listener_pid, is_local, rss_kib
+from bench.proc import cpu_seconds, find_listener_pid, find_listener_pids, is_local, rss_kib
+from bench.streams import tree_rss_mib
+from tests.support.wait import wait_until
 
 
 def test_finds_the_process_listening_on_a_port() -> None:
@@ -14,6 +18,7 @@ def test_finds_the_process_listening_on_a_port() -> None:
         assert find_listener_pid(port) is None
         listener.listen()
         assert find_listener_pid(port) == os.getpid()
+        assert find_listener_pids(port) == [os.getpid()]
 
 
 def test_rss_and_cpu_of_this_process() -> None:
@@ -34,3 +39,21 @@ def test_idle_spreads_over_249_source_addresses_and_workers() -> None:
     assert shares(19_001, 2) == [9_501, 9_500]
     assert sum(shares(45_000, 3)) == 45_000
     assert is_local("127.0.0.1") and is_local("localhost") and not is_local("10.0.0.1")
+
+
+def test_tree_rss_counts_the_processes_of_one_session() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        wait_until(lambda: (rss_kib(child.pid) or 0) > 1000, "the child's interpreter")
+        alone = rss_kib(child.pid) or 0
+        # the child alone: neither this process (another session) nor anything else
+        assert alone / 2 < tree_rss_mib(child.pid) * 1024 < alone * 2
+        assert tree_rss_mib(2**22 + 7) == 0  # no such session
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait()

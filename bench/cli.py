@@ -23,9 +23,10 @@ from bench import wire
 from bench.errors import BenchError, UsageError
 from bench.idle import PER_WORKER_MAX, IdleConfig, raise_nofile_limit, run_idle
 from bench.mosquitto import MOSQUITTO, spawn_mosquitto
+from bench.plan import RunConfig
 from bench.redisstats import figures, snapshot
 from bench.report import Result, comparison
-from bench.scenarios import FAN_OUT_SUBSCRIBERS, SCENARIOS, RunConfig, plan_for, run_plan
+from bench.scenarios import FAN_OUT_SUBSCRIBERS, SCENARIOS, plan_for, run_plan
 from services.cli import CONTEXT
 from services.cli import run as run_command
 

@@ -20,14 +20,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bench import wire
 from bench.client import Tally, open_client
 from bench.errors import BenchError
-
-if TYPE_CHECKING:
-    from bench.scenarios import Plan, RunConfig, SubscriberSpec
+from bench.plan import Plan, RunConfig, SubscriberSpec
 
 PROBE_PUBLISHER = 0xFFFF
 """Publisher numbers are 0..99 in every plan."""

@@ -35,6 +35,7 @@ from bench import crossnode, wire
 from bench.client import BenchClient, PacedPublisher, Publisher, Tally, open_client, subscribe
 from bench.errors import BenchError, BrokerUnavailable
 from bench.pipe import receive
+from bench.plan import Plan, PublisherSpec, RunConfig, SubscriberSpec
 from bench.proc import cpu_seconds, find_listener_pid, is_local
 from bench.report import Result, latency_of
 
@@ -46,8 +47,6 @@ PUBLISHER_PROCESS = "the publisher process"
 DRAIN_MAX_S = 5.0
 """The longest a run waits for messages after publishing stopped: a slow broker
 still delivers its backlog, a broker that lost messages cannot stall the run."""
-PERSISTENT_EXPIRY_S = 3600
-"""MQTT 5 session expiry of `--persistent` sessions (3.1.1 has none: clean 0 is enough)."""
 CONNECTS_IN_FLIGHT = 50
 """Clients connecting (and subscribing) at once. A broker may serve each persistent
 CONNECT/SUBSCRIBE with a store call; 200 at once can exhaust its store's connection
@@ -55,73 +54,6 @@ pool (redis-py's default is 100) and measure that instead of the message path.""
 PROGRESS_POLL_S = 0.02
 """How often the drain phase looks at the counters; the timing itself comes
 from the receive timestamps, so this only bounds how late the run notices."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunConfig:
-    host: str
-    port: int
-    qos: int
-    messages: int
-    duration: float
-    payload_size: int = 32
-    window: int = 64
-    version: int = wire.MQTT_311
-    rate: float = 2000.0
-    split: bool = False
-    drain: float = 1.0
-    connect_timeout: float = 10.0
-    broker_pid: int | None = None
-    persistent: bool = False
-    cleanup: bool = True
-    sub_port: int | None = None  # subscribers on another node of a cluster (bench.crossnode)
-
-    def port_for(self, role: str) -> int:
-        """Subscribers ("s<n>") connect to `sub_port` when set, everyone else to `port`."""
-        return self.sub_port if self.sub_port and role.startswith("s") else self.port
-
-    def client_id(self, plan: Plan, role: str) -> str:
-        """Random per run; with `persistent`, fixed per scenario and role (e.g. "p3", "s0")."""
-        if self.persistent:
-            return f"wb-{plan.scenario}-{role}"
-        return f"wb-{plan.run_id}-{role}"
-
-    @property
-    def session(self) -> dict[str, Any]:
-        """`open_client` arguments for this run's sessions (persistent: clean 0, 1 h expiry)."""
-        if self.persistent:
-            return {"clean": False, "session_expiry_s": PERSISTENT_EXPIRY_S}
-        return {}
-
-    @property
-    def broker(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True, slots=True)
-class PublisherSpec:
-    number: int
-    topic: str
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
-class SubscriberSpec:
-    topic_filter: str
-    publishers: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    scenario: str
-    run_id: str
-    publishers: tuple[PublisherSpec, ...]
-    subscribers: tuple[SubscriberSpec, ...]
-    paced: bool = False
-
-    @property
-    def per_publisher(self) -> int:
-        return max((p.count for p in self.publishers), default=0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,16 +1,20 @@
-"""The import contract of services/ (docs/architecture.md 1): arrows point down.
+"""The import contracts of services/, streams/ and bench/ (docs/architecture.md 1).
 
 Every import counts: top level, inside functions, and under TYPE_CHECKING.
+- the layers of services/, the order of the parts of services/broker and no
+  import cycle anywhere: import-linter's contracts in pyproject.toml
+  ([tool.importlinter]), run here so the suite fails on a violation;
 - services/mqtt imports only the standard library (and itself);
-- no import cycle among the modules of services/;
-- a package imports only packages of a lower layer: siblings (session,
-  queue, retain, cluster, ...) never import each other;
-- streams/ imports only the event schema, the settings and the CLI's parts from services.
+- streams/ imports only the event schema, the settings (services.config),
+  the CLI's parts and the state's key layout from services.
+The last two are allow-lists, which a test says more plainly than
+import-linter's forbidden-module lists would.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,30 +23,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LAYERS = {
-    "tasks": -1,  # asyncio helpers for every layer; imports nothing of Weir
-    "config": 0,  # the settings tree, each option declared once, and its loader
-    "cli": 1,  # the one click command line's shared parts (errors, lazy groups)
-    "mqtt": 0,
-    "store": 1,  # what session and queue stores share: Redis plumbing, the message format
-    "embedded": 1,  # launchers of the embedded redis-server and Kafka
-    "event": 1,
-    "session": 2,
-    "queue": 2,
-    "retain": 2,
-    "cluster": 2,
-    "auth": 2,
-    "hooks": 2,
-    "metrics": 2,
-    "state": 2,  # the log's state: the reference fold, the state store's records, drift
-    "machine": 2,  # process lifecycle: backends, supervisor, pid files, drain, Spark child
-    "broker": 3,  # the pub/sub parts of one node
-    "listener": 4,  # sockets and connections over the broker's ports
-    "node": 5,  # one process: composition root, start/stop order, bootstrap
-    "admin": 6,  # REST API, CLI, dashboard: over the node
-    "__main__": 7,
-}
-STREAMS_MAY_IMPORT = ("services.event.schema", "services.config", "services.cli")
+STREAMS_MAY_IMPORT = (
+    "services.event.schema", "services.config", "services.cli", "services.state.keys",
+)  # fmt: skip
 
 
 def _modules(top: str) -> dict[str, Path]:
@@ -72,21 +55,15 @@ def _imports(name: str, path: Path) -> Iterator[str]:
 SERVICES = _modules("services")
 
 
-def _edges() -> dict[str, set[str]]:
-    return {
-        name: {t for t in _imports(name, path) if t in SERVICES and t != name}
-        for name, path in SERVICES.items()
-    }
-
-
-def _package(module: str) -> str:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else parts[0]
-
-
-def test_every_package_has_a_layer() -> None:
-    packages = {_package(m) for m in SERVICES if m != "services"}
-    assert packages <= LAYERS.keys(), f"packages without a layer: {packages - LAYERS.keys()}"
+def test_the_import_contracts_hold() -> None:
+    """lint-imports (import-linter) checks [tool.importlinter] in pyproject.toml."""
+    lint = Path(sys.executable).parent / "lint-imports"
+    done = subprocess.run(
+        [str(lint), "--no-cache", "--no-logo", str(ROOT / "pyproject.toml")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
 
 
 def test_mqtt_imports_only_the_standard_library() -> None:
@@ -98,40 +75,6 @@ def test_mqtt_imports_only_the_standard_library() -> None:
         for target in _imports(name, path)
         if target.split(".")[0] not in stdlib and not target.startswith("services.mqtt")
     ]
-    assert bad == []
-
-
-def test_no_import_cycle() -> None:
-    edges = _edges()
-    state: dict[str, int] = {}  # 1 on the stack, 2 done
-    cycles: list[list[str]] = []
-
-    def visit(node: str, stack: list[str]) -> None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(edges[node]):
-            if state.get(nxt) == 1:
-                cycles.append([*stack[stack.index(nxt) :], nxt])
-            elif nxt not in state:
-                visit(nxt, stack)
-        stack.pop()
-        state[node] = 2
-
-    for node in sorted(edges):
-        if node not in state:
-            visit(node, [])
-    assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
-
-
-def test_packages_import_only_lower_layers() -> None:
-    bad = sorted(
-        f"{source} imports {target}"
-        for source, targets in _edges().items()
-        for target in targets
-        if source != "services"
-        and _package(source) != _package(target)
-        and LAYERS[_package(target)] >= LAYERS[_package(source)]
-    )
     assert bad == []
 
 

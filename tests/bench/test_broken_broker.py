@@ -6,7 +6,8 @@ import asyncio
 import time
 
 from bench import wire
-from bench.scenarios import RunConfig, plan_for, run_plan
+from bench.plan import RunConfig
+from bench.scenarios import plan_for, run_plan
 
 
 class HangUpBroker(asyncio.Protocol):

@@ -78,7 +78,7 @@ def test_cluster_options_reach_the_runs(monkeypatch: pytest.MonkeyPatch) -> None
     """--sub-port puts the subscribers on the other node; --ports spreads idle connections."""
     import bench.cli
     from bench.idle import IdleConfig
-    from bench.scenarios import RunConfig
+    from bench.plan import RunConfig
 
     seen: list[object] = []
 

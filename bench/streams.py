@@ -59,7 +59,7 @@ from bench.replay import (
 from services.embedded.kafka import EmbeddedKafka, free_port
 from services.embedded.redis_server import RedisServer
 from services.event.schema import Event, RetainedSet, Subscribed, encode
-from services.state.redis import state_keys
+from services.state.keys import state_keys
 
 JOB_TIMEOUT_S = 1800.0
 NODE_READY_TIMEOUT_S = 600.0

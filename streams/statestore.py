@@ -12,7 +12,7 @@ call: the store always reflects at least the offsets it claims, which is
 what a starting node needs (it replays the log from those offsets; events
 it already holds are ignored by version).
 
-What the store holds (`state_keys`; read by services.state):
+What the store holds (its keys: services.state.keys; read by services.state):
 sessions (the newest session event per client, as the log has it),
 per-client clearing floors, subscriptions per client and filter (live or
 tombstone, with options), routes (live subscriptions per filter and node),
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from services.event.schema import SESSIONS, SUBSCRIPTIONS, topic_names
+from services.state.keys import state_keys
 from streams.config import JobConfig
 from streams.events import parse
 from streams.failures import is_data_loss, one_line, until_stopped
@@ -48,18 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("weir.streams.state")
 
-STATE_KEYS: Final = (
-    "sessions",
-    "session_v",
-    "session_node",
-    "floors",
-    "subs",
-    "routes",
-    "retained",
-    "retained_v",
-    "offsets",
-    "meta",
-)
 CHUNK_ROWS: Final = 2000  # rows per script call: ~1 ms of Redis time, no long stalls
 PIPELINE_CALLS: Final = 16  # script calls in flight per round trip
 BAD_LOGGED_PER_BATCH: Final = 20  # offsets of invalid records logged per batch; all are counted
@@ -67,12 +56,6 @@ RETRY_BACKOFF_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)  # restarts after a failed 
 GENERATION_FILE: Final = "weir-log-generation"
 RESEED_GRACE_S: Final = 60.0  # after a data-loss error, how long to wait for a re-seed
 RESEED_POLL_S: Final = 2.0
-
-
-def state_keys(topic_prefix: str) -> tuple[str, ...]:
-    """The store's keys, in state_apply.lua's KEYS order, under one hash tag."""
-    tag = "{" + topic_prefix + "state}:"
-    return tuple(tag + k for k in STATE_KEYS)
 
 
 # -- the fold: pure DataFrame functions ------------------------------------------
@@ -164,7 +147,7 @@ class StateWriter:
 
     def __init__(self, redis: Redis, topic_prefix: str) -> None:
         self.redis = redis
-        self.keys = state_keys(topic_prefix)
+        self.keys = tuple(state_keys(topic_prefix).values())  # state_apply.lua's KEYS
         source = resources.files("streams").joinpath("scripts", "state_apply.lua").read_text()
         self.script = redis.register_script(source)
         self.bad_total = 0
@@ -265,7 +248,7 @@ def apply_batch(writer: StateWriter, raw: DataFrame, batch_id: int, topic_prefix
 def stored_offsets(redis: Redis, topic_prefix: str) -> dict[str, dict[str, int]] | None:
     """The offsets the store reflects, in the Kafka connector's JSON shape."""
     raw = cast(
-        dict[bytes, bytes], redis.hgetall(state_keys(topic_prefix)[STATE_KEYS.index("offsets")])
+        dict[bytes, bytes], redis.hgetall(state_keys(topic_prefix)["offsets"])
     )
     if not raw:
         return None
@@ -277,7 +260,7 @@ def stored_offsets(redis: Redis, topic_prefix: str) -> dict[str, dict[str, int]]
 
 
 def log_generation(redis: Redis, topic_prefix: str) -> str:
-    meta = state_keys(topic_prefix)[STATE_KEYS.index("meta")]
+    meta = state_keys(topic_prefix)["meta"]
     value = cast(bytes | None, redis.hget(meta, "generation"))
     return value.decode() if value is not None else ""
 

@@ -4,7 +4,7 @@ Every import counts: top level, inside functions, and under TYPE_CHECKING.
 - the layers of services/, the order of the parts of services/broker and no
   import cycle anywhere: import-linter's contracts in pyproject.toml
   ([tool.importlinter]), run here so the suite fails on a violation;
-- services/mqtt imports only the standard library (and itself);
+- services/mqtt and services/state/keys.py import only the standard library;
 - streams/ imports only the event schema, the settings (services.config),
   the CLI's parts and the state's key layout from services.
 The last two are allow-lists, which a test says more plainly than
@@ -66,15 +66,20 @@ def test_the_import_contracts_hold() -> None:
     assert "0 broken" in done.stdout
 
 
-def test_mqtt_imports_only_the_standard_library() -> None:
+PURE = ("services.mqtt", "services.state.keys")  # the protocol core; the key layout streams read
+
+
+@pytest.mark.parametrize("pure", PURE)
+def test_pure_modules_import_only_the_standard_library(pure: str) -> None:
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
     bad = [
         f"{name} imports {target}"
         for name, path in SERVICES.items()
-        if name.startswith("services.mqtt")
+        if name == pure or name.startswith(pure + ".")
         for target in _imports(name, path)
-        if target.split(".")[0] not in stdlib and not target.startswith("services.mqtt")
+        if target.split(".")[0] not in stdlib and not target.startswith(pure)
     ]
+    assert SERVICES.keys() & {pure}
     assert bad == []
 
 

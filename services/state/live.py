@@ -40,6 +40,7 @@ from typing import Any, Final, TypeAlias, TypeVar, cast
 
 import redis.asyncio as aioredis
 
+from services.state.keys import live_keys
 from services.state.store import StateStoreUnavailable
 from services.store.errors import StoreUnavailable
 from services.store.redis import bounded
@@ -81,12 +82,6 @@ class DumpMeta:
     nonce: str
     ts_ms: int
     positions: Positions
-
-
-def live_keys(topic_prefix: str) -> tuple[str, str]:
-    """(the request key, the prefix of the dump keys)."""
-    tag = "{" + topic_prefix + "state}:"
-    return tag + "verify", tag + "live:"
 
 
 def encode_meta(node: str, nonce: str, ts_ms: int, positions: Positions) -> bytes:

@@ -1,8 +1,8 @@
 """The state store in Redis, read side (the Spark job writes it: streams/statestore.py).
 
 Theory of operation. The store is a handful of hashes under one hash tag,
-`{<topic prefix>state}:` (`state_keys`; the same names as the writer's,
-which a test keeps in step). `load` reads the offsets first, then the
+`{<topic prefix>state}:` (services.state.keys: the layout the writer
+imports too). `load` reads the offsets first, then the
 rest with HSCAN in large pages (sessions, retained and floors at once;
 the subscriptions' next page asked for while one is parsed).
 Subscriptions are one field per client (a JSON object of compact values,
@@ -39,32 +39,16 @@ from services.event.schema import (
     EventSchemaError,
     decode,
 )
+from services.state.keys import reseed_key, state_keys
 from services.state.store import StateSnapshot, StateStoreUnavailable, StoredSubscription
 
 log = logging.getLogger("weir.statestore")
 
-STATE_KEYS: Final = (
-    "sessions",
-    "session_v",
-    "session_node",
-    "floors",
-    "subs",
-    "routes",
-    "retained",
-    "retained_v",
-    "offsets",
-    "meta",
-)
 SCAN_PAGE: Final = 20_000  # hash fields per HSCAN call: ~1 MiB replies, few round trips
 SEP: Final = "\0"
 TAIL_CACHE: Final = 65_536  # distinct parsed subscription tails kept while loading
 _json_object = json.JSONDecoder().decode  # str in: json.loads' bytes sniffing skipped
 _new_row = tuple.__new__
-
-
-def state_keys(topic_prefix: str) -> dict[str, str]:
-    tag = "{" + topic_prefix + "state}:"
-    return {name: tag + name for name in STATE_KEYS}
 
 
 def parse_subscriptions(
@@ -118,6 +102,7 @@ class RedisStateStore:
     def __init__(self, client: aioredis.Redis, topic_prefix: str) -> None:
         self.client = client
         self.keys = state_keys(topic_prefix)
+        self.reseed_key = reseed_key(topic_prefix)
         self.topic_prefix = topic_prefix
 
     async def _scan(self, key: str) -> dict[bytes, bytes]:
@@ -210,7 +195,7 @@ class RedisStateStore:
         return out
 
     async def claim_reseed(self, owner: str, ttl_s: float) -> bool:
-        lock = self.keys["meta"] + ":reseed"
+        lock = self.reseed_key
         try:
             return bool(await self.client.set(lock, owner, nx=True, px=int(ttl_s * 1000)))
         except (RedisError, OSError) as exc:
@@ -218,7 +203,7 @@ class RedisStateStore:
 
     async def reseeded(self, owner: str) -> str:
         generation = uuid.uuid4().hex
-        lock = self.keys["meta"] + ":reseed"
+        lock = self.reseed_key
         try:
             pipe: Any = self.client.pipeline(transaction=True)
             pipe.delete(self.keys["offsets"])

@@ -37,7 +37,7 @@ import redis
 from services.admin.verify import main as verify_main
 from services.broker.logstate import sub_options
 from services.embedded.redis_server import free_port
-from services.state.redis import state_keys
+from services.state.keys import state_keys
 from tests.integration.conftest import Paho
 from tests.support.backend_node import BackendNode, backend_settings, start_node
 from tests.support.wait import wait_until

@@ -34,7 +34,6 @@ from services.state import redis as reader
 from services.state.redis import RedisStateStore
 from services.state.store import StateSnapshot
 from services.state.view import ClusterView
-from streams import statestore
 from streams.events import as_raw_rows, event_schema, parse, raw_schema
 from streams.statestore import StateWriter, collect, fold
 from tests.contract.test_cluster_view import CLIENTS, FILTERS, KINDS, TOPICS, Op, to_events
@@ -140,11 +139,6 @@ def stored_routes(url: str) -> dict[str, dict[str, int]]:
             await client.aclose()
 
     return asyncio.run(go())
-
-
-def test_state_keys_are_the_same_on_both_sides() -> None:
-    assert statestore.STATE_KEYS == reader.STATE_KEYS
-    assert statestore.state_keys("p.") == tuple(reader.state_keys("p.").values())
 
 
 def test_spark_schema_is_the_catalogue(spark: Any) -> None:

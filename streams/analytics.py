@@ -32,7 +32,8 @@ batches both touch has a row in each, and readers sum by key (`combine`).
 What needs more than one batch at a time is derived when the tables are
 read, from the whole table, so batch boundaries change nothing:
 `flapping` (clients with at least `FLAPPING_CONNECTS` connects within any
-`FLAPPING_WINDOW_MS`, EMQX's flapping-detect defaults, over ``history``)
+`FLAPPING_WINDOW_MS` over ``history``: the node's own flapping rule and
+defaults, those of EMQX's flapping detection)
 and `online` (the running count of open connections per node, the
 cumulative net of ``sessions``). `streams.report` computes the same two
 with pandas, without a SparkSession.
@@ -62,6 +63,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
+from services.config.settings import FLAPPING_MAX_CONNECTS, FLAPPING_WINDOW_S
 from services.event.schema import SESSIONS, SUBSCRIPTIONS, topic_names
 from streams.config import JobConfig
 from streams.events import bad_records, parse
@@ -88,8 +90,12 @@ TABLE_KEYS: Final = {
 }
 
 WINDOW: Final = "1 minute"  # the per-minute tables' tumbling window, in event time
-FLAPPING_CONNECTS: Final = 15  # connects within FLAPPING_WINDOW_MS (EMQX flapping max_count)
-FLAPPING_WINDOW_MS: Final = 60_000  # ms (EMQX flapping window_time, 1 minute)
+# Flapping is the node's rule (services.auth.limits.Flapping), with its defaults: more
+# than FLAPPING_MAX_CONNECTS CONNECTs of one client id within any window of
+# FLAPPING_WINDOW_S. Here that is "at least FLAPPING_CONNECTS connects within any
+# FLAPPING_WINDOW_MS" (the connect that the node refuses is the one that reaches it).
+FLAPPING_CONNECTS: Final = FLAPPING_MAX_CONNECTS + 1
+FLAPPING_WINDOW_MS: Final = round(FLAPPING_WINDOW_S * 1000)
 LOST_REASONS: Final = ("keepalive", "error")  # close reasons where the link broke
 INVALID_LOGGED_PER_BATCH: Final = 20  # offsets logged per batch; every one is counted
 RETRY_BACKOFF_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)  # before restarting a failed query

@@ -23,7 +23,13 @@ Theory of operation. Three kinds of limit, each counted where it is cheap enough
 `Flapping` counts CONNECTs per client id (and, when asked, per address) in
 moving windows in the same storage as the connection rates; one CONNECT too
 many within the window gets its client id (or address) banned for a while
-(`services.auth.banned`).
+(`services.auth.banned`). This is the one flapping rule: a client flaps when
+more than `max_connects` of its CONNECTs fall within one window of
+`window_s` (the connects at (t - window, t]). The log's analytics
+(`streams.analytics.flapping` in Spark, `streams.report.flapping` in pandas)
+find flapping clients after the fact with the same rule and the same
+defaults (services.config.settings); tests/auth/test_flapping_rule.py holds the
+three to the same answers.
 """
 
 from __future__ import annotations

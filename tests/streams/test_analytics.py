@@ -194,14 +194,15 @@ def test_flapping_finds_clients_over_the_threshold_in_any_sliding_window(
 ) -> None:
     n = analytics.FLAPPING_CONNECTS
     start = T0 + 50_000  # straddles a minute boundary: no tumbling minute holds n connects
-    items: list[Event | bytes] = [opened("flap", i + 1, start + i * 4_000) for i in range(n)]
+    step = (analytics.FLAPPING_WINDOW_MS - 1) // (n - 1)  # n connects within one window
+    items: list[Event | bytes] = [opened("flap", i + 1, start + i * step) for i in range(n)]
     # one short of the threshold in any window: n connects spread over 61 s
     items += [opened("calm", i + 1, T0 + i * (61_000 // (n - 1))) for i in range(n)]
     items += [opened("once", 1, T0), closed("flap", 99, start + 1, "keepalive")]
     history = analytics.history(parsed(spark, items))
     out = analytics.flapping(history)
     assert rows(out, "client_id", "connects", "peak", "peak_ms", "nodes") == [
-        ("flap", n, n, start + (n - 1) * 4_000, 1)
+        ("flap", n, n, start + (n - 1) * step, 1)
     ]
     per_minute = analytics.churn(parsed(spark, items)).where("client_id = 'flap'")
     assert max(r["connects"] for r in per_minute.collect()) < n

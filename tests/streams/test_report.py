@@ -21,7 +21,7 @@ N = analytics.FLAPPING_CONNECTS
 
 
 def batches() -> list[list[Event | bytes]]:
-    """Two batches: "flap" connects N times within 42 s across both; "b" twice
+    """Two batches: "flap" connects N times within 45 s across both; "b" twice
     within 31 s (moving from n2 to n1), "c" once; filters change; one record is
     not an event."""
     flap: list[Event | bytes] = [
@@ -103,9 +103,10 @@ def test_report_prints_the_tables_and_writes_valid_charts(
     out = tmp_path / "charts"
     code, stdout, stderr = run(capsys, "--data-dir", str(data_dir), "--out", str(out), "--top", "2")
     assert code == 0
-    assert section(stdout, "Top 2 churners") == ["flap 15 0 0 10 yes", "b 2 1 1 2"]
-    flapping = section(stdout, "Flapping candidates (>= 15 connects within 60 s)")
-    assert flapping == ["flap 15 15 1 2023-11-14 22:15:12"]
+    assert N == 16  # the node's default: more than 15 connects in 60 s
+    assert section(stdout, "Top 2 churners") == ["flap 16 0 0 10 yes", "b 2 1 1 2"]
+    flapping = section(stdout, "Flapping candidates (>= 16 connects within 60 s)")
+    assert flapping == ["flap 16 16 1 2023-11-14 22:15:15"]
     assert section(stdout, "Busiest 2 filters") == ["a/# 2 1 1", "b 1 0 1"]
     assert section(stdout, "Sessions per node") == [
         "n1 16 0 16 16 2023-11-14 22:15:00",

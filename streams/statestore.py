@@ -1,5 +1,9 @@
 """The state-store job: the event log folded into Redis, newest version per key.
 
+The fold's rules are services.state.view's (the reference; tests compare
+this job with it): Spark's `fold` applies them within a batch,
+state_apply.lua across batches.
+
 Theory of operation. Each micro-batch of log records is parsed
 (`streams.events.parse`) and folded set-based (`fold`, Spark SQL: the
 newest event per key with `max_by`, the newest session end per client with

@@ -1,5 +1,15 @@
 """The cluster view: what the event log says, folded into memory.
 
+This is the reference fold of the log. Two other implementations of rules
+1-3 exist, for speed, and tests hold each to this one: the state-store job
+(streams/statestore.py: Spark's newest-per-key within a batch, then
+streams/scripts/state_apply.lua's version guards across batches) in
+tests/streams/test_statestore.py (a whole log in one batch: Spark's part
+alone; batches twice and in reverse order: the script's part; a snapshot
+plus the rest of the log: a node's start) and tests/streams/test_state_job.py
+(the running job, killed and restarted). A rule changed here is changed
+there too, or those tests fail.
+
 Theory of operation. The view is a pure projection of the log: the same
 set of events gives the same view, whatever order the partitions were
 interleaved in and however often an event is seen again. Three rules make

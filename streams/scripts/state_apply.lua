@@ -1,6 +1,8 @@
 -- state_apply.lua: fold one chunk of a batch's newest-per-key rows into the
 -- state store, keeping only what is newer than what it holds (DESIGN 3), so
 -- a batch applied twice, or two chunks in any order, leave the same state.
+-- The rules are services/state/view.py's (the reference fold of the log);
+-- tests/streams/test_statestore.py holds this script and the Spark fold to it.
 --
 -- KEYS (all under one hash tag, `{<topic prefix>state}:`):
 --   1 sessions      client -> newest session event (the log's JSON)

@@ -411,6 +411,8 @@ def test_catalogue_topics_and_keys() -> None:
     ("topic", "value", "message"),
     [
         ("weir.sessions", b"not json", "not JSON"),
+        ("weir.sessions", b'{"type":"session_expired"\xff}', "not JSON"),  # not UTF-8
+        ("weir.sessions", b'{"type":"session_expired"} trailing', "not JSON"),
         ("weir.sessions", b"[1]", "not a JSON object"),
         (
             "weir.sessions",

@@ -8,4 +8,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/mypy
+.venv/bin/lint-imports --no-cache --no-logo  # the import contracts in pyproject.toml
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"  # pyproject: testpaths = tests

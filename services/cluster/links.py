@@ -299,6 +299,8 @@ class Links:
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
         backoff_min_s: float = BACKOFF_MIN_S,
         backoff_max_s: float = BACKOFF_MAX_S,
+        on_unknown: Callable[[str], None] | None = None,
+        on_drained: Callable[[str], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.handler = handler
@@ -312,8 +314,8 @@ class Links:
         self.unroutable = 0  # frames for a node we have no address for (and do not hold)
         # Called with a node id we have no address for; when set, frames for it are
         # held (same limits) until `set_peer` names it or `remove_peer` gives up.
-        self.on_unknown: Callable[[str], None] | None = None
-        self.on_drained: Callable[[str], None] = lambda node_id: None  # see `hold`
+        self.on_unknown = on_unknown
+        self.on_drained: Callable[[str], None] = on_drained or (lambda node_id: None)  # `hold`
         self.receiving: _Inbound | None = None  # the link whose frame is being handled
         self._peers: dict[str, _Peer] = {}
         self._inbound: set[asyncio.Transport] = set()

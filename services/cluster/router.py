@@ -122,12 +122,12 @@ class ClusterRouter(LinkHandler):
             port=port,
             advertise_host=advertise_host,
             buffer_limit=buffer_limit,
+            on_unknown=self._unknown,
+            on_drained=self._drained,
         )
         self.poll_interval_s = poll_interval_s or min(
             POLL_INTERVAL_S, beat_interval(membership.ttl_s)
         )
-        self.links.on_unknown = self._unknown
-        self.links.on_drained = self._drained
         self._held_since: dict[str, float] = {}  # node id -> when we first held frames for it
         self._wake = asyncio.Event()
         self._notify: dict[str, dict[str, None]] = {}

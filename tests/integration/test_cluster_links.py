@@ -114,9 +114,8 @@ async def test_buffer_limit_drops_only_qos0_forwards_and_counts_them(pair: Pair)
 
 async def test_hold_past_the_limit_and_drained_once_the_buffer_went_out(pair: Pair) -> None:
     rec = Recorder()
-    a = await pair.links("a", Recorder(), buffer_limit=4096)
     drained: list[str] = []
-    a.on_drained = drained.append
+    a = await pair.links("a", Recorder(), buffer_limit=4096, on_drained=drained.append)
     await a.set_peer("b", f"127.0.0.1:{free_port()}")  # nothing listens yet
     assert a.forward("b", Message("q1", b"z" * 1000, 1), ["c"])
     assert not a.hold("b")  # under the limit: nobody waits
@@ -133,9 +132,8 @@ async def test_hold_past_the_limit_and_drained_once_the_buffer_went_out(pair: Pa
 
 
 async def test_a_removed_peer_releases_its_holds(pair: Pair) -> None:
-    a = await pair.links("a", Recorder(), buffer_limit=1024)
     drained: list[str] = []
-    a.on_drained = drained.append
+    a = await pair.links("a", Recorder(), buffer_limit=1024, on_drained=drained.append)
     await a.set_peer("b", f"127.0.0.1:{free_port()}")
     for _ in range(3):
         a.forward("b", Message("q2", b"z" * 1000, 2), ["c"])

@@ -15,7 +15,8 @@ a CONNECT is checked without a round trip (`match`). Two stores fill it:
   hash every `POLL_S` seconds: a missed ban is applied within that bound.
 
 A ban that is new to a node's table (by message or by poll) is handed to
-`on_added`, which the node uses to disconnect matching connected clients.
+`on_added` (given when the table is built), which the node uses to
+disconnect matching connected clients (`services.broker.seams.Kicks`).
 An expired ban is ignored by `match` and deleted from Redis by the next
 poll or listing that sees it.
 """
@@ -103,13 +104,26 @@ def peer_host(peer: str) -> str:
     return host.strip("[]")
 
 
+def covers(ban: Ban, client_id: str | None, username: str | None, peer: str) -> bool:
+    """Whether `ban` applies to this client (for disconnecting the connected)."""
+    if ban.kind == "clientid":
+        return client_id == ban.who
+    if ban.kind == "username":
+        return username == ban.who
+    try:
+        address = ipaddress.ip_address(peer_host(peer))
+    except ValueError:
+        return False
+    return address in ipaddress.ip_network(ban.who, strict=False)
+
+
 class BanTable:
     """The bans a node checks CONNECTs against, in memory."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_added: Callable[[Ban], None] | None = None) -> None:
         self._bans: dict[str, Ban] = {}
         self._networks: dict[str, Network] = {}  # peerhost field -> network
-        self.on_added: Callable[[Ban], None] = lambda ban: None
+        self.on_added: Callable[[Ban], None] = on_added or (lambda ban: None)
 
     def match(self, client_id: str, username: str | None, peer: str) -> Ban | None:
         """The active ban this client falls under, or None."""
@@ -130,18 +144,6 @@ class BanTable:
                 if address in network and ban.active(now):
                     return ban
         return None
-
-    def covers(self, ban: Ban, client_id: str | None, username: str | None, peer: str) -> bool:
-        """Whether `ban` applies to this client (for disconnecting the connected)."""
-        if ban.kind == "clientid":
-            return client_id == ban.who
-        if ban.kind == "username":
-            return username == ban.who
-        try:
-            address = ipaddress.ip_address(peer_host(peer))
-        except ValueError:
-            return False
-        return address in ipaddress.ip_network(ban.who, strict=False)
 
     def bans(self) -> list[Ban]:
         now = time.time()
@@ -190,8 +192,10 @@ class MemoryBans(BanTable):
 class RedisBans(BanTable):
     """The cluster's bans in Redis, mirrored here (module docstring)."""
 
-    def __init__(self, client: Any, poll_s: float = POLL_S) -> None:
-        super().__init__()
+    def __init__(
+        self, client: Any, poll_s: float = POLL_S, on_added: Callable[[Ban], None] | None = None
+    ) -> None:
+        super().__init__(on_added)
         self.client = client
         self.poll_s = poll_s
         self._tasks: list[asyncio.Task[None]] = []

@@ -16,9 +16,21 @@ imports run (each imports only parts above it):
   (through `shared`), QoS 2 ordering, retained messages;
 - `subscriptions.Subscriptions`: SUBSCRIBE / UNSUBSCRIBE, retained on subscribe;
 - `wills.Wills`: wills stored with the session, published once cluster-wide;
-- `cm.ConnectionManager`: connections, session open / takeover / end /
-  expiry, wills, resume;
+- `expiry.Expiry`: an offline session's end when its timer fires, logged once;
+- `cm.ConnectionManager`: connections, session open / takeover / end, wills,
+  resume;
 - `orphans.Orphans`: a dead node's sessions and wills, taken over.
+
+Each part gets what it calls when it is built (STYLE 18): the broker builds
+them in that order (the orphans before the expiry, which asks which nodes
+are dead) with keyword arguments, and nothing is handed to a part later.
+Where two parts call each other a small port built first sits between them:
+`remote.Notices` (delivery tells it of each stored batch; the remote side
+records whom to tell), `ports.Expiries` (the log projection and the
+connection manager set offline sessions' end timers; `expiry` serves them,
+as it logs through the log projection) and `ports.Turn` (whose messages are
+being routed). A `Session` field is written only by the part that owns it
+(`Session.OWNERS`).
 
 `Broker` builds them (the composition root, `services.node.app`, picks the
 stores and the event log) and is what a connection sees (`ports.BrokerPort`)
@@ -27,7 +39,7 @@ A CONNECT is admitted (`Seams.admit`: bans, flapping, connection rates)
 before it is authenticated (enhanced authentication: with the user name its
 first data claims, when the CONNECT gave none), or before its session opens
 when no authenticator is asked; a ban new to this node disconnects the connected
-clients it covers (`_banned`).
+clients it covers (`seams.Kicks`).
 """
 
 from __future__ import annotations
@@ -38,20 +50,19 @@ import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from services.auth.banned import Ban
 from services.broker.cm import ConnectionManager
 from services.broker.delivery import Delivery
 from services.broker.dispatch import Dispatch
+from services.broker.expiry import Expiry
 from services.broker.logstate import LogState
 from services.broker.orphans import Orphans
-from services.broker.ports import ConnectionPort, Publisher, Session, SubOptions, Turn
-from services.broker.remote import Remote
+from services.broker.ports import ConnectionPort, Expiries, Flow, Session, SubOptions, Turn
+from services.broker.remote import Notices, Remote
 from services.broker.routes import Routes
 from services.broker.seams import Seams
 from services.broker.subscriptions import Subscriptions
 from services.broker.timers import TimerWheel
 from services.broker.wills import Wills
-from services.config import Limits
 from services.event.api import EventLog
 from services.mqtt.actions import (
     Authenticate,
@@ -62,7 +73,7 @@ from services.mqtt.actions import (
     UnsubscribeRequest,
 )
 from services.mqtt.channel_config import ChannelConfig
-from services.mqtt.packets import Message, ReasonCode, Will
+from services.mqtt.packets import Message, Will
 from services.mqtt.trie import TopicTrie
 from services.queue.api import QueueStore
 from services.retain.api import RetainStore
@@ -78,15 +89,19 @@ log = logging.getLogger("weir.broker")
 class Broker:
     def __init__(
         self,
+        *,
         node_id: str,
         channel_config: ChannelConfig,
-        limits: Limits,
+        flow: Flow,
+        max_connections: int,
+        queue_limit: int,
         sessions: SessionStore,
         queue: QueueStore,
         retain: RetainStore,
         loop: asyncio.AbstractEventLoop,
         wheel: TimerWheel,
         events: EventLog,
+        cluster: ClusterRouter | None = None,
         shared_strategy: str = "round_robin",
         seams: Seams | None = None,
         shared_local: bool = False,
@@ -94,53 +109,120 @@ class Broker:
     ) -> None:
         self.node_id = node_id
         self.channel_config = channel_config
-        self.limits = limits
+        self.flow = flow
         self.store = sessions
         self.queue = queue
         self.retained = retain
         self.loop = loop
         self.wheel = wheel
         self.qos0_dropped = 0
-        self.turn = Turn()
-        self.seams = seams if seams is not None else Seams()
+        self.turn = turn = Turn()
+        self.seams = seams = seams if seams is not None else Seams()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.routes = Routes(node_id, loop, sessions.mark_durable, self._expire)
-        self.logstate = LogState(self.routes, events, retain, sessions, self.spawn)
-        self.delivery = Delivery(
-            queue, loop, self.spawn, limits.queue_limit, self._publisher, self.seams.metrics
+        spawn = self.spawn
+        self.routes = routes = Routes(node_id=node_id, mark_durable=sessions.mark_durable)
+        expiries = Expiries(loop)
+        self.logstate = logstate = LogState(
+            table=routes,
+            expiries=expiries,
+            events=events,
+            retained=retain,
+            store=sessions,
+            spawn=spawn,
         )
-        self.remote = Remote(
-            node_id, self.routes, self.delivery, lambda: self.logstate.view, sessions.mark_durable
+        notices = Notices(cluster)
+        self.delivery = delivery = Delivery(
+            queue=queue,
+            loop=loop,
+            spawn=spawn,
+            queue_limit=queue_limit,
+            turn=turn,
+            stored=notices.stored,
+            metrics=seams.metrics,
         )
-        self.delivery.on_stored = self.remote.notify_stored
-        self.logstate.moved = self.remote.moved_by_log
-        self.remote.publisher = self._publisher
-        self.dispatch = Dispatch(
-            node_id, self.routes, self.delivery, self.remote, sessions, queue,
-            self.logstate, loop, self.spawn, shared_strategy, shared_local, self.seams,
-            self.turn,
-        )  # fmt: skip
-        self.subscriptions = Subscriptions(
-            node_id, channel_config, self.routes, self.dispatch, self.delivery,
-            self.logstate, sessions, retain, self.spawn, self.seams,
-        )  # fmt: skip
+        self.remote = remote = Remote(
+            node_id=node_id,
+            cluster=cluster,
+            routes=routes,
+            delivery=delivery,
+            notices=notices,
+            view=logstate.view,
+            turn=turn,
+            mark_durable=sessions.mark_durable,
+        )
+        self.dispatch = dispatch = Dispatch(
+            node_id=node_id,
+            routes=routes,
+            delivery=delivery,
+            remote=remote,
+            store=sessions,
+            queue=queue,
+            logstate=logstate,
+            loop=loop,
+            spawn=spawn,
+            shared_strategy=shared_strategy,
+            shared_local=shared_local,
+            seams=seams,
+            turn=turn,
+        )
+        self.subscriptions = subscriptions = Subscriptions(
+            node_id=node_id,
+            channel_config=channel_config,
+            routes=routes,
+            dispatch=dispatch,
+            delivery=delivery,
+            logstate=logstate,
+            store=sessions,
+            retained=retain,
+            spawn=spawn,
+            seams=seams,
+        )
         self.wills = Wills(
-            node_id, wills if wills is not None else MemoryWillStore(),
-            self.dispatch.publish_will, loop, self.spawn,
-        )  # fmt: skip
-        self.cm = ConnectionManager(
-            node_id, limits, self.routes, self.dispatch, self.remote, self.delivery,
-            self.logstate, sessions, queue, loop, self.spawn, self.seams, self.wills,
-        )  # fmt: skip
-        self.orphans = Orphans(
-            node_id, sessions, self.wills, self.logstate, self.spawn, self._peer_alive
+            node_id=node_id,
+            store=wills if wills is not None else MemoryWillStore(),
+            publish=dispatch.publish_will,
+            loop=loop,
+            spawn=spawn,
         )
-        self.cm.is_dead = self.orphans.dead.__contains__
-        self.cm.recheck = self.subscriptions.recheck  # resumed subscriptions, under the ACL
-        if self.seams.admission is not None:
-            self.seams.admission.bans.on_added = self._banned
+        self.orphans = Orphans(
+            node_id=node_id,
+            cluster=cluster,
+            store=sessions,
+            wills=self.wills,
+            logstate=logstate,
+            spawn=spawn,
+        )
+        self.expiry = Expiry(
+            node_id=node_id,
+            expiries=expiries,
+            routes=routes,
+            logstate=logstate,
+            store=sessions,
+            queue=queue,
+            loop=loop,
+            spawn=spawn,
+            seams=seams,
+            dead=self.orphans.dead,
+        )
+        self.cm = ConnectionManager(
+            node_id=node_id,
+            max_connections=max_connections,
+            routes=routes,
+            dispatch=dispatch,
+            remote=remote,
+            delivery=delivery,
+            logstate=logstate,
+            store=sessions,
+            queue=queue,
+            loop=loop,
+            spawn=spawn,
+            seams=seams,
+            wills=self.wills,
+            expiries=expiries,
+            recheck=subscriptions.recheck,  # resumed subscriptions, under the ACL
+        )
         # The per-packet calls go straight to their part (no facade hop).
-        self.publish: Callable[[ConnectionPort, Route], None] = self.dispatch.publish
+        self.publish: Callable[[ConnectionPort, Route], None] = dispatch.publish
         self.acked: Callable[[ConnectionPort, int], None] = self.cm.acked
         self.mark_dirty: Callable[[ConnectionPort], None] = self.cm.mark_dirty
 
@@ -162,22 +244,8 @@ class Broker:
     def cluster(self) -> ClusterRouter | None:
         return self.remote.cluster
 
-    @cluster.setter
-    def cluster(self, router: ClusterRouter | None) -> None:
-        self.remote.cluster = router
-
-    def _peer_alive(self, node_id: str) -> bool:
-        cluster = self.remote.cluster
-        return cluster is not None and node_id in cluster.peers()
-
-    def _publisher(self) -> Publisher | None:
-        return self.turn.publisher
-
     def invalidate_plans(self) -> None:
         self.routes.invalidate_plans()
-
-    def _expire(self, session: Session, epoch: int) -> None:
-        self.cm._expire(session, epoch)
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -245,19 +313,6 @@ class Broker:
         await self.seams.connected(conn)
         await self.cm.open_session(conn, action)
 
-    def _banned(self, ban: Ban) -> None:
-        """A ban new to this node: the connected clients it covers are
-        disconnected (5.0: DISCONNECT 0x98 administrative action)."""
-        admission = self.seams.admission
-        for conn in list(self.cm.connections):
-            client = conn.client
-            if admission is None or client is None or conn.closed or conn.session is None:
-                continue  # not connected yet: admission (before its CONNACK) decides
-            if admission.bans.covers(ban, client.client_id, client.username, client.peer):
-                self.seams.kicked(client, ban)
-                conn.carry_out(conn.channel.server_disconnect(ReasonCode.ADMINISTRATIVE_ACTION))
-                conn.close()
-
     def subscribe(self, conn: ConnectionPort, request: SubscribeRequest) -> None:
         self.subscriptions.subscribe(conn, request)
 
@@ -276,12 +331,11 @@ class Broker:
     # -- what the cluster router calls (services.cluster.router.LocalNode) -------------
 
     def deliver_forwarded(self, message: Message, client_ids: Sequence[str]) -> None:
-        turn = self.turn
-        outer, turn.publisher = turn.publisher, self.remote.link_publisher()
+        outer = self.turn.handling(self.remote.link_publisher())
         try:  # a subscriber that cannot keep up holds the link (remote.LinkHold)
             self.dispatch.deliver_forwarded(message, client_ids)
         finally:
-            turn.publisher = outer
+            self.turn.handled(outer)
 
     def deliver_queued(self, client_ids: Sequence[str]) -> None:
         self.remote.deliver_queued(client_ids)

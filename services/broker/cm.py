@@ -10,7 +10,9 @@ within the client's Receive Maximum [MQTT-3.3.4-7] and lets deliveries flow.
 A reconnect on this node first waits for its previous connection's end.
 When a connection ends (`connection_ended`) its session is released with its
 expiry (0: discarded now) and SessionClosed logged; an expiring offline
-session ends on a timer and its expiry is logged exactly once (`_expired`).
+session ends on a timer (`ports.Expiries`) and its expiry is logged exactly
+once (`expiry`). A session that cannot open is refused in one place
+(`Refused`: one log line, 0x88).
 Wills are stored with the session and published once cluster-wide
 (`wills`): at once or after their delay, unless the session resumes
 first. Every flush of output happens once per loop turn (`mark_dirty`).
@@ -22,38 +24,49 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from services.broker.delivery import Delivery
 from services.broker.dispatch import Dispatch
 from services.broker.logstate import LogState
-from services.broker.ports import ConnectionPort, Session, SubOptions, now_ms
+from services.broker.ports import ConnectionPort, Expiries, Session, SubOptions, now_ms
 from services.broker.remote import Remote
 from services.broker.routes import Routes
 from services.broker.seams import Seams
 from services.broker.wills import Wills
-from services.config import Limits
 from services.event.api import EventLogError
-from services.event.schema import Event, SessionClosed, SessionExpired, SessionOpened
+from services.event.schema import Event, SessionClosed, SessionOpened
 from services.mqtt.actions import OpenSession
 from services.mqtt.packets import ReasonCode, Will
 from services.queue.api import Inflight, QueueStore
-from services.session.api import Fenced, SessionError, SessionStore
+from services.session.api import Claim, Fenced, SessionError, SessionStore
 
 log = logging.getLogger("weir.cm")
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry meaning "never"
-EXPIRY_RETRY_S = 5.0  # an expiry the store or the log did not take is tried again after this
 ENDING_WAIT_S = 5.0  # a reconnect waits this long at most for its previous connection's end
+
+
+class Refused(Exception):
+    """A session that cannot open: its CONNECT is refused 0x88 (server
+    unavailable) after the log line `line` % (client id, `cause`) and `undo`."""
+
+    def __init__(
+        self, line: str, cause: Exception, undo: Callable[[], object] | None = None
+    ) -> None:
+        super().__init__(line)
+        self.line = line
+        self.cause = cause
+        self.undo = undo
 
 
 class ConnectionManager:
     def __init__(
         self,
+        *,
         node_id: str,
-        limits: Limits,
+        max_connections: int,
         routes: Routes,
         dispatch: Dispatch,
         remote: Remote,
@@ -65,9 +78,11 @@ class ConnectionManager:
         spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
         seams: Seams,
         wills: Wills,
+        expiries: Expiries,
+        recheck: Callable[[ConnectionPort, Session], None],
     ) -> None:
         self.node_id = node_id
-        self.limits = limits
+        self.max_connections = max_connections
         self.routes = routes
         self.dispatch = dispatch
         self.remote = remote
@@ -79,7 +94,8 @@ class ConnectionManager:
         self.spawn = spawn
         self.seams = seams
         self.wills = wills
-        self.is_dead: Callable[[str], bool] = lambda node: False  # set by the orphans part
+        self.expiries = expiries
+        self.recheck = recheck  # a resumed session's subscriptions, under today's ACL
         self.connections: set[ConnectionPort] = set()
         self._dirty: list[ConnectionPort] = []
         self._flush_scheduled = False
@@ -87,8 +103,6 @@ class ConnectionManager:
         self._resend: dict[ConnectionPort, list[Inflight]] = {}  # newest last: pop() is next
         self._resending: set[ConnectionPort] = set()
         self._ending: dict[str, asyncio.Task[Any]] = {}  # client -> its session's end_session
-        # Set by the broker: a resumed session's subscriptions under today's ACL.
-        self.recheck: Callable[[ConnectionPort, Session], None] = lambda conn, session: None
 
     def mark_dirty(self, conn: ConnectionPort) -> None:
         self._dirty.append(conn)
@@ -104,7 +118,7 @@ class ConnectionManager:
 
     def connection_made(self, conn: ConnectionPort) -> bool:
         metrics = self.seams.metrics
-        if len(self.connections) >= self.limits.max_connections:
+        if len(self.connections) >= self.max_connections:
             metrics.inc("connections.refused")
             return False
         self.connections.add(conn)
@@ -129,35 +143,67 @@ class ConnectionManager:
         return True
 
     async def open_session(self, conn: ConnectionPort, action: OpenSession) -> None:
-        client_id = action.client_id
-        props = action.connect.properties
-        conn.max_outgoing_packet = props.maximum_packet_size
-        ending = self._ending.get(client_id)
-        if ending is not None:  # the previous connection's end comes first
-            await asyncio.wait({ending}, timeout=ENDING_WAIT_S)
-        hooks = self.seams.hooks
-        hooks.run("client.connect", client_id, conn.client)
-        known = self.logstate.view.session(client_id) is not None  # may have a stored will
-        old = self.routes.sessions.get(client_id)
-        if old is not None and old.conn is not None and old.conn is not conn:
-            old_conn = old.conn
-            self._detach(old)
-            old_conn.carry_out(old_conn.channel.taken_over())
-            old_conn.session = None
-            hooks.run("session.takenover", client_id)
         try:
-            claim = await self.store.claim(
-                client_id, self.node_id, action.clean_start, action.session_expiry_s
-            )
-        except SessionError as exc:
-            log.warning("session claim failed for %s: %s", client_id, exc)
+            await self._open(conn, action)
+        except Refused as refused:
+            log.warning(refused.line, action.client_id, refused.cause)
+            if refused.undo is not None:
+                refused.undo()
             conn.carry_out(
                 conn.channel.session_opened(False, set(), ReasonCode.SERVER_UNAVAILABLE)
             )
             conn.resume_processing()
-            return
+
+    async def _open(self, conn: ConnectionPort, action: OpenSession) -> None:
+        """The steps of a session's opening (see the module docstring); a step
+        that cannot be taken raises `Refused`."""
+        client_id = action.client_id
+        conn.max_outgoing_packet = action.connect.properties.maximum_packet_size
+        ending = self._ending.get(client_id)
+        if ending is not None:  # the previous connection's end comes first
+            await asyncio.wait({ending}, timeout=ENDING_WAIT_S)
+        self.seams.hooks.run("client.connect", client_id, conn.client)
+        known = self.logstate.view.session(client_id) is not None  # may have a stored will
+        self._take_over_here(client_id, conn)
+        claim = await self._claim(action)
         self.remote.kick_previous(client_id, claim.previous_node, claim.epoch)
         fresh = action.clean_start or not claim.session_present
+        await self._log_opened(conn, action, claim, fresh)
+        session = self._claimed(conn, action, claim)
+        if conn.closed:
+            self.spawn(self.end_session(session, session.epoch, conn_gone=True))
+            return
+        self.routes.attach(session, conn)
+        conn.session = session
+        if claim.session_present:
+            self.recheck(conn, session)
+        incoming = await self._incoming(conn, session, claim)
+        may_have_will = known or claim.session_present or claim.previous_node is not None
+        await self._open_will(conn, action, fresh, may_have_will)
+        self._connack(conn, client_id, claim.session_present, incoming)
+        await self._resume(conn, session, claim.epoch)
+
+    def _take_over_here(self, client_id: str, conn: ConnectionPort) -> None:
+        """A takeover on this node: the old connection is detached and told first."""
+        old = self.routes.sessions.get(client_id)
+        if old is not None and old.conn is not None and old.conn is not conn:
+            self.routes.take_over(old)
+            self.seams.hooks.run("session.takenover", client_id)
+
+    async def _claim(self, action: OpenSession) -> Claim:
+        try:
+            return await self.store.claim(
+                action.client_id, self.node_id, action.clean_start, action.session_expiry_s
+            )
+        except SessionError as exc:
+            raise Refused("session claim failed for %s: %s", exc) from None
+
+    async def _log_opened(
+        self, conn: ConnectionPort, action: OpenSession, claim: Claim, fresh: bool
+    ) -> None:
+        """SessionOpened, in the log before the CONNACK; if it cannot be, the
+        claim is let go again."""
+        client_id = action.client_id
         try:
             version = await self.store.next_version(client_id, claim.epoch)
             await self.logstate.append_and_apply(
@@ -174,76 +220,81 @@ class ConnectionManager:
                 )
             )
         except (SessionError, EventLogError) as exc:
-            log.warning("session of %s not opened: %s", client_id, exc)
-            self.spawn(self._release_unlogged(client_id, claim.epoch, action.session_expiry_s))
-            conn.carry_out(
-                conn.channel.session_opened(False, set(), ReasonCode.SERVER_UNAVAILABLE)
-            )
-            conn.resume_processing()
-            return
+            expiry_s = action.session_expiry_s
+
+            def undo() -> None:
+                self.spawn(self._release_unlogged(client_id, claim.epoch, expiry_s))
+
+            raise Refused("session of %s not opened: %s", exc, undo) from None
+
+    def _claimed(self, conn: ConnectionPort, action: OpenSession, claim: Claim) -> Session:
+        """The local session on its new claim (a fresh one unless it resumes)."""
+        client_id = action.client_id
         session = self.routes.sessions.get(client_id)
         if session is not None and session.conn is not None and session.conn is not conn:
             # Another connection claimed it while we waited; it wins only if newer.
-            self._detach(session)
+            self.routes.detach(session)
         if session is None or not claim.session_present:
             if session is not None:
-                hooks.run("session.discarded", client_id)
+                self.seams.hooks.run("session.discarded", client_id)
                 self.routes.drop_subscriptions(session)
             session = Session(client_id)
             self.routes.sessions[client_id] = session
             self.routes.invalidate_plans()
         session.durable = action.session_expiry_s > 0 or claim.session_present
         if claim.session_present and not session.subs:
-            session.subs = {
+            logged = self.logstate.view.subscriptions(client_id)
+            self.routes.restore(session, {
                 f: SubOptions.of(o.qos, o.no_local, o.retain_as_published, o.subscription_id)
-                for f, o in self.logstate.view.subscriptions(client_id).items()
-            }
-        if session.expiry_handle is not None:
-            session.expiry_handle.cancel()
-            session.expiry_handle = None
-        session.epoch = claim.epoch
+                for f, o in logged.items()
+            })
+        self.expiries.cancel(session)
+        self.routes.renew(session, claim.epoch)
         session.expiry_s = action.session_expiry_s
-        session.ready = False
-        session.backlog = 0
-        if conn.closed:
-            self.spawn(self.end_session(session, session.epoch, conn_gone=True))
-            return
-        session.conn = conn
-        conn.session = session
-        if claim.session_present:
-            self.recheck(conn, session)
+        self.delivery.reset_backlog(session)
+        return session
+
+    async def _incoming(self, conn: ConnectionPort, session: Session, claim: Claim) -> set[int]:
+        """A resumed session's incoming QoS 2 ids (Fenced, or the store gone: refused)."""
+        if not claim.session_present:
+            return set()
         try:
-            incoming = (
-                await self.queue.incoming_ids(client_id, claim.epoch)
-                if claim.session_present
-                else set()
-            )
-        except SessionError as exc:  # Fenced, or the store went away: refuse
-            log.warning("session of %s not resumed: %s", client_id, exc)
-            self._detach(session)
-            conn.session = None
-            conn.carry_out(
-                conn.channel.session_opened(False, set(), ReasonCode.SERVER_UNAVAILABLE)
-            )
-            conn.resume_processing()
-            return
+            return await self.queue.incoming_ids(session.client_id, claim.epoch)
+        except SessionError as exc:
+
+            def undo() -> None:
+                self.routes.detach(session)
+                conn.session = None
+
+            raise Refused("session of %s not resumed: %s", exc, undo) from None
+
+    async def _open_will(
+        self, conn: ConnectionPort, action: OpenSession, fresh: bool, may_have_will: bool
+    ) -> None:
+        """The CONNECT's will, stored with the session (`may_have_will`: one may be stored)."""
         will = action.connect.will
         will_delay_s = 0 if will is None else will.properties.will_delay_interval or 0
         conn.will_token = token = self.wills.token()
-        await self.wills.opened(
-            client_id, token, will, min(will_delay_s, action.session_expiry_s), fresh,
-            known or claim.session_present or claim.previous_node is not None,
-        )  # fmt: skip
-        conn.carry_out(conn.channel.session_opened(claim.session_present, incoming))
-        opened = "session.resumed" if claim.session_present else "session.created"
+        delay_s = min(will_delay_s, action.session_expiry_s)
+        await self.wills.opened(action.client_id, token, will, delay_s, fresh, may_have_will)
+
+    def _connack(
+        self, conn: ConnectionPort, client_id: str, present: bool, incoming: set[int]
+    ) -> None:
+        conn.carry_out(conn.channel.session_opened(present, incoming))
+        opened = "session.resumed" if present else "session.created"
         self.seams.metrics.inc(f"sessions.{opened.partition('.')[2]}")
+        hooks = self.seams.hooks
         hooks.run("client.connack", client_id, 0)
         hooks.run(opened, client_id)
         hooks.run("client.connected", client_id, conn.client)
+
+    async def _resume(self, conn: ConnectionPort, session: Session, epoch: int) -> None:
+        """After CONNACK: resend the inflight, then let deliveries flow."""
         try:
-            pending = await self.queue.pending(client_id, claim.epoch)
+            pending = await self.queue.pending(session.client_id, epoch)
         except SessionError as exc:  # after CONNACK: close; the client resumes later
-            log.warning("inflight of %s not resent: %s", client_id, exc)
+            log.warning("inflight of %s not resent: %s", session.client_id, exc)
             conn.close()
             return
         if session.conn is not conn:
@@ -251,7 +302,7 @@ class ConnectionManager:
         if pending:
             self._resend[conn] = list(reversed(pending))
             self._resend_some(conn)
-        session.ready = True
+        self.routes.open_deliveries(session)
         conn.resume_processing()
         self.delivery.kick(session)
 
@@ -266,10 +317,6 @@ class ConnectionManager:
             await self.logstate.events.append(event)
         except EventLogError as exc:
             log.warning("end of session %s not logged: %s", event.key, exc)
-
-    def _detach(self, session: Session) -> None:
-        session.conn = None
-        session.ready = False
 
     def connection_ended(
         self,
@@ -288,7 +335,7 @@ class ConnectionManager:
         expiry_s = 0
         client_id = conn.channel.client_id
         if session is not None and session.conn is conn:
-            self._detach(session)
+            self.routes.detach(session)
             expiry_s = session.expiry_s
             ending = self.spawn(self.end_session(session, session.epoch, conn_gone=True))
             self._ending[session.client_id] = ending
@@ -337,9 +384,7 @@ class ConnectionManager:
             return
         if expiry_s == 0:
             await self._redistribute_shared(session)
-            if self.routes.sessions.get(client_id) is session:
-                del self.routes.sessions[client_id]
-            self.routes.drop_subscriptions(session)
+            self.routes.drop(session)
         if closed is not None:
             self.spawn(self._log_session_end(closed))
         try:
@@ -352,69 +397,11 @@ class ConnectionManager:
             log.exception("session release failed for %s", client_id)
             return
         if expiry_s and expiry_s < NEVER_EXPIRES and session.conn is None:
-            session.expiry_handle = self.loop.call_later(expiry_s, self._expire, session, epoch)
+            self.expiries.later(session, expiry_s, epoch)
 
     def _moved_away(self, client_id: str) -> bool:
         entry = self.logstate.view.session(client_id)
         return entry is not None and entry.online and entry.node != self.node_id
-
-    def _expire(self, session: Session, epoch: int) -> None:
-        session.expiry_handle = None
-        if session.conn is None and session.epoch == epoch:
-            if self.routes.sessions.get(session.client_id) is session:
-                del self.routes.sessions[session.client_id]
-            self.routes.drop_subscriptions(session)
-            self.spawn(self._expired(session.client_id, epoch))
-
-    async def _expired(self, client_id: str, epoch: int) -> None:
-        """Log the expiry of an offline session, exactly once: by the node it
-        was last on (the others only drop it), only if nobody claimed it again,
-        and retried until the session store and the log have taken it.
-        `epoch` is 0 for a session recovered from the log (its epoch is not
-        there): Redis says which epoch is current."""
-        entry = self.logstate.view.session(client_id)
-        if entry is None or entry.online:
-            return  # ended or reclaimed in the log already
-        if entry.node != self.node_id and not self.is_dead(entry.node):
-            return  # another node's to log (a dead node's: every survivor's)
-        what = "the session store"
-        try:
-            version = await self._expiry_version(client_id, epoch, entry.version)
-            if version is None:
-                return  # claimed again meanwhile: not expired
-            event = SessionExpired(
-                client_id=client_id, version=version, node=self.node_id, ts_ms=now_ms()
-            )
-            what = "the event log"
-            await self.logstate.append_and_apply(event)
-            self.seams.metrics.inc("sessions.expired")
-            self.seams.hooks.run("session.terminated", client_id, "expired")
-        except (SessionError, EventLogError) as exc:
-            log.warning(
-                "expiry of session %s not logged yet (%s failed: %s); retrying in %.0f s",
-                client_id, what, exc, EXPIRY_RETRY_S,
-            )  # fmt: skip
-            self.loop.call_later(
-                EXPIRY_RETRY_S, lambda: self.spawn(self._expired(client_id, epoch))
-            )
-
-    async def _expiry_version(self, client_id: str, epoch: int, logged: int) -> int | None:
-        """The SessionExpired event's version, ending the session in the store;
-        None if someone claimed it again. Redis expires the keys itself at the
-        same moment, so a fenced write is looked at again: gone is expired."""
-        for _ in range(2):
-            info = await self.store.get(client_id)
-            if info is not None and (info.online or (epoch and info.epoch != epoch)):
-                return None
-            if info is None:  # Redis's own expiry came first: the keys are gone
-                return max(logged + 1, time.time_ns() // 1000)
-            try:
-                version = await self.store.next_version(client_id, info.epoch)
-                await self.queue.discard(client_id, info.epoch)
-            except Fenced:
-                continue  # expired by Redis, or claimed, between the read and the write
-            return version
-        return None
 
     async def _redistribute_shared(self, session: Session) -> None:
         """A leaving clean member's unacknowledged shared copies go to other members."""
@@ -473,6 +460,4 @@ class ConnectionManager:
 
     def close(self) -> None:
         self.wills.close()
-        for session in self.routes.sessions.values():
-            if session.expiry_handle is not None:
-                session.expiry_handle.cancel()
+        self.expiries.stop(self.routes.sessions.values())

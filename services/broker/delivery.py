@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from services.broker.ports import ConnectionPort, Publisher, Session, now_ms
+from services.broker.ports import ConnectionPort, Session, Turn, now_ms
 from services.broker.stores import DurablePartFailed
 from services.metrics.api import NullRecorder, Recorder
 from services.mqtt.packets import Message, ReasonCode
@@ -64,18 +64,21 @@ REFUSED_LOG_EVERY_S = 10.0  # at most one warning about full queues per this man
 class Delivery:
     def __init__(
         self,
+        *,
         queue: QueueStore,
         loop: asyncio.AbstractEventLoop,
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
         queue_limit: int,
-        publisher: Callable[[], Publisher | None],
+        turn: Turn,
+        stored: Callable[[list[tuple[str, Message]]], None],
         metrics: Recorder | None = None,
     ) -> None:
         self.queue = queue
         self.metrics: Recorder = metrics if metrics is not None else NullRecorder()
         self.loop = loop
         self.spawn = spawn
-        self.publisher = publisher
+        self.turn = turn  # whose messages are being routed (a slow subscriber holds it)
+        self.stored = stored  # told of each stored batch (`remote.Notices`)
         self.dropped = 0  # messages the queue's overflow policy dropped
         self.refused = 0  # QoS 1/2 copies a full queue refused (publisher not acknowledged)
         self._refused_logged = self._dropped_logged = -REFUSED_LOG_EVERY_S
@@ -88,7 +91,6 @@ class Delivery:
         self._batch_marks: dict[IncomingMark, list[int]] = {}  # -> indices in _batch
         self._batch_scheduled = False
         self._lane: asyncio.Future[None] | None = None  # done when the last batch is stored
-        self.on_stored: Callable[[list[tuple[str, Message]]], None] | None = None  # per batch
 
     @property
     def idle(self) -> bool:
@@ -115,7 +117,7 @@ class Delivery:
             self._batch_takers.add(session)
             session.backlog += 1
             if session.backlog >= self._backlog_high:
-                publisher = self.publisher()
+                publisher = self.turn.publisher
                 if publisher is not None and publisher is not conn:
                     publisher.block_on(conn)
         else:
@@ -242,8 +244,7 @@ class Delivery:
             for session in ready:
                 session.pumping = False
         if result is not None:
-            if self.on_stored is not None:
-                self.on_stored(items)
+            self.stored(items)
             if result.dropped:
                 self._dropped(result.dropped)
             if result.refused:
@@ -298,6 +299,10 @@ class Delivery:
         session.backlog = max(0, session.backlog - len(taken))
         if session.backlog <= self._backlog_low:
             conn.wake_waiters()
+
+    def reset_backlog(self, session: Session) -> None:
+        """The session opens on a new connection: nothing is queued for it yet."""
+        session.backlog = 0
 
     # -- the per-session pump ------------------------------------------------------
 

@@ -53,6 +53,7 @@ log = logging.getLogger("weir.dispatch")
 class Dispatch:
     def __init__(
         self,
+        *,
         node_id: str,
         routes: Routes,
         delivery: Delivery,
@@ -79,7 +80,13 @@ class Dispatch:
         self.seams = seams
         self.turn = turn
         self.shared = Shared(
-            node_id, routes, remote, delivery, self.deliver, shared_strategy, shared_local
+            node_id=node_id,
+            routes=routes,
+            remote=remote,
+            delivery=delivery,
+            deliver=self.deliver,
+            strategy=shared_strategy,
+            prefer_local=shared_local,
         )
         self._held_routes: dict[ConnectionPort, list[Route]] = {}  # behind a QoS 2 being stored
         self._deferred: list[Callable[[], object]] | None = None  # see _route_qos2
@@ -220,11 +227,13 @@ class Dispatch:
             self.spawn(self._retain_gate(message, gate))
         since = self.delivery.batched
         deferred: list[Callable[[], object]] = []
-        self._deferred = self.remote.deferred = deferred
+        self._deferred = deferred
+        self.remote.deferring(deferred)
         try:
             delivered = self.publish_message(message, store_retained=gate is None)
         finally:
-            self._deferred = self.remote.deferred = None
+            self._deferred = None
+            self.remote.deferring(None)
         self.delivery.mark(mark, since)
         if route.token is None:
             for send in deferred:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
-from services.broker.ports import RoutingTable, Session, SubOptions, now_ms
+from services.broker.ports import Expiries, RoutingTable, Session, SubOptions, now_ms
 from services.event.api import EventLog, EventLogError
 from services.event.schema import (
     Event,
@@ -105,20 +105,22 @@ def gc_paused() -> Iterator[None]:
 class LogState:
     def __init__(
         self,
+        *,
         table: RoutingTable,
+        expiries: Expiries,
         events: EventLog,
         retained: RetainStore,
         store: SessionStore,
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
     ) -> None:
         self.table = table
+        self.expiries = expiries
         self.retained = retained
         self.store = store
         self.spawn = spawn
         self.events = events
         self.view = ClusterView(self._on_subscribe, self._on_unsubscribe, self._on_subscribe_many)
         self._tail: asyncio.Task[None] | None = None
-        self.moved: Callable[[str], None] = lambda client_id: None  # set by the broker
 
     # -- the one path -------------------------------------------------------
 
@@ -150,7 +152,7 @@ class LogState:
         table.invalidate_plans()
         session = table.sessions.get(client_id)
         if session is not None:
-            session.subs[filter_] = opts
+            table.subs_added(session, ((filter_, opts),))
 
     def _on_subscribe_many(
         self, client_id: str, items: list[tuple[str, SubscriptionOptions]]
@@ -167,7 +169,7 @@ class LogState:
         table.invalidate_plans()
         session = table.sessions.get(client_id)
         if session is not None:
-            session.subs.update(pairs)
+            table.subs_added(session, pairs)
 
     def _on_unsubscribe(self, client_id: str, filter_: str) -> None:
         table = self.table
@@ -175,7 +177,7 @@ class LogState:
         table.invalidate_plans()
         session = table.sessions.get(client_id)
         if session is not None:
-            session.subs.pop(filter_, None)
+            table.sub_removed(session, filter_)
 
     def _session_changed(self, event: SessionEvent) -> None:
         """Keep a local Session for every persistent session the log shows offline."""
@@ -190,21 +192,17 @@ class LogState:
             return
         moved = entry is not None and entry.online and entry.node != table.node_id
         if moved and local is not None and local.conn is not None:
-            self.moved(client_id)  # a newer connection elsewhere: ours goes
+            table.take_over(local)  # a newer connection elsewhere: ours goes
         ended = entry is None and local is not None and local.durable
         if local is not None and local.conn is None and (moved or ended):
-            if local.expiry_handle is not None:  # the log has its end, or it lives elsewhere
-                local.expiry_handle.cancel()
-                local.expiry_handle = None
+            self.expiries.cancel(local)  # the log has its end, or it lives elsewhere
             del table.sessions[client_id]
             table.invalidate_plans()
 
     def _offline_session(self, client_id: str, expiry_s: int) -> Session:
         table = self.table
-        session = Session(client_id)
-        session.expiry_s = expiry_s
-        session.durable = True
-        session.subs = {f: sub_options(o) for f, o in self.view.subscriptions(client_id).items()}
+        subs = {f: sub_options(o) for f, o in self.view.subscriptions(client_id).items()}
+        session = Session(client_id, expiry_s=expiry_s, durable=True, subs=subs)
         table.sessions[client_id] = session
         table.mark_durable(client_id)
         table.invalidate_plans()
@@ -214,7 +212,8 @@ class LogState:
         """Expire a recovered offline session when the log says it ends."""
         if expires_at_ms is None or session.expiry_s >= NEVER_EXPIRES:
             return
-        self.table.expire_later(session, max(0.0, (expires_at_ms - now_ms()) / 1000))
+        delay_s = max(0.0, (expires_at_ms - now_ms()) / 1000)
+        self.expiries.later(session, delay_s, session.epoch)
 
     # -- start: replay, then tail ------------------------------------------------
 
@@ -236,7 +235,7 @@ class LogState:
                 session = self.table.sessions.get(client_id)
                 if session is None:
                     session = self._offline_session(client_id, entry.expiry_s)
-                session.epoch = entry.epoch
+                self.table.renew(session, entry.epoch)
                 self._expire_later(session, now_ms() + entry.expiry_s * 1000)
             self.spawn(
                 self._closed_by_restart(client_id, entry.epoch, entry.expiry_s, entry.version)

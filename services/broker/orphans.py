@@ -30,7 +30,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.broker.logstate import LogState
 from services.broker.ports import now_ms
@@ -38,6 +38,9 @@ from services.broker.wills import Wills
 from services.event.api import EventLogError
 from services.event.schema import SessionClosed
 from services.session.api import SessionError, SessionStore
+
+if TYPE_CHECKING:
+    from services.cluster.router import ClusterRouter
 
 log = logging.getLogger("weir.orphans")
 
@@ -47,21 +50,26 @@ RETRY_S = 2.0  # a takeover step the store or the log refused is tried again aft
 class Orphans:
     def __init__(
         self,
+        *,
         node_id: str,
+        cluster: ClusterRouter | None,
         store: SessionStore,
         wills: Wills,
         logstate: LogState,
         spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
-        alive: Callable[[str], bool],
     ) -> None:
         self.node_id = node_id
+        self.cluster = cluster
         self.store = store
         self.wills = wills
         self.logstate = logstate
         self.spawn = spawn
-        self.alive = alive  # whether membership shows the node live (again)
         self.taken_over: dict[str, tuple[int, int, int]] = {}  # dead -> sessions, clean, wills
         self.dead: set[str] = set()  # nodes seen dead: their offline sessions' expiry is ours
+
+    def alive(self, node_id: str) -> bool:
+        """Whether membership shows the node live (again)."""
+        return self.cluster is not None and node_id in self.cluster.peers()
 
     def node_died(self, dead: str) -> None:
         if dead != self.node_id:

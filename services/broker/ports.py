@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from services.auth.api import ClientInfo
 from services.auth.limits import Budget
-from services.config import Limits
 from services.mqtt.actions import (
     Action,
     Authenticate,
@@ -64,10 +63,25 @@ class SubOptions:
 class Session:
     """A client's session on this node; outlives connections when persistent.
 
-    Owners: `conn`, `epoch`, `expiry_s`, `expiry_handle`, `durable` and
-    `ready` belong to the connection manager (`cm`); `subs` to the routing
-    table (`routes`); `pumping`, `dirty`, `acks`, `ops` and `backlog` to
-    delivery (`delivery`)."""
+    Each field is written by one part only, its owner (`OWNERS`: part module
+    by field; the others read it and ask the owner for a change):
+
+    - the routing table (`routes`): `conn` and `epoch` (which connection
+      and which claim the session is on), `ready` (deliveries may flow) and
+      `subs` (what it routes for it);
+    - the connection manager (`cm`): `durable` and `expiry_s`;
+    - the expiry timers (`ports.Expiries`): `expiry_handle`;
+    - delivery (`delivery`): `pumping`, `dirty`, `acks`, `ops` and `backlog`.
+
+    Whoever builds one gives it its first values."""
+
+    OWNERS: ClassVar[dict[str, str]] = {
+        "conn": "routes", "epoch": "routes", "ready": "routes", "subs": "routes",
+        "durable": "cm", "expiry_s": "cm",
+        "expiry_handle": "ports",
+        "pumping": "delivery", "dirty": "delivery", "acks": "delivery", "ops": "delivery",
+        "backlog": "delivery",
+    }  # fmt: skip
 
     __slots__ = (
         "acks",
@@ -85,13 +99,20 @@ class Session:
         "subs",
     )
 
-    def __init__(self, client_id: str) -> None:
+    def __init__(
+        self,
+        client_id: str,
+        *,
+        expiry_s: int = 0,
+        durable: bool = False,
+        subs: dict[str, SubOptions] | None = None,
+    ) -> None:
         self.client_id = client_id
         self.conn: ConnectionPort | None = None
         self.epoch = 0
-        self.durable = False  # claimed in the durable (Redis) tier
-        self.expiry_s = 0
-        self.subs: dict[str, SubOptions] = {}
+        self.durable = durable  # claimed in the durable (Redis) tier
+        self.expiry_s = expiry_s
+        self.subs: dict[str, SubOptions] = subs if subs is not None else {}
         self.expiry_handle: asyncio.TimerHandle | None = None
         self.ready = False  # CONNACK sent and inflight resent: deliveries may flow
         self.pumping = False
@@ -101,16 +122,72 @@ class Session:
         self.ops: list[tuple[str, int]] = []  # ("received" | "released", packet id)
 
 
+class Expiries:
+    """Offline sessions' end timers (`Session.expiry_handle`): a port between
+    the parts that say when a session ends (the log projection, for sessions
+    it recovers; the connection manager, for those that go offline here) and
+    the part that ends them (`expiry.Expiry`). That part logs the end through
+    the log projection, which is built first and sets timers here: a true
+    two-way call. So both get this port when they are built, and the ender,
+    built last, names itself here once, from its constructor (`serve`)."""
+
+    __slots__ = ("_end", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._end: Callable[[Session, int], None] | None = None
+
+    def serve(self, end: Callable[[Session, int], None]) -> None:
+        """`end(session, epoch)` is called when a timer fires (once per port)."""
+        if self._end is not None:
+            raise RuntimeError("session expiry has its ender already")
+        self._end = end
+
+    def later(self, session: Session, delay_s: float, epoch: int) -> None:
+        """End `session` (if still at `epoch`) after `delay_s` unless cancelled."""
+        if session.expiry_handle is not None:
+            session.expiry_handle.cancel()
+        session.expiry_handle = self._loop.call_later(delay_s, self._fire, session, epoch)
+
+    def cancel(self, session: Session) -> None:
+        if session.expiry_handle is not None:
+            session.expiry_handle.cancel()
+            session.expiry_handle = None
+
+    def stop(self, sessions: Iterable[Session]) -> None:
+        """The node stops: no timer of these sessions fires any more."""
+        for session in sessions:
+            if session.expiry_handle is not None:
+                session.expiry_handle.cancel()
+
+    def _fire(self, session: Session, epoch: int) -> None:
+        session.expiry_handle = None
+        if self._end is None:
+            raise RuntimeError("a session's expiry fired before its ender was built")
+        self._end(session, epoch)
+
+
 class Turn:
     """What one loop turn's processing shares: the deliveries made so far (a
-    connection budgets its processing per turn by it) and the connection whose
-    packets are being handled (a subscriber that cannot keep up holds it back)."""
+    connection budgets its processing per turn by it) and whose packets or
+    frames are being handled (`publisher`: a subscriber that cannot keep up
+    holds it back), set for a stretch of handling by `handling` and put back
+    by `handled`."""
 
     __slots__ = ("publisher", "work")
 
     def __init__(self) -> None:
         self.work = 0
         self.publisher: Publisher | None = None
+
+    def handling(self, publisher: Publisher | None) -> Publisher | None:
+        """`publisher`'s messages are routed from now; returns the one before."""
+        outer, self.publisher = self.publisher, publisher
+        return outer
+
+    def handled(self, outer: Publisher | None) -> None:
+        """The stretch `handling` began is over: `outer` is back."""
+        self.publisher = outer
 
 
 class Publisher(Protocol):
@@ -210,12 +287,22 @@ class ConnectionPort(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """The limits a connection applies itself (`services.config.Limits`)."""
+
+    max_packet_size: int  # bytes: a larger incoming packet is a protocol error
+    outbound_high_water: int  # bytes buffered for the socket: above, the transport pauses
+    outbound_low_water: int  # ... and below this it resumes
+    subscriber_queue_bytes: int  # bytes a subscriber may have pending before it counts as slow
+
+
 class BrokerPort(Protocol):
     """What the broker offers a connection."""
 
     node_id: str
     channel_config: ChannelConfig
-    limits: Limits
+    flow: Flow
     loop: asyncio.AbstractEventLoop
     qos0_dropped: int
     turn: Turn
@@ -275,6 +362,16 @@ class RoutingTable(Protocol):
         """A persistent session found in the log: its state is in the durable tier."""
         ...
 
-    def expire_later(self, session: Session, delay_s: float) -> None:
-        """End this offline session after `delay_s` unless it comes back."""
+    def subs_added(self, session: Session, pairs: Iterable[tuple[str, SubOptions]]) -> None:
+        """The log routes these filters for the session too."""
+        ...
+
+    def sub_removed(self, session: Session, topic_filter: str) -> None: ...
+
+    def renew(self, session: Session, epoch: int) -> None:
+        """The session is on claim `epoch` now; deliveries wait for its CONNACK."""
+        ...
+
+    def take_over(self, session: Session) -> None:
+        """A newer connection elsewhere: the session's connection here goes."""
         ...

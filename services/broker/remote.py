@@ -4,7 +4,8 @@ Theory of operation. A publish whose subscribers are online on other nodes
 (`deliver`): clean ones get the message forwarded as published (their node
 applies their options); persistent ones get it in their Redis queue through
 this node's delivery batch, and once that batch is stored their node is told
-to take it (`notify_stored`). A shared group's member elsewhere gets its copy
+to take it (`Notices`, which delivery tells of every stored batch). A shared
+group's member elsewhere gets its copy
 through the same two paths, one client at a time (`forward_to`, `enqueue`;
 `services.broker.shared` picks it). A takeover by another node (`kicked`) closes
 our connection if it is older; until the log says the client moved, what we
@@ -21,7 +22,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from services.broker.delivery import Delivery
-from services.broker.ports import PUBLISHER_STALL_S, ConnectionPort, PeerGate, Publisher, Session
+from services.broker.ports import (
+    PUBLISHER_STALL_S,
+    ConnectionPort,
+    PeerGate,
+    Publisher,
+    Session,
+    Turn,
+)
 from services.broker.routes import RemoteEntry, Routes, delivered_form
 from services.cluster.api import InboundLink
 from services.mqtt.packets import Message
@@ -65,33 +73,66 @@ class LinkHold:
             self.link.resume()
 
 
+class Notices:
+    """What the owners of remote persistent sessions are told once a delivery
+    batch holding their messages is stored (delivery calls `stored` per batch;
+    the remote side records who waits, `pending` and `moved`)."""
+
+    def __init__(self, cluster: ClusterRouter | None) -> None:
+        self.cluster = cluster
+        self.pending: dict[str, tuple[str, int]] = {}  # client -> (node, batches)
+        self.moved: dict[str, str] = {}  # client -> the node that took it over from us
+
+    def stored(self, items: Sequence[tuple[str, Message]]) -> None:
+        """A batch is stored: tell the owners of the remote persistent sessions in it."""
+        pending, moved = self.pending, self.moved
+        if not (pending or moved) or self.cluster is None:
+            return
+        for client_id in {c for c, _ in items if c in pending or c in moved}:
+            if client_id in moved:  # queued through our stale session: its new node takes
+                self.cluster.notify(moved[client_id], client_id)
+            if client_id not in pending:
+                continue
+            node, batches = pending[client_id]
+            self.cluster.notify(node, client_id)
+            if batches <= 1:
+                del pending[client_id]
+            else:
+                pending[client_id] = (node, batches - 1)
+
+
 class Remote:
     def __init__(
         self,
+        *,
         node_id: str,
+        cluster: ClusterRouter | None,
         routes: Routes,
         delivery: Delivery,
-        view: Callable[[], ClusterView],
+        notices: Notices,
+        view: ClusterView,
+        turn: Turn,
         mark_durable: Callable[[str], None],
     ) -> None:
         self.node_id = node_id
+        self.cluster = cluster  # None: a node on its own
         self.routes = routes
         self.delivery = delivery
         self.view = view
+        self.turn = turn  # whose messages are being routed (a backed-up link holds it)
         self.mark_durable = mark_durable
-        self.cluster: ClusterRouter | None = None  # set by the node when it joins a cluster
-        self.pending: dict[str, tuple[str, int]] = {}  # client -> (node, batches)
-        self.moved: dict[str, str] = {}  # client -> the node that took it over from us
+        self.notices = notices
+        self.pending = notices.pending  # (the notices' own) client -> (node, batches)
+        self.moved = notices.moved  # (the notices' own) client -> the node that took it over
         self.gates: dict[str, PeerGate] = {}  # peer -> the publishers its backed-up link holds
-        self.publisher: Callable[[], Publisher | None] = lambda: None  # set by the broker
-        self.deferred: list[Callable[[], object]] | None = None  # see Dispatch._route_qos2
+        self._deferred: list[Callable[[], object]] | None = None  # see Dispatch._route_qos2
 
     def deliver(self, message: Message, remote: list[RemoteEntry]) -> int:
         """Subscribers online on other nodes (see the module docstring)."""
         cluster = self.cluster
         if cluster is None:
             return 0
-        view = self.view()
+        view = self.view
         targets: dict[str, list[str]] = {}
         count = 0
         for client_id, opts in remote:
@@ -113,9 +154,9 @@ class Remote:
         return count
 
     def _forward(self, message: Message, targets: dict[str, list[str]]) -> None:
-        """Over the links now, or (`deferred`) once a QoS 2 message's id is stored."""
-        if self.deferred is not None:
-            self.deferred.append(functools.partial(self._forward, message, targets))
+        """Over the links now, or (`deferring`) once a QoS 2 message's id is stored."""
+        if self._deferred is not None:
+            self._deferred.append(functools.partial(self._forward, message, targets))
             return
         if self.cluster is not None:
             self.cluster.forward(message, targets)
@@ -142,7 +183,7 @@ class Remote:
         gate = self.gates.get(node)
         if gate is None:
             gate = self.gates[node] = PeerGate(node)
-        publisher = self.publisher()
+        publisher = self.turn.publisher
         if publisher is not None:
             gate.holds += 1
             publisher.block_on(gate)
@@ -161,8 +202,7 @@ class Remote:
         this node's delivery batch; its node is told once the batch is stored."""
         self.moved.pop(client_id, None)  # the log caught up
         self.mark_durable(client_id)
-        stub = Session(client_id)  # no connection: enqueue only, its owner takes
-        stub.expiry_s = entry.expiry_s
+        stub = Session(client_id, expiry_s=entry.expiry_s)  # no connection: enqueue only
         self.delivery.add(stub, delivered)
         batches = self.pending.get(client_id, (entry.node, 0))[1]
         self.pending[client_id] = (entry.node, batches + 1)
@@ -171,23 +211,6 @@ class Remote:
         """A clean session online on `node`: the message goes over the link to it alone."""
         self.moved.pop(client_id, None)
         self._forward(message, {node: [client_id]})
-
-    def notify_stored(self, items: Sequence[tuple[str, Message]]) -> None:
-        """A batch is stored: tell the owners of the remote persistent sessions in it."""
-        pending, moved = self.pending, self.moved
-        if not (pending or moved) or self.cluster is None:
-            return
-        for client_id in {c for c, _ in items if c in pending or c in moved}:
-            if client_id in moved:  # queued through our stale session: its new node takes
-                self.cluster.notify(moved[client_id], client_id)
-            if client_id not in pending:
-                continue
-            node, batches = pending[client_id]
-            self.cluster.notify(node, client_id)
-            if batches <= 1:
-                del pending[client_id]
-            else:
-                pending[client_id] = (node, batches - 1)
 
     def deliver_queued(self, client_ids: Sequence[str]) -> None:
         """A peer stored messages in these local sessions' queues."""
@@ -203,25 +226,11 @@ class Remote:
         if session is None or session.epoch >= epoch:
             return
         self.moved[client_id] = node
-        self._close_taken_over(session)
+        self.routes.take_over(session)
 
-    def moved_by_log(self, client_id: str) -> None:
-        """The log says the client's newest session is online on another node: a
-        connection here is older, so it goes (a clean session has no epoch to
-        compare across nodes; this keeps one connection per client id)."""
-        session = self.routes.sessions.get(client_id)
-        if session is not None:
-            self._close_taken_over(session)
-
-    @staticmethod
-    def _close_taken_over(session: Session) -> None:
-        conn = session.conn
-        if conn is None:
-            return
-        session.conn = None
-        session.ready = False
-        conn.carry_out(conn.channel.taken_over())  # its will waits for the session's expiry
-        conn.session = None
+    def deferring(self, deferred: list[Callable[[], object]] | None) -> None:
+        """While a QoS 2 message is routed, forwards wait in `deferred` (None: go now)."""
+        self._deferred = deferred
 
     def kick_previous(self, client_id: str, previous: str | None, epoch: int) -> None:
         """Takeover across nodes: the node that had the client closes its connection."""
@@ -229,7 +238,7 @@ class Remote:
         if self.cluster is None:
             return
         if previous is None or previous == self.node_id:
-            entry = self.view().session(client_id)
+            entry = self.view.session(client_id)
             previous = entry.node if entry is not None and entry.online else None
         if previous is not None and previous != self.node_id:
             self.cluster.kick(previous, client_id, epoch)

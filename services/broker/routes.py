@@ -10,17 +10,21 @@ apart; shared groups apart) is built on first use and cached until any
 subscription or session changes (`invalidate_plans`). The log projection
 (`logstate`) and the SUBSCRIBE path (`subscriptions`) are the writers.
 
+It owns which connection and claim each local session is on and whether
+deliveries may flow to it (`attach`, `renew`, `open_deliveries`, `detach`,
+`take_over`), and what it routes for it (`subs`): the connection manager,
+the log projection and the remote side ask it for those changes.
+
 The functions at the bottom give a message its delivered form for one
 subscriber (QoS, retain flag, subscription identifiers).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from services.broker.ports import Session, SubOptions
+from services.broker.ports import ConnectionPort, Session, SubOptions
 from services.mqtt.packets import Message
 from services.mqtt.trie import TopicTrie
 
@@ -36,20 +40,12 @@ Plan = tuple[
 
 
 class Routes:
-    def __init__(
-        self,
-        node_id: str,
-        loop: asyncio.AbstractEventLoop,
-        mark_durable: Callable[[str], None],
-        expire: Callable[[Session, int], None],
-    ) -> None:
+    def __init__(self, *, node_id: str, mark_durable: Callable[[str], None]) -> None:
         self.node_id = node_id
-        self.loop = loop
         self.trie: TopicTrie[SubOptions] = TopicTrie()
         self.sessions: dict[str, Session] = {}
         self.plans: dict[str, Plan] = {}
         self._mark_durable = mark_durable
-        self._expire = expire
 
     def invalidate_plans(self) -> None:
         self.plans.clear()
@@ -57,12 +53,51 @@ class Routes:
     def mark_durable(self, client_id: str) -> None:
         self._mark_durable(client_id)
 
-    def expire_later(self, session: Session, delay_s: float) -> None:
-        if session.expiry_handle is not None:
-            session.expiry_handle.cancel()
-        session.expiry_handle = self.loop.call_later(
-            delay_s, self._expire, session, session.epoch
-        )
+    # -- the session's connection ----------------------------------------------
+
+    def renew(self, session: Session, epoch: int) -> None:
+        """The session is on claim `epoch` now; deliveries wait for its CONNACK."""
+        session.epoch = epoch
+        session.ready = False
+
+    def attach(self, session: Session, conn: ConnectionPort) -> None:
+        session.conn = conn
+
+    def open_deliveries(self, session: Session) -> None:
+        """CONNACK sent and inflight resent: deliveries may flow."""
+        session.ready = True
+
+    def detach(self, session: Session) -> None:
+        session.conn = None
+        session.ready = False
+
+    def take_over(self, session: Session) -> None:
+        """A newer connection (here or elsewhere) has the session: ours goes.
+        Its will waits for the session's expiry."""
+        conn = session.conn
+        if conn is None:
+            return
+        self.detach(session)
+        conn.carry_out(conn.channel.taken_over())
+        conn.session = None
+
+    def drop(self, session: Session) -> None:
+        """The session ended here: out of the table, with its routes."""
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        self.drop_subscriptions(session)
+
+    # -- the session's routes ------------------------------------------------------
+
+    def restore(self, session: Session, subs: dict[str, SubOptions]) -> None:
+        """A resumed session's subscriptions, as the log has them."""
+        session.subs = subs
+
+    def subs_added(self, session: Session, pairs: Iterable[tuple[str, SubOptions]]) -> None:
+        session.subs.update(pairs)
+
+    def sub_removed(self, session: Session, topic_filter: str) -> None:
+        session.subs.pop(topic_filter, None)
 
     def route(self, session: Session, topic_filter: str, options: SubOptions | None) -> (
         SubOptions | None

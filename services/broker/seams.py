@@ -35,7 +35,11 @@ that refused) and one count (`authorization.publish_denied` /
   with its reason code, logged and counted the same way; an admitted client
   gets its read budget (per-client rates), whose pauses are counted
   (`connections.read_paused`) and logged once per connection;
-- `start` / `stop`: the admission's ban table follows Redis while the node runs.
+- `start` / `stop`: the admission's ban table follows Redis while the node runs;
+- `Kicks`: a ban new to this node disconnects the connected clients it
+  covers. The ban table tells it (it is built first and given to the table
+  as its `on_added`), and it knows the connected clients from `connected` /
+  `disconnected`, so neither the table nor the broker is handed the other.
 """
 
 from __future__ import annotations
@@ -58,20 +62,46 @@ from services.auth.api import (
     Decision,
     EnhancedAuthenticator,
 )
-from services.auth.banned import Ban
+from services.auth.banned import Ban, covers
 from services.auth.limits import Budget
 from services.broker.ports import ConnectionPort
 from services.config import Limits
 from services.hooks.api import Hooks
 from services.metrics.api import NullRecorder, Recorder
 from services.mqtt.actions import Authenticate, AuthExchange
-from services.mqtt.packets import Message
+from services.mqtt.packets import Message, ReasonCode
 
 log = logging.getLogger("weir.auth")
 
 IDENTITIES = 100_000  # who each recent client id was, for its will; past it: start over
 DENIED = {Action.PUBLISH: "authorization.publish_denied",
           Action.SUBSCRIBE: "authorization.subscribe_denied"}  # fmt: skip
+
+
+class Kicks:
+    """The connected clients a ban new to this node disconnects (5.0:
+    DISCONNECT 0x98 administrative action), logged and counted."""
+
+    def __init__(self, metrics: Recorder) -> None:
+        self.metrics = metrics
+        self.connected: set[ConnectionPort] = set()  # from `Seams.connected` to `disconnected`
+
+    def banned(self, ban: Ban) -> None:
+        for conn in list(self.connected):
+            client = conn.client
+            if client is None or conn.closed or conn.session is None:
+                continue  # not connected yet: admission (before its CONNACK) decides
+            if covers(ban, client.client_id, client.username, client.peer):
+                self.kicked(client, ban)
+                conn.carry_out(conn.channel.server_disconnect(ReasonCode.ADMINISTRATIVE_ACTION))
+                conn.close()
+
+    def kicked(self, client: ClientInfo, ban: Ban) -> None:
+        self.metrics.inc("connections.kicked_banned")
+        log.warning(
+            "disconnected: client %s, user %s, peer %s, by banned: %s",
+            client.client_id, client.username, client.peer, ban.describe(),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -82,6 +112,7 @@ class Seams:
     metrics: Recorder = field(default_factory=NullRecorder)
     admission: Admission | None = None  # bans, flapping, rates (None: everyone may connect)
     enhanced: EnhancedAuthenticator | None = None  # MQTT 5 Authentication Methods (SCRAM)
+    kicks: Kicks | None = None  # what a new ban disconnects (with `admission`'s ban table)
     authenticates: bool = field(init=False)  # CONNECTs wait for the authenticator
     authorizes: bool = field(init=False)  # PUBLISH / SUBSCRIBE ask the authorizer
     acl: ConnectionAuthorizer | None = field(init=False)  # the authorizer, if it has state
@@ -172,17 +203,12 @@ class Seams:
                 "refills (logged once per connection)", budget.client_id, rule,
             )  # fmt: skip
 
-    def kicked(self, client: ClientInfo, ban: Ban) -> None:
-        """A connected client a new ban covers is disconnected."""
-        self.metrics.inc("connections.kicked_banned")
-        log.warning(
-            "disconnected: client %s, user %s, peer %s, by banned: %s",
-            client.client_id, client.username, client.peer, ban.describe(),
-        )  # fmt: skip
-
     async def connected(self, conn: ConnectionPort) -> None:
-        """Before the session opens: the authorizer reads what it needs for this client."""
+        """Before the session opens: the authorizer reads what it needs for this
+        client, and a ban new to this node may disconnect it from now on."""
         client = conn.client
+        if self.kicks is not None and client is not None and not conn.closed:
+            self.kicks.connected.add(conn)
         if self.acl is None or client is None:
             return
         if len(self._identities) >= IDENTITIES:
@@ -193,6 +219,8 @@ class Seams:
             self.acl.disconnected(client)
 
     def disconnected(self, conn: ConnectionPort) -> None:
+        if self.kicks is not None:
+            self.kicks.connected.discard(conn)
         if self.acl is not None and conn.client is not None:
             self.acl.disconnected(conn.client)
 
@@ -284,7 +312,7 @@ def admitting(seams: Seams, limits: Limits, redis: Any = None) -> Seams:
     """`seams` with the admission `limits` asks for: bans in `redis` when given
     (else in memory), and the rate and flapping windows too with
     `rate_storage = "redis"`."""
-    from services.auth.banned import MemoryBans, RedisBans
+    from services.auth.banned import BanStore, MemoryBans, RedisBans
     from services.auth.limits import ClientRates, ConnectRates, Flapping, storage
 
     store = storage(limits.rate_storage, redis)
@@ -298,6 +326,9 @@ def admitting(seams: Seams, limits: Limits, redis: Any = None) -> Seams:
     client_rates = ClientRates(limits.client_msg_rate, limits.client_byte_rate) if (
         limits.client_msg_rate or limits.client_byte_rate
     ) else None  # fmt: skip
-    bans = RedisBans(redis) if redis is not None else MemoryBans()
+    kicks = Kicks(seams.metrics)
+    bans: BanStore = (
+        RedisBans(redis, on_added=kicks.banned) if redis is not None else MemoryBans(kicks.banned)
+    )
     admission = Admission(bans, flapping, rates, client_rates)
-    return dataclasses.replace(seams, admission=admission)
+    return dataclasses.replace(seams, admission=admission, kicks=kicks)

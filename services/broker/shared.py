@@ -87,6 +87,7 @@ def unacked(items: Iterable[Inflight]) -> dict[GroupFilter, list[Message]]:
 class Shared:
     def __init__(
         self,
+        *,
         node_id: str,
         routes: Routes,
         remote: Remote,
@@ -144,7 +145,7 @@ class Shared:
         here: list[Candidate] = []
         there: list[Candidate] = []
         offline: list[Candidate] = []
-        view = self.remote.view() if self.remote.cluster is not None else None
+        view = self.remote.view if self.remote.cluster is not None else None
         for client_id, options in members:
             if client_id == exclude:
                 continue

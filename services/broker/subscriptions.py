@@ -51,6 +51,7 @@ V5_UNSUBACK_FAILURE = 0x80  # unspecified error
 class Subscriptions:
     def __init__(
         self,
+        *,
         node_id: str,
         channel_config: ChannelConfig,
         routes: Routes,

@@ -54,6 +54,7 @@ def due_now(old: StoredWill, fresh: bool, now: int) -> bool:
 class Wills:
     def __init__(
         self,
+        *,
         node_id: str,
         store: WillStore,
         publish: Callable[[Message], object],

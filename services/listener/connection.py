@@ -148,9 +148,9 @@ class Connection(asyncio.Protocol):
             # Over the connection limit: its CONNECT gets "quota exceeded" (3.x:
             # "server unavailable") and the close, not a reset [MQTT-3.2.2-6].
             self.channel.refuse_connect(ReasonCode.QUOTA_EXCEEDED)
-        limits = self.broker.limits
+        flow = self.broker.flow
         transport.set_write_buffer_limits(  # type: ignore[attr-defined]
-            limits.outbound_high_water, limits.outbound_low_water
+            flow.outbound_high_water, flow.outbound_low_water
         )
         self._carry_out(self.channel.opened())
 
@@ -217,14 +217,14 @@ class Connection(asyncio.Protocol):
         view = memoryview(buf)
         used = 0
         broker = self.broker
-        max_size = broker.limits.max_packet_size
+        max_size = broker.flow.max_packet_size
         channel = self.channel
         turn = broker.turn
         budget = turn.work + WORK_BUDGET
         rate, over = self.budget, False
         if rate is not None:
             rate.refresh()
-        outer, turn.publisher = turn.publisher, self
+        outer = turn.handling(self)
         try:
             while not self._busy and not self.closed and self._blocked_on is None:
                 if turn.work > budget:
@@ -243,14 +243,14 @@ class Connection(asyncio.Protocol):
         except MQTTError as err:
             # A CONNECT the codec refused: its level byte says whether a CONNACK can tell why.
             level = None if channel.protocol_level else codec.peek_connect_level(view[used:])
-            turn.publisher = outer
+            turn.handled(outer)
             view.release()
             self._buf = None
             self._carry_out(channel.protocol_error(err, level))
             if not self.closed:
                 self.close()
             return
-        turn.publisher = outer
+        turn.handled(outer)
         view.release()
         if self._buf is not None:
             if used == len(buf):
@@ -414,7 +414,7 @@ class Connection(asyncio.Protocol):
         that stays behind gets its QoS 0 messages dropped and counted."""
         if self._write_paused:
             broker = self.broker
-            if self._slow or self._out_bytes >= broker.limits.subscriber_queue_bytes:
+            if self._slow or self._out_bytes >= broker.flow.subscriber_queue_bytes:
                 self.dropped += 1
                 broker.qos0_dropped += 1
                 return False

@@ -27,6 +27,7 @@ import gc
 from dataclasses import dataclass, field
 
 from services.broker.broker import Broker
+from services.broker.ports import Flow
 from services.broker.seams import Seams
 from services.broker.timers import TimerWheel
 from services.cluster.router import ClusterRouter
@@ -74,6 +75,16 @@ def channel_config(settings: Settings, authenticate: bool = False) -> ChannelCon
     )
 
 
+def flow(settings: Settings) -> Flow:
+    limits = settings.limits
+    return Flow(
+        max_packet_size=limits.max_packet_size,
+        outbound_high_water=limits.outbound_high_water,
+        outbound_low_water=limits.outbound_low_water,
+        subscriber_queue_bytes=limits.subscriber_queue_bytes,
+    )
+
+
 def open_listeners(settings: Settings, broker: Broker, metrics: Recorder) -> list[Listener]:
     """One `Listener` per configured listener (not bound yet), each with its protocol."""
 
@@ -112,7 +123,9 @@ class Node:
         broker = Broker(
             node_id=settings.node_id,
             channel_config=channel_config(settings, self.services.seams.authenticates),
-            limits=settings.limits,
+            flow=flow(settings),
+            max_connections=settings.limits.max_connections,
+            queue_limit=settings.limits.queue_limit,
             sessions=self.services.sessions,
             queue=self.services.queue,
             retain=self.services.retain,
@@ -121,6 +134,7 @@ class Node:
             shared_strategy=settings.shared_subscription_strategy,
             shared_local=settings.shared_local,
             events=self.services.events,
+            cluster=self.services.cluster,
             seams=self.services.seams,
             wills=self.services.wills,
         )
@@ -133,7 +147,6 @@ class Node:
         broker.logstate.after_replay()
         if self.services.cluster is not None:
             await self.services.cluster.start(broker)  # join: peers link to us from now on
-            broker.cluster = self.services.cluster
         broker.orphans.restarted()  # wills a previous run of this node was to publish
         gc.freeze()
         try:

@@ -19,9 +19,8 @@ from services.mqtt.packets import Pingreq, Publish
 
 
 def test_a_ban_matches_its_kind_only_while_active() -> None:
-    bans = MemoryBans()
     added: list[Ban] = []
-    bans.on_added = added.append
+    bans = MemoryBans(added.append)
     now = time.time()
     asyncio.run(bans.add(Ban("clientid", "c1", now + 60)))
     asyncio.run(bans.add(Ban("username", "u1")))

@@ -20,6 +20,7 @@ import redis
 from services.auth.admission import Admission
 from services.auth.banned import Ban, MemoryBans
 from services.auth.redisusers import KEY_PREFIX, SCRAM_FIELD
+from services.broker.seams import Kicks
 from services.config.auth import AuthBackend
 from services.metrics.api import MemoryRecorder
 from services.mqtt.packets import (
@@ -70,8 +71,9 @@ def test_weir_passwd_scram_writes_a_second_line_without_the_password(tmp_path: P
 
 
 @contextlib.contextmanager
-def scram_node(*auth: AuthBackend, acl: Path | None = None, redis_url: str | None = None,
-               bans: MemoryBans | None = None) -> Iterator[NodeRunner]:  # fmt: skip
+def scram_node(
+    *auth: AuthBackend, acl: Path | None = None, redis_url: str | None = None
+) -> Iterator[NodeRunner]:
     acl_file = None if acl is None else str(acl)
     settings = dataclasses.replace(node_settings(), auth=auth, acl_file=acl_file)
     client = None
@@ -79,10 +81,13 @@ def scram_node(*auth: AuthBackend, acl: Path | None = None, redis_url: str | Non
         from services.store.redis import connect
 
         client = connect(redis_url)
+    metrics = MemoryRecorder()
+    kicks = Kicks(metrics)  # what a ban added to the table disconnects
     seams = dataclasses.replace(
         seams_for(settings, client),
-        metrics=MemoryRecorder(),
-        admission=Admission(bans or MemoryBans()),
+        metrics=metrics,
+        admission=Admission(MemoryBans(kicks.banned)),
+        kicks=kicks,
     )
     node = NodeRunner(settings, seams).start()
     try:
@@ -268,9 +273,10 @@ def test_bans_and_acl_apply_to_the_scram_user(passwd_file: Path, tmp_path: Path,
                                               raws: list[Raw]) -> None:  # fmt: skip
     acl = tmp_path / "acl.toml"
     acl.write_text('[[rule]]\npermission = "allow"\ntopics = ["users/%u/#"]\n')
-    bans = MemoryBans()
     backend = AuthBackend("password_file", path=str(passwd_file))
-    with scram_node(backend, acl=acl, bans=bans) as acl_node:
+    with scram_node(backend, acl=acl) as acl_node:
+        assert acl_node.seams is not None and acl_node.seams.admission is not None
+        bans = acl_node.seams.admission.bans
         r, ack, _ = login(acl_node, raws, "alice", "alice-pw", "a1")  # no CONNECT user name
         assert ack.reason_code == 0
         r.send(Publish("users/alice/x", b"mine", qos=1, packet_id=1))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from services.broker.logstate import LogState
-from services.broker.ports import Session
+from services.broker.ports import Expiries, Session
 from services.broker.routes import Routes
 from services.event.memory import MemoryEventLog, MemoryLog
 from services.event.schema import Event, SessionClosed, SessionOpened, Subscribed, Unsubscribed
@@ -73,10 +73,15 @@ async def test_snapshot_loads_before_the_tail_and_both_reach_the_routing_table()
         sessions=[folded[-1]],  # type: ignore[list-item]
         subscriptions=[stored("c1", "a/+", 2), stored("c1", "b", 3)],
     )
-    routes = Routes("n1", asyncio.get_running_loop(), lambda c: None, lambda s, e: None)
+    routes = Routes(node_id="n1", mark_durable=lambda c: None)
     events = MemoryEventLog(log)
     logstate = LogState(
-        routes, events, MemoryRetainStore(), MemorySessionStore(), lambda c: c.close()
+        table=routes,
+        expiries=Expiries(asyncio.get_running_loop()),
+        events=events,
+        retained=MemoryRetainStore(),
+        store=MemorySessionStore(),
+        spawn=lambda c: c.close(),
     )
     applied: list[Event] = []
     apply = logstate.apply

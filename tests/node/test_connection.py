@@ -31,7 +31,7 @@ from services.mqtt.packets import (
     Subscription,
 )
 from services.node.app import build_services
-from services.node.node import channel_config
+from services.node.node import channel_config, flow
 from tests.support.wait import until
 
 WAIT_S = 5.0
@@ -125,13 +125,16 @@ async def harness() -> AsyncIterator[Harness]:
     yield await make_harness(settings())
 
 
-async def make_harness(s: Settings) -> Harness:
+async def make_harness(s: Settings, cluster: Any = None) -> Harness:
     loop = asyncio.get_running_loop()
     services = build_services(s)
     broker = Broker(
         node_id=s.node_id,
         channel_config=channel_config(s),
-        limits=s.limits,
+        flow=flow(s),
+        max_connections=s.limits.max_connections,
+        queue_limit=s.limits.queue_limit,
+        cluster=cluster,
         sessions=services.sessions,
         queue=services.queue,
         retain=services.retain,

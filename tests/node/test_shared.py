@@ -135,7 +135,7 @@ async def test_persistent_member_of_a_dead_node_keeps_getting_its_copies() -> No
     """The directory still says p is online on "gone", which membership says is
     dead (its end is not logged yet): p's queue outlives that node, so the copy
     goes there instead of nowhere."""
-    h = await make_harness(settings())
+    h = await make_harness(settings(), cluster=DeadPeers())
     epoch = (await h.broker.store.claim("p", "gone", False, 300)).epoch
     opened = SessionOpened(
         client_id="p", version=1, node="gone", ts_ms=0, epoch=epoch, clean_start=False,
@@ -145,7 +145,6 @@ async def test_persistent_member_of_a_dead_node_keeps_getting_its_copies() -> No
     h.broker.logstate.apply(
         Subscribed(client_id="p", version=2, node="gone", ts_ms=0, filter="$share/g/t", qos=1)
     )
-    h.broker.cluster = DeadPeers()  # type: ignore[assignment]
     assert h.broker.publish_message(Message("t", b"kept", 1, sender="pub")) == 1
     taken: list[Inflight] = []
 

@@ -192,7 +192,9 @@ class LogState:
             return
         moved = entry is not None and entry.online and entry.node != table.node_id
         if moved and local is not None and local.conn is not None:
-            table.take_over(local)  # a newer connection elsewhere: ours goes
+            # A newer connection elsewhere: ours goes (a clean session has no
+            # epoch to compare across nodes; this keeps one connection per client).
+            table.take_over(local)
         ended = entry is None and local is not None and local.durable
         if local is not None and local.conn is None and (moved or ended):
             self.expiries.cancel(local)  # the log has its end, or it lives elsewhere

@@ -4,10 +4,10 @@ Theory of operation. A publish whose subscribers are online on other nodes
 (`deliver`): clean ones get the message forwarded as published (their node
 applies their options); persistent ones get it in their Redis queue through
 this node's delivery batch, and once that batch is stored their node is told
-to take it (`Notices`, which delivery tells of every stored batch). A shared
-group's member elsewhere gets its copy
-through the same two paths, one client at a time (`forward_to`, `enqueue`;
-`services.broker.shared` picks it). A takeover by another node (`kicked`) closes
+to take it (`Notices`, which delivery tells of every stored batch). A
+shared group's member elsewhere gets its copy through the same two paths,
+one client at a time (`forward_to`, `enqueue`; `services.broker.shared`
+picks it). A takeover by another node (`kicked`) closes
 our connection if it is older; until the log says the client moved, what we
 queue for it is announced to its new node (`moved`). When this node claims a
 session another node held, that node is told to close its connection

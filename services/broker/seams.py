@@ -84,10 +84,16 @@ class Kicks:
 
     def __init__(self, metrics: Recorder) -> None:
         self.metrics = metrics
-        self.connected: set[ConnectionPort] = set()  # from `Seams.connected` to `disconnected`
+        self._connected: set[ConnectionPort] = set()  # from `Seams.connected` to `disconnected`
+
+    def watch(self, conn: ConnectionPort) -> None:
+        self._connected.add(conn)
+
+    def forget(self, conn: ConnectionPort) -> None:
+        self._connected.discard(conn)
 
     def banned(self, ban: Ban) -> None:
-        for conn in list(self.connected):
+        for conn in list(self._connected):
             client = conn.client
             if client is None or conn.closed or conn.session is None:
                 continue  # not connected yet: admission (before its CONNACK) decides
@@ -208,7 +214,7 @@ class Seams:
         client, and a ban new to this node may disconnect it from now on."""
         client = conn.client
         if self.kicks is not None and client is not None and not conn.closed:
-            self.kicks.connected.add(conn)
+            self.kicks.watch(conn)
         if self.acl is None or client is None:
             return
         if len(self._identities) >= IDENTITIES:
@@ -220,7 +226,7 @@ class Seams:
 
     def disconnected(self, conn: ConnectionPort) -> None:
         if self.kicks is not None:
-            self.kicks.connected.discard(conn)
+            self.kicks.forget(conn)
         if self.acl is not None and conn.client is not None:
             self.acl.disconnected(conn.client)
 
@@ -311,7 +317,8 @@ class Seams:
 def admitting(seams: Seams, limits: Limits, redis: Any = None) -> Seams:
     """`seams` with the admission `limits` asks for: bans in `redis` when given
     (else in memory), and the rate and flapping windows too with
-    `rate_storage = "redis"`."""
+    `rate_storage = "redis"`. A ban new to the node is counted in `seams.metrics`
+    (choose the recorder first)."""
     from services.auth.banned import BanStore, MemoryBans, RedisBans
     from services.auth.limits import ClientRates, ConnectRates, Flapping, storage
 

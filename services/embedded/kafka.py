@@ -3,8 +3,12 @@
 Memory storage only: stopping it loses every topic (DESIGN.md 10). It
 listens on a free loopback port and advertises the same address; `start`
 returns once it answers a metadata request, or raises EmbeddedKafkaError
-with one line saying why. `pause`/`resume` stop and continue the process
-(SIGSTOP/SIGCONT) so tests can watch a stalled broker.
+with one line saying why. `start` is `launch` (the process, on the calling
+thread: on the main thread it dies with its parent) then `wait_ready`
+(which may run on another thread); a stopped broker launched again keeps
+its port, empty (the embedded default's log cut, services.node.logcut).
+`pause`/`resume` stop and continue the process (SIGSTOP/SIGCONT) so tests
+can watch a stalled broker.
 """
 
 from __future__ import annotations
@@ -70,6 +74,12 @@ class EmbeddedKafka:
     def start(self, timeout_s: float = START_TIMEOUT_S) -> EmbeddedKafka:
         if self._proc is not None:
             return self
+        self.launch()
+        self.wait_ready(timeout_s)
+        return self
+
+    def launch(self) -> None:
+        """Start the process (PR_SET_PDEATHSIG when called on the main thread)."""
         binary = self.binary or broker_binary()
         if self.port == 0:
             self.port = free_port(self.host)
@@ -97,12 +107,14 @@ class EmbeddedKafka:
             )
         except OSError as exc:
             raise EmbeddedKafkaError(f"embedded Kafka: cannot run {binary}: {exc}") from None
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Until the launched broker answers metadata; stops it and raises if it never does."""
         try:
             self._wait_ready(timeout_s)
         except EmbeddedKafkaError:
             self.stop()
             raise
-        return self
 
     def _wait_ready(self, timeout_s: float) -> None:
         from confluent_kafka.admin import AdminClient

@@ -64,6 +64,7 @@ from services.config import ENV_VARS, Settings
 from services.config.listeners import ListenerConfig
 from services.config.loader import write_snapshot
 from services.embedded.process import child_options
+from services.machine import endpoints
 from services.machine.backends import BackendError, start_backends
 from services.machine.pidfiles import NodeFiles, nodes_dir
 
@@ -156,6 +157,7 @@ class Slot:
 def node_args(
     settings: Settings, files: NodeFiles, redis_url: str, kafka: str,
     mqtt_port: int, ws_port: int | None, reuse_port: bool, others: Sequence[str] = (),
+    embedded_log: bool = False,
 ) -> list[str]:  # fmt: skip
     """A node's command line: `weir up --config <its settings file> --node-id ID`. The file
     is our effective settings with the node's own id, ports, data dir and the
@@ -181,6 +183,8 @@ def node_args(
             "--node-id", files.node_id]  # fmt: skip
     if reuse_port:
         args.append("--reuse-port")
+    if embedded_log:  # the log is in memory: the nodes keep the state store current
+        args.append("--embedded-log")
     return args
 
 
@@ -273,13 +277,14 @@ def supervise(
                 files = NodeFiles(f"{settings.node_id}-{i}", root)
                 args = node_args(
                     settings, files, redis_url, kafka, mqtt_port, ws_port, shared,
-                    others[i - 1],
+                    others[i - 1], embedded_log=settings.kafka_bootstrap is None,
                 )  # fmt: skip
                 slot = Slot(files.node_id, args, mqtt_port, files)
                 if not started:  # real backends outlive us: the nodes may flush to them
                     slot.death_signal = signal.SIGTERM
                 slots.append(slot)
             _say_plan(settings, slots, shared, redis_url, kafka, root, others)
+            endpoints.announce(settings, redis_url, kafka, slots[0].mqtt_port)
             for slot in slots:
                 if not stop.requested:
                     slot.start()
@@ -293,6 +298,7 @@ def supervise(
             print(f"weir: {exc}", file=sys.stderr)
             return EXIT_FAILED
         finally:
+            endpoints.remove(settings.data_dir)
             _stop_all(slots)
             if job is not None:
                 from services.machine import sparkjob

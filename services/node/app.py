@@ -69,13 +69,15 @@ UP_HELP = (
 )  # fmt: skip
 @click.option(
     "--spark", is_flag=True,
-    help="also run the state-store Spark job (streams/), which keeps the state store that "
-    "nodes start from and that lets the embedded default survive a restart",
+    help="also run the state-store Spark job (streams/), which records the offsets nodes "
+    "start from and the drift check's reference (the embedded default keeps its state "
+    "without it)",
 )  # fmt: skip
 @click.option("--reuse-port", is_flag=True, hidden=True)  # a worker of --workers
+@click.option("--embedded-log", is_flag=True, hidden=True)  # on its supervisor's embedded Kafka
 def up(
     config: str | None, workers: int | None, nodes: int | None, spark: bool, reuse_port: bool,
-    **flags: Any,
+    embedded_log: bool, **flags: Any,
 ) -> int:  # fmt: skip
     settings = load({"config": config, **given(flags)})
     exposed = exposure_error(settings)
@@ -89,7 +91,9 @@ def up(
     if spark and settings.backend == "memory":
         raise SettingsError("--spark needs Redis and Kafka; --backend memory has neither")
     with asyncio.Runner(loop_factory=_new_loop) as runner:
-        return runner.run(serve(settings, reuse_port=reuse_port, spark=spark))
+        return runner.run(
+            serve(settings, reuse_port=reuse_port, spark=spark, embedded_log=embedded_log)
+        )
 
 
 def parse_args(argv: Sequence[str]) -> dict[str, Any]:
@@ -164,15 +168,17 @@ REDIS_START_TIMEOUT_S = 5.0  # a reachable Redis answers PING in milliseconds
 
 
 @contextlib.asynccontextmanager
-async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str]]:
-    """The node's backends and a one-line description; stops what it started."""
+async def open_backends(
+    settings: Settings, embedded_log: bool = False
+) -> AsyncIterator[tuple[Services, str]]:
+    """The node's backends and a one-line description; stops what it started.
+    An embedded Kafka's log is written through to the state store (node.embedded)."""
     if settings.backend == "memory":
         yield build_services(settings), "memory backends"
         return
     from services.broker.seams import admitting
     from services.broker.stores import TieredQueueStore, TieredSessionStore, Tiers
     from services.embedded.redis_server import RedisServer
-    from services.event.kafka import KafkaEventLog, KafkaSettings
     from services.node.node import Services
     from services.queue.api import DROP_OLDEST
     from services.queue.memory import MemoryQueueStore
@@ -193,13 +199,9 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
             await bounded(client.ping(), REDIS_START_TIMEOUT_S)
         except SessionError as exc:
             raise BackendError(f"cannot reach Redis at {redis_url}: {exc}") from None
-        events = KafkaEventLog(
-            KafkaSettings(
-                bootstrap=bootstrap,
-                topic_prefix=settings.kafka_topic_prefix,
-                append_timeout_s=settings.event_append_timeout_s,
-            )
-        )
+        from services.node.embedded import event_log
+
+        events = event_log(settings, bootstrap, client, started, embedded_log)
         closers.append(events.close)
         tiers = Tiers()
         memory_sessions = MemorySessionStore()
@@ -237,22 +239,15 @@ async def open_backends(settings: Settings) -> AsyncIterator[tuple[Services, str
                 service.stop()
 
 
-EPHEMERAL_NOTE = (
-    "weir: the embedded default is ephemeral: the embedded Kafka (Tansu) keeps the event log "
-    "in memory, so a restart of `weir up` starts empty; `weir up --spark` keeps a state store "
-    "in Redis that the log is re-seeded from at the next start; or use real ones: weir up "
-    "--kafka HOST:PORT --redis redis://HOST:PORT/0 (or docker compose up)"
-)
-
-
 async def serve(
     settings: Settings,
     ready: asyncio.Event | None = None,
     reuse_port: bool = False,
     spark: bool = False,
+    embedded_log: bool = False,
 ) -> int:
     try:
-        async with open_backends(settings) as (services, what):
+        async with open_backends(settings, embedded_log) as (services, what):
             return await _serve(settings, services, what, ready, reuse_port, spark)
     except BackendError as exc:
         print(f"weir: {exc}", file=sys.stderr)
@@ -268,8 +263,9 @@ async def _serve(
     spark: bool = False,
 ) -> int:
     from services.event.api import EventLogError
+    from services.machine import endpoints
     from services.mqtt.packets import ReasonCode
-    from services.node import authn
+    from services.node import authn, embedded, logcut
     from services.node.node import Node
     from services.state.store import StateStoreError
 
@@ -300,6 +296,8 @@ async def _serve(
         stop.set()
 
     loop.add_signal_handler(signal.SIGUSR1, drain)
+    if services.endpoints is not None:  # `weir ban`, `weir streams verify`... find us here
+        endpoints.announce(settings, *services.endpoints, node.mqtt_port)
     ws = f", ws on {settings.listeners.host}:{node.ws_port}" if node.ws_port else ""
     print(
         f"weir: node {settings.node_id} ready, mqtt on "
@@ -324,12 +322,15 @@ async def _serve(
             flush=True,
         )
     elif "embedded" in what:
-        print(EPHEMERAL_NOTE, flush=True)
+        print(embedded.kept_note(settings), flush=True)
+    assert node.broker is not None
+    cutter = None if spark else logcut.start(node.broker.logstate, services.state, settings.node_id)
     if ready is not None:
         ready.set()
     try:
         await stop.wait()
     finally:
+        await logcut.stop(cutter)  # no cut under a stopping node
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         if draining.is_set():  # clients go elsewhere: 5.0 ones are told where
@@ -342,6 +343,7 @@ async def _serve(
 
             code = await asyncio.to_thread(sparkjob.stop, job)
             print(f"weir: state-store Spark job stopped (exit {code})", flush=True)
+        endpoints.remove(settings.data_dir)
     return EXIT_OK
 
 

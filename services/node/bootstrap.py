@@ -13,7 +13,13 @@ When the log is empty and the store is not, the log was lost (the embedded
 Kafka keeps it in memory): one node claims the re-seed, appends the
 snapshot's events to the log, and tells the store its offsets are void (a
 new log generation); every node then replays the re-seeded log. A node
-that loses the claim waits for the re-seed to land.
+that loses the claim waits for the re-seed to land. A claim left by a
+killed run of the same node id is this node's to take again.
+
+On the embedded default (`services.state.writer.WriteThroughLog`) the
+nodes themselves keep the store current as they append, so the re-seed
+finds everything that was acknowledged; the view's rule 4 forgetting is
+mirrored into the store (`on_forget`), which keeps it bounded.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from services.event.api import EventLog
 from services.event.schema import Event
 from services.state.store import StateSnapshot, StateStore, StateStoreError
 from services.state.view import ClusterView
+from services.state.writer import WriteThroughLog
 
 log = logging.getLogger("weir.bootstrap")
 
@@ -55,7 +62,11 @@ def load_snapshot(
 
 async def reseed(events: EventLog, snapshot: StateSnapshot) -> int:
     """Append the snapshot's events to the log; returns how many."""
-    items: list[Event] = snapshot.events()
+    return await append_all(events, snapshot.events())
+
+
+async def append_all(events: EventLog, items: list[Event]) -> int:
+    """Append `items`, RESEED_WINDOW at a time; returns how many."""
     for start in range(0, len(items), RESEED_WINDOW):
         await asyncio.gather(*(events.append(e) for e in items[start : start + RESEED_WINDOW]))
     return len(items)
@@ -71,6 +82,8 @@ class Started:
 async def start(logstate: LogState, state: StateStore | None, node_id: str) -> Started:
     """Bring the view up to the end of the log."""
     events = logstate.events
+    if isinstance(events, WriteThroughLog):  # the store forgets what the view forgets
+        logstate.view.on_forget = events.writer.forget
     await events.start()
     if state is None:
         return Started("log", replayed=await logstate.replay())

@@ -195,9 +195,17 @@ class RedisStateStore:
         return out
 
     async def claim_reseed(self, owner: str, ttl_s: float) -> bool:
+        """SET NX; a claim `owner` itself holds (a run of this node id killed
+        mid-re-seed, whose Redis kept the claim) is taken again at once."""
         lock = self.reseed_key
         try:
-            return bool(await self.client.set(lock, owner, nx=True, px=int(ttl_s * 1000)))
+            if await self.client.set(lock, owner, nx=True, px=int(ttl_s * 1000)):
+                return True
+            held = cast(bytes | None, await self.client.get(lock))
+            if held is not None and held.decode() == owner:
+                await self.client.set(lock, owner, px=int(ttl_s * 1000))
+                return True
+            return False
         except (RedisError, OSError) as exc:
             raise StateStoreUnavailable(f"state store unreachable: {exc}") from exc
 

@@ -91,6 +91,27 @@ class StateSnapshot:
         out.extend(self.retained)
         return out
 
+    def live_events(self) -> list[Event]:
+        """The events that rebuild the snapshot's visible state and nothing
+        else: no tombstones (unsubscribed, retained cleared) and no session
+        that left the directory (expired, discarded, closed with expiry 0).
+        A new log generation needs no more: no event of the old log can
+        come late into it. `events()` keeps them all."""
+        from services.event.schema import (
+            RetainedCleared,
+            SessionClosed,
+            SessionDiscarded,
+            SessionExpired,
+            Unsubscribed,
+        )
+
+        def gone(e: Event) -> bool:
+            return isinstance(
+                e, Unsubscribed | RetainedCleared | SessionExpired | SessionDiscarded
+            ) or (isinstance(e, SessionClosed) and e.expiry_s == 0)
+
+        return [e for e in self.events() if not gone(e)]
+
 
 class StateStore(Protocol):
     async def load(self) -> StateSnapshot | None:

@@ -145,7 +145,21 @@ SubscribeHook = Callable[[str, str, SubscriptionOptions], None]
 UnsubscribeHook = Callable[[str, str], None]
 # One client's new subscriptions at once: (client_id, [(filter, options), ...]).
 SubscribeManyHook = Callable[[str, list[tuple[str, SubscriptionOptions]]], None]
+# Rule 4 forgot an ended client ("client", id, its session version) or a
+# cleared retained topic ("topic", topic, its version): a store that mirrors
+# the view (services.state.writer) forgets it too.
+ForgetHook = Callable[[str, str, int], None]
 OPTIONS_MEMO = 65_536  # distinct (options, version) sets shared while a snapshot loads
+
+
+def ends_session(event: Event) -> bool:
+    """Rule 2's session ends: the events that clear a client's subscriptions
+    below their version."""
+    return (
+        isinstance(event, SessionExpired | SessionDiscarded)
+        or (isinstance(event, SessionOpened) and event.clean_start)
+        or (isinstance(event, SessionClosed) and event.expiry_s == 0)
+    )
 
 
 def _ignore_subscribe(client_id: str, filter_: str, options: SubscriptionOptions) -> None:
@@ -194,6 +208,7 @@ class ClusterView:
         self.on_subscribe = on_subscribe
         self.on_unsubscribe = on_unsubscribe
         self.on_subscribe_many = on_subscribe_many
+        self.on_forget: ForgetHook | None = None  # see rule 4
         self._sessions: dict[str, SessionEntry] = {}
         self._session_versions: dict[str, int] = {}
         self._subs: dict[str, _ClientSubs] = {}
@@ -387,12 +402,7 @@ class ClusterView:
     def _session_event(
         self, e: SessionOpened | SessionClosed | SessionExpired | SessionDiscarded
     ) -> bool:
-        ends = (
-            isinstance(e, SessionExpired | SessionDiscarded)
-            or (isinstance(e, SessionOpened) and e.clean_start)
-            or (isinstance(e, SessionClosed) and e.expiry_s == 0)
-        )
-        cleared = self._clear_below(e.client_id, e.version) if ends else False
+        cleared = self._clear_below(e.client_id, e.version) if ends_session(e) else False
         if e.version <= self._session_versions.get(e.client_id, 0):
             return cleared
         self._session_versions[e.client_id] = e.version
@@ -440,14 +450,18 @@ class ClusterView:
             if subs is not None and subs.live:
                 continue
             self._subs.pop(client_id, None)
-            self._session_versions.pop(client_id, None)
+            version = self._session_versions.pop(client_id, 0)
             forgotten += 1
+            if self.on_forget is not None:
+                self.on_forget("client", client_id, version)
         cleared = self._cleared
         while keep is not None and len(cleared) > keep:
             topic, _ = cleared.popitem(last=False)
             if topic not in self._retained:
-                self._retained_versions.pop(topic, None)
+                version = self._retained_versions.pop(topic, 0)
                 forgotten += 1
+                if self.on_forget is not None:
+                    self.on_forget("topic", topic, version)
         self.forgotten += forgotten
         return forgotten
 

@@ -1,0 +1,115 @@
+"""Where a running `weir up` can be reached, written into its data dir.
+
+Theory of operation. The embedded default starts its redis-server and Kafka
+on free ports, so commands that talk to it (`weir streams verify`, `weir
+ban`, `weir passwd --redis`, `weir ctl`) cannot know the URLs in advance.
+When `weir up` (one node, or the supervisor of `--nodes` / `--workers`) is
+ready it writes `<data-dir>/endpoints.json`: its pid, Redis URL, Kafka
+bootstrap, topic prefix, MQTT port and node id. `find(data_dir)` reads it
+back for those commands; a file whose pid no longer runs is a `weir up`
+that was killed (SIGKILL leaves the file behind), reported as not running.
+A clean stop removes the file (`remove`, only the writer's own).
+
+The file is written to a temporary name and renamed: a reader sees the
+whole file or none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Final
+
+from services.config import Settings
+
+FILE_NAME: Final = "endpoints.json"
+
+
+class EndpointsError(Exception):
+    """No running `weir up` found; the message is one line for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    pid: int
+    redis_url: str
+    kafka_bootstrap: str
+    topic_prefix: str
+    node_id: str
+    mqtt: str  # host:port of the (first) node's MQTT listener
+    http: str | None = None  # host:port of the HTTP API, when it has one
+
+
+def path(data_dir: str | Path) -> Path:
+    return Path(data_dir).resolve() / FILE_NAME
+
+
+def write(data_dir: str | Path, endpoints: Endpoints) -> Path:
+    target = path(data_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{FILE_NAME}.{endpoints.pid}")
+    staging.write_text(json.dumps(asdict(endpoints), indent=1) + "\n")
+    staging.replace(target)
+    return target
+
+
+def announce(settings: Settings, redis_url: str, kafka: str, mqtt_port: int | None) -> None:
+    """Write this process's endpoints into its data dir; a data dir that
+    cannot be written is not an error (the commands need URLs then)."""
+    with contextlib.suppress(OSError):
+        write(
+            settings.data_dir,
+            Endpoints(
+                pid=os.getpid(),
+                redis_url=redis_url,
+                kafka_bootstrap=kafka,
+                topic_prefix=settings.kafka_topic_prefix,
+                node_id=settings.node_id,
+                mqtt=f"{settings.listeners.host}:{mqtt_port}",
+            ),
+        )
+
+
+def remove(data_dir: str | Path, pid: int | None = None) -> None:
+    """Remove the file if it is `pid`'s (default: this process's)."""
+    target = path(data_dir)
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        if json.loads(target.read_text())["pid"] == (pid or os.getpid()):
+            target.unlink()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process holds the pid: not our weir up
+        return False
+    return True
+
+
+def find(data_dir: str | Path) -> Endpoints:
+    """The endpoints of the `weir up` running on `data_dir`, or EndpointsError."""
+    target = path(data_dir)
+    hint = "start one with `weir up`, or name the backends (--redis / --kafka)"
+    try:
+        doc = json.loads(target.read_text())
+        found = Endpoints(**doc)
+    except FileNotFoundError:
+        raise EndpointsError(
+            f"no weir up is running on data dir {target.parent} (no {FILE_NAME}); {hint}"
+        ) from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise EndpointsError(f"unreadable {target}: {exc}") from None
+    if not _running(found.pid):
+        raise EndpointsError(
+            f"no weir up is running on data dir {target.parent} (pid {found.pid} of "
+            f"{FILE_NAME} is gone: stopped or killed); {hint}"
+        )
+    return found
+
+
+__all__ = ["Endpoints", "EndpointsError", "announce", "find", "path", "remove", "write"]

@@ -1,0 +1,133 @@
+"""The embedded default's log cut: a new, empty log generation, seeded from the store.
+
+Theory of operation. The embedded Kafka (Tansu, memory storage) keeps every
+record it is given and can delete none (no retention, compaction or
+DeleteRecords: DESIGN 10), so a long run would grow it without bound, about
+1.2 KiB per event. On the embedded default the state store already holds
+everything the log says (`services.state.writer.WriteThroughLog` writes each
+event into it before the append returns), so the log's history is not
+needed: only its recent events, for the node's own tail.
+
+So when the current log has had `cut_events` appends (and at least twice as
+many as the last cut wrote into it, so a cut's cost stays a fraction of
+what it saves), the single node of `weir up` cuts it:
+
+1. appends are held (`WriteThroughLog.held`): new ones wait, the ones in
+   flight finish (they are then in the store too);
+2. the node's tail stops, the log's clients close;
+3. the embedded Kafka is stopped and started again on its port, empty
+   (`renew`, from the composition root), and the write-through log gets
+   the new log;
+4. the store's live state (`StateSnapshot.live_events`: sessions that did
+   not end, live subscriptions, retained messages) is appended to it, and
+   the store starts a new log generation (its offsets belonged to the old
+   log: a Spark job's checkpoint knows it is void);
+5. appends go on, and the tail starts over on the new log (the re-seeded
+   events are all stale to the node's view: ignored by version).
+
+A cut holds CONNACKs and SUBACKs (not message delivery) for a Kafka restart
+and the live state's re-seed: about a second for a few thousand sessions.
+Only a node on its own embedded Kafka cuts: with `--nodes` / `--workers` the
+other nodes' tails and producers would lose the log under them, and with
+`--spark` the job reads it (both keep the old behaviour, an ever-growing log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Final
+
+from services.node import bootstrap
+from services.state.store import StateStore, StateStoreError
+from services.state.writer import WriteThroughLog
+from services.tasks import cancel_and_wait
+
+if TYPE_CHECKING:
+    from services.broker.logstate import LogState
+
+log = logging.getLogger("weir.logcut")
+
+CUT_EVENTS: Final = 100_000  # appends between cuts: ~120 MiB of Tansu memory at most
+CHECK_S: Final = 5.0  # how often the count is looked at (one comparison)
+
+
+class LogCutter:
+    def __init__(
+        self,
+        logstate: LogState,
+        state: StateStore,
+        node_id: str,
+        cut_events: int = CUT_EVENTS,
+        check_s: float = CHECK_S,
+    ) -> None:
+        events = logstate.events
+        assert isinstance(events, WriteThroughLog) and events.renew is not None
+        self.logstate = logstate
+        self.events = events
+        self.state = state
+        self.node_id = node_id
+        self.cut_events = cut_events
+        self.check_s = check_s
+        self.seeded = 0  # events the last cut wrote into the new log
+        self.cuts = 0
+
+    def due(self) -> bool:
+        return self.events.appended >= max(self.cut_events, 2 * self.seeded)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.check_s)
+            if self.due():
+                try:
+                    await self.cut()
+                except Exception:  # the node goes on; the next check tries again
+                    log.exception("the log cut failed")
+
+    async def cut(self) -> int:
+        """Cut the log now; returns the events the new generation starts with."""
+        began = time.monotonic()
+        events, renew = self.events, self.events.renew
+        assert renew is not None
+        async with events.held():
+            await self.logstate.stop_tail()
+            dropped = events.appended
+            try:
+                snapshot = await self.state.load()
+                await events.log.close()
+                events.log = await renew()
+                events.appended = 0
+                seeded = 0
+                if snapshot is not None:
+                    live = snapshot.live_events()
+                    seeded = await bootstrap.append_all(events.log, live)
+                await self.state.reseeded(self.node_id)
+            except StateStoreError as exc:
+                log.warning("log cut: %s", exc)
+                raise
+            finally:
+                self.logstate.start_tail()
+        self.seeded = seeded
+        self.cuts += 1
+        log.info(
+            "cut the embedded log: %d events dropped, a new generation seeded with the "
+            "store's %d live entries in %.2f s",
+            dropped,
+            seeded,
+            time.monotonic() - began,
+        )
+        return seeded
+
+
+def start(logstate: LogState, state: StateStore | None, node_id: str) -> asyncio.Task[None] | None:
+    """Run a LogCutter when the node's log can be cut (see the module's docstring)."""
+    events = logstate.events
+    if state is None or not isinstance(events, WriteThroughLog) or events.renew is None:
+        return None
+    cutter = LogCutter(logstate, state, node_id)
+    return asyncio.get_running_loop().create_task(cutter.run(), name="weir-logcut")
+
+
+async def stop(task: asyncio.Task[None] | None) -> None:
+    await cancel_and_wait(task)

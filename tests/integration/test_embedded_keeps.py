@@ -1,0 +1,204 @@
+"""The embedded default keeps everything across a stop or a SIGKILL of `weir up` (issue 19).
+
+The real `weir up` (no --redis, --kafka or --spark) runs as a subprocess on
+a data dir. Persistent 3.1.1 and 5.0 sessions subscribe and get QoS 1 and
+2 messages queued while offline; a retained message is set; a 5.0 client
+with a delayed will is connected when `weir up` goes; a client id is
+banned and a user added with the CLIs (which find the running `weir up` by
+its data dir). Then `weir up` is SIGKILLed (every child it started must go
+with it) or stopped with SIGINT, started again on the same data dir, and
+everything is there: queued messages delivered on reconnect without a
+re-subscribe, new messages routed to the old subscriptions, the retained
+message on a new subscription, the will published, the ban and the user
+in force.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.embedded.redis_server import free_port
+from services.machine import endpoints
+from tests.integration.conftest import Paho
+from tests.support.supervised import alive, descendants
+from tests.support.wait import wait_until
+
+READY_S = 60.0  # redis-server, Tansu and a node start (a re-seed the second time)
+STOP_S = 60.0
+
+
+class Up:
+    """`weir up` (the embedded default) as a subprocess, output in a file."""
+
+    def __init__(self, data: Path, port: int, *extra: str) -> None:
+        self.data = data
+        self.port = port
+        self.out = data.parent / f"up-{port}-{time.monotonic_ns()}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+        args = ["--host", "127.0.0.1", "--mqtt-port", str(port), "--ws-port", "off"]
+        args += ["--data-dir", str(data), "--node-id", "n1", "--auth-redis", "--allow-anonymous"]
+        started = time.monotonic()
+        with self.out.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "services", "up", *args, *extra],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        wait_until(
+            lambda: "weir: node n1 ready" in self.text() or self.proc.poll() is not None,
+            "weir up's ready line",
+            timeout=READY_S,
+        )
+        assert self.proc.poll() is None, self.text()
+        self.ready_s = time.monotonic() - started
+        found = re.search(r"redis (redis://\S+),", self.text())
+        assert found, self.text()
+        self.redis_url = found[1]
+        self.children = descendants(self.proc.pid)
+
+    def text(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(STOP_S)
+        for pid in self.children:  # PR_SET_PDEATHSIG: nothing outlives a killed weir up
+            wait_until(lambda pid=pid: not alive(pid), f"child {pid} gone", timeout=10.0)
+
+    def interrupt(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        assert self.proc.wait(STOP_S) == 0, self.text()
+        assert not any(alive(pid) for pid in self.children)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(STOP_S)
+
+
+def weir(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    return subprocess.run(
+        [sys.executable, "-m", "services", *args],
+        check=False,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def drain(client: Paho, count: int) -> list[Any]:
+    return [client.message(timeout=10.0) for _ in range(count)]
+
+
+def first_run(up: Up) -> None:
+    port = up.port
+    for client_id, v5, root in (("keep311", False, "fleet/311"), ("keep5", True, "fleet/5")):
+        c = Paho(port, client_id, v5=v5, clean=False, session_expiry=3600 if v5 else None)
+        assert c.connack()[1] == 0
+        assert len(c.subscribe(f"{root}/#", qos=2)) == 1
+        c.close()
+    watcher = Paho(port, "watcher", v5=True, clean=False, session_expiry=3600)
+    assert watcher.connack()[1] == 0
+    watcher.subscribe("wills/#", qos=1)
+    watcher.close()
+    pub = Paho(port, "pub")
+    assert pub.connack()[1] == 0
+    pub.publish("status/site", b"retained-v1", qos=1, retain=True)
+    for root in ("fleet/311", "fleet/5"):
+        pub.publish(f"{root}/a", b"q1", qos=1)  # acknowledged: queued in Redis
+        pub.publish(f"{root}/a", b"q2", qos=2)
+    pub.close()
+    # A will with a delay, its client still connected when weir up goes.
+    willer = Paho(
+        port, "willer", v5=True, clean=False, session_expiry=3600,
+        will=("wills/willer", b"willer-gone", 1), will_delay=1,
+    )  # fmt: skip
+    assert willer.connack()[1] == 0
+    # The CLIs find this weir up by its data dir (endpoints.json), no URL given.
+    found = endpoints.find(up.data)
+    assert found.redis_url == up.redis_url
+    banned = weir("ban", "--redis", found.redis_url, "add", "--clientid", "banned1")
+    assert banned.returncode == 0, banned.stderr
+    user = weir("passwd", "--redis", found.redis_url, "alice", "--password-stdin", stdin="s3cret\n")
+    assert user.returncode == 0, user.stderr
+    refused = Paho(port, "banned1")
+    assert refused.connack()[1] != 0
+    willer.client.loop_stop()  # the socket dies with weir up
+
+
+def second_run(up: Up) -> None:
+    port = up.port
+    for client_id, v5, root in (("keep311", False, "fleet/311"), ("keep5", True, "fleet/5")):
+        c = Paho(port, client_id, v5=v5, clean=False, session_expiry=3600 if v5 else None)
+        flags, rc = c.connack()
+        assert rc == 0
+        assert flags.session_present, client_id
+        got = drain(c, 2)  # queued while offline, across the restart; no re-subscribe
+        assert sorted((m.topic, m.payload, m.qos) for m in got) == [
+            (f"{root}/a", b"q1", 1),
+            (f"{root}/a", b"q2", 2),
+        ]
+        pub = Paho(port, f"pub-{client_id}")
+        assert pub.connack()[1] == 0
+        pub.publish(f"{root}/b", b"after", qos=1)  # routed to the remembered subscription
+        m = c.message(timeout=10.0)
+        assert (m.topic, m.payload) == (f"{root}/b", b"after")
+        pub.close()
+        c.close()
+    fresh = Paho(port, "fresh")
+    assert fresh.connack()[1] == 0
+    fresh.subscribe("status/#", qos=1)
+    m = fresh.message(timeout=10.0)
+    assert (m.topic, m.payload, m.retain) == ("status/site", b"retained-v1", True)
+    fresh.close()
+    watcher = Paho(port, "watcher", v5=True, clean=False, session_expiry=3600)
+    assert watcher.connack()[1] == 0
+    m = watcher.message(timeout=15.0)  # the delayed will, published by the new run
+    assert (m.topic, m.payload) == ("wills/willer", b"willer-gone")
+    watcher.close()
+    banned = Paho(port, "banned1")
+    assert banned.connack()[1] != 0  # 3.1.1: 5 not authorized (a ban)
+    banned.close()
+    alice = Paho(port, "alice-client", username="alice", password="s3cret")
+    assert alice.connack()[1] == 0
+    alice.close()
+    wrong = Paho(port, "alice-wrong", username="alice", password="nope")
+    assert wrong.connack()[1] != 0
+    wrong.close()
+
+
+@pytest.mark.parametrize("how", ["sigkill", "sigint"])
+def test_the_embedded_default_keeps_everything_across_a_restart(tmp_path: Path, how: str) -> None:
+    data = tmp_path / "data"
+    up = Up(data, free_port())
+    try:
+        first_run(up)
+        if how == "sigkill":
+            up.kill()
+            with pytest.raises(endpoints.EndpointsError, match=r"pid \d+ of endpoints.json"):
+                endpoints.find(data)
+        else:
+            up.interrupt()
+            with pytest.raises(endpoints.EndpointsError, match="no weir up is running"):
+                endpoints.find(data)
+    finally:
+        up.stop()
+    again = Up(data, free_port())
+    try:
+        second_run(again)
+        assert "re-seeded" in again.text() or "state store" in again.text()
+    finally:
+        again.stop()

@@ -1,0 +1,116 @@
+"""The embedded default's log cut (services.node.logcut) keeps the state and drops the history.
+
+A node on its own embedded Kafka and redis-server: a persistent subscriber
+stays connected, a retained message is set, and many clean clients come
+and go. The cut restarts the Kafka empty and seeds it with the store's live
+state only. After it: a replay of the new log alone gives the node's view
+(sessions, subscriptions, retained), far fewer events than the history
+held; the connected subscriber still gets messages, a new subscription
+gets the retained message, new appends land in the new log; and a restart
+on the same data dir finds everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from services.event.kafka import KafkaEventLog, KafkaSettings
+from services.node.logcut import LogCutter
+from services.state.view import ClusterView
+from services.state.writer import WriteThroughLog
+from tests.integration.conftest import Paho, node_settings
+from tests.support.backend_node import BackendNode
+
+CLEAN_LIVES = 40
+
+
+def embedded_settings(data: Path) -> Any:
+    return replace(
+        node_settings(), node_id="n1", backend="embedded", redis_url=None, kafka_bootstrap=None,
+        data_dir=str(data),
+    )  # fmt: skip
+
+
+def replayed(bootstrap: str) -> tuple[Any, int]:
+    """The view a replay of the log alone gives, and how many events it read."""
+
+    async def run() -> tuple[Any, int]:
+        log = KafkaEventLog(KafkaSettings(bootstrap=bootstrap, topic_prefix="weir."))
+        view = ClusterView()
+        try:
+            count = await log.replay(view.apply)
+        finally:
+            await log.close()
+        return view.snapshot(), count
+
+    return asyncio.run(run())
+
+
+def on_loop(runner: BackendNode, coro: Any, timeout: float = 60.0) -> Any:
+    assert runner.loop is not None
+    return asyncio.run_coroutine_threadsafe(coro, runner.loop).result(timeout)
+
+
+def test_a_cut_log_holds_the_live_state_only_and_the_node_goes_on(tmp_path: Path) -> None:
+    settings = embedded_settings(tmp_path / "data")
+    runner = BackendNode(settings)
+    runner.start()
+    try:
+        port = runner.mqtt_port
+        keeper = Paho(port, "keeper", clean=False)
+        assert keeper.connack()[1] == 0
+        keeper.subscribe("k/#", qos=1)
+        pub = Paho(port, "pub")
+        assert pub.connack()[1] == 0
+        pub.publish("r/1", b"kept", qos=1, retain=True)
+        for i in range(CLEAN_LIVES):
+            c = Paho(port, f"clean-{i}")
+            assert c.connack()[1] == 0
+            c.subscribe(f"c/{i}", qos=1)
+            c.close()
+        logstate = runner.node.broker.logstate
+        events = logstate.events
+        assert isinstance(events, WriteThroughLog) and events.renew is not None
+        history = runner.call(lambda: events.appended)
+        assert history >= 3 * CLEAN_LIVES
+        state = runner.node.services.state
+        assert state is not None
+        cutter = LogCutter(logstate, state, "n1", cut_events=1)
+        assert runner.call(cutter.due)
+        seeded = on_loop(runner, cutter.cut())
+
+        bootstrap = runner.node.services.endpoints[1]
+        view, count = replayed(bootstrap)
+        assert count == seeded
+        assert seeded < history // 4  # the clean lives are gone from the log
+        assert view == runner.call(logstate.view.snapshot)  # and the state is all there
+
+        pub.publish("k/1", b"after-cut", qos=1)  # routing and delivery go on
+        m = keeper.message(timeout=10.0)
+        assert (m.topic, m.payload) == ("k/1", b"after-cut")
+        late = Paho(port, "late", clean=False)
+        assert late.connack()[1] == 0
+        late.subscribe("r/#", qos=1)  # appended to the new log
+        m = late.message(timeout=10.0)
+        assert (m.topic, m.payload, m.retain) == ("r/1", b"kept", True)
+        late.close()
+        keeper.close()
+        pub.close()
+        assert runner.call(lambda: events.appended) > 0
+        view, _ = replayed(bootstrap)
+        assert view == runner.call(logstate.view.snapshot)
+    finally:
+        runner.stop()
+
+    again = BackendNode(settings)  # same data dir: its redis-server keeps the store
+    again.start()
+    try:
+        subs = again.call(again.node.broker.logstate.view.all_subscriptions)
+        assert set(subs) >= {"keeper", "late"}
+        assert "k/#" in subs["keeper"] and "r/#" in subs["late"]
+        assert again.call(lambda: again.node.broker.logstate.view.retained("r/1")) is not None
+    finally:
+        again.stop()

@@ -1,0 +1,134 @@
+"""The embedded default's state store writer (services.state.writer) against real Redis.
+
+The store it writes must be the one the Spark job writes: loaded by a
+node (`bootstrap.load_snapshot`), or re-seeded into an empty log
+(`StateSnapshot.events`, `live_events`), it gives the view the reference
+fold (`ClusterView`) gives the events themselves, whatever order they were
+written in. What the view forgets (rule 4) the store forgets, unless the
+client came back meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.event.memory import MemoryEventLog, MemoryLog
+from services.event.schema import Event, SessionClosed, SessionOpened, Subscribed
+from services.node.bootstrap import load_snapshot
+from services.state.redis import RedisStateStore
+from services.state.view import ClusterView
+from services.state.writer import StoreWriter, WriteThroughLog, script_args
+from tests.contract.test_cluster_view import ops_strategy, to_events
+
+PREFIX = "weir."
+
+
+def folded(events: Sequence[Event]) -> ClusterView:
+    view = ClusterView()
+    for e in events:
+        view.apply(e)
+    return view
+
+
+async def write_and_load(url: str, events: Sequence[Event], seed: int) -> tuple[ClusterView, ...]:
+    client = aioredis.Redis.from_url(url)
+    try:
+        await client.flushdb()
+        writer = StoreWriter(client, PREFIX)
+        shuffled = list(events)
+        random.Random(seed).shuffle(shuffled)  # the version rule makes the order moot
+        half = len(shuffled) // 2
+        await asyncio.gather(*(writer.write(e) for e in shuffled[:half]))  # one call
+        for e in shuffled[half:]:
+            await writer.write(e)  # a call each
+        snapshot = await RedisStateStore(client, PREFIX).load()
+    finally:
+        await client.aclose()
+    loaded = ClusterView()
+    if snapshot is not None:
+        load_snapshot(loaded, loaded.apply, snapshot)
+    reseeded = folded(snapshot.events() if snapshot is not None else [])
+    live = folded(snapshot.live_events() if snapshot is not None else [])
+    return loaded, reseeded, live
+
+
+# Each example flushes the database first (write_and_load): the fixture is safe to share.
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=ops_strategy, seed=st.integers(0, 2**16))
+def test_the_written_store_loads_and_reseeds_to_the_reference_fold(
+    redis_url: str, ops: list[tuple[str, str, int, str]], seed: int
+) -> None:
+    events = to_events(ops)
+    expected = folded(events).snapshot()
+    loaded, reseeded, live = asyncio.run(write_and_load(redis_url, events, seed))
+    assert loaded.snapshot() == expected
+    assert reseeded.snapshot() == expected
+    assert live.snapshot() == expected
+
+
+def test_script_args_are_state_apply_rows() -> None:
+    opened = SessionOpened(
+        client_id="c", version=1, node="n", ts_ms=5, epoch=1, clean_start=True, expiry_s=0,
+        protocol=4,
+    )  # fmt: skip
+    sub = Subscribed(client_id="c", version=2, node="n", ts_ms=6, filter="a/b", qos=1)
+    args = script_args([opened, sub])
+    assert args[:7] == [1, 1, 1, 0, 0, "", 0]  # a session, its floor (clean start), a sub
+    assert args[7:10] == ["c", 1, "n"] and args[11:13] == ["c", 1]
+    assert args[13:] == ["c", "a/b", 2, "2|1|1|0|0|0||6|n"]
+
+
+async def test_the_store_forgets_what_the_view_forgets(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        writer = StoreWriter(client, PREFIX)
+        log = WriteThroughLog(MemoryEventLog(MemoryLog()), writer)
+        view = ClusterView()
+        view.keep_ended = 3
+        view.on_forget = writer.forget
+        kept = SessionClosed(
+            client_id="offline", version=2, node="n", ts_ms=1, reason="normal", expiry_s=60
+        )
+        opened = SessionOpened(
+            client_id="offline", version=1, node="n", ts_ms=1, epoch=1, clean_start=False,
+            expiry_s=60, protocol=5,
+        )  # fmt: skip
+        for e in (opened, kept):
+            await log.append(e)
+            view.apply(e)
+        ended: list[Event] = []
+        for i in range(10):
+            common = {"client_id": f"gone-{i}", "node": "n", "ts_ms": 1}
+            ended += (
+                SessionOpened(version=1, epoch=1, clean_start=True, expiry_s=0, protocol=4,
+                              **common),
+                Subscribed(version=2, filter=f"t/{i}", qos=0, **common),
+                SessionClosed(version=3, reason="normal", expiry_s=0, **common),
+            )
+        for e in ended:
+            await log.append(e)
+        # gone-0 is back in the store by the time the view forgets its end:
+        await log.append(
+            SessionOpened(
+                client_id="gone-0", version=4, node="n", ts_ms=2, epoch=2, clean_start=False,
+                expiry_s=60, protocol=5,
+            )
+        )  # fmt: skip
+        for e in ended:
+            view.apply(e)  # the view forgets gone-0 .. gone-6
+        await writer.close()  # the forgetting in the background is done
+        sessions = {k.decode() for k in await client.hkeys("{weir.state}:sessions")}
+        assert sessions == {"offline", "gone-0", "gone-7", "gone-8", "gone-9"}
+        assert await client.hlen("{weir.state}:subs") == 0  # cleared by the floors
+        assert await client.hlen("{weir.state}:floors") == 4  # gone-0 and the three kept
+        assert writer.forgot == 6  # gone-1 .. gone-6; gone-0 was back
+    finally:
+        await client.aclose()

@@ -135,6 +135,7 @@ def disk_kib(path: Path) -> int:
 
 class Up:
     def __init__(self, data: Path, port: int) -> None:
+        data.parent.mkdir(parents=True, exist_ok=True)
         self.out = data.parent / f"{data.name}-up.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
         args = ["--mqtt-port", str(port), "--ws-port", "off", "--data-dir", str(data)]

@@ -11,7 +11,7 @@ matter: snapshot + tail equals a full replay, which a test checks.
 
 When the log is empty and the store is not, the log was lost (the embedded
 Kafka keeps it in memory): one node claims the re-seed, appends the
-snapshot's events to the log, and tells the store its offsets are void (a
+snapshot's live state to the log, and tells the store its offsets are void (a
 new log generation); every node then replays the re-seeded log. A node
 that loses the claim waits for the re-seed to land. A claim left by a
 killed run of the same node id is this node's to take again.
@@ -61,8 +61,11 @@ def load_snapshot(
 
 
 async def reseed(events: EventLog, snapshot: StateSnapshot) -> int:
-    """Append the snapshot's events to the log; returns how many."""
-    return await append_all(events, snapshot.events())
+    """Append the snapshot's live state to the log; returns how many events.
+    Tombstones and ended sessions stay out (`StateSnapshot.live_events`): a
+    new log has no late events for them to refuse, and a store that keeps
+    100,000 ended clients would make every restart re-seed them."""
+    return await append_all(events, snapshot.live_events())
 
 
 async def append_all(events: EventLog, items: list[Event]) -> int:

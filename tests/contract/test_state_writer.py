@@ -132,3 +132,16 @@ async def test_the_store_forgets_what_the_view_forgets(redis_url: str) -> None:
         assert writer.forgot == 6  # gone-1 .. gone-6; gone-0 was back
     finally:
         await client.aclose()
+
+
+async def test_a_reseed_claim_of_a_killed_run_is_taken_again_by_the_same_node(
+    redis_url: str,
+) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        store = RedisStateStore(client, PREFIX)
+        assert await store.claim_reseed("n1", 300.0)  # then n1 is SIGKILLed mid-re-seed
+        assert not await store.claim_reseed("n2", 300.0)  # another node waits for it
+        assert await store.claim_reseed("n1", 300.0)  # n1 again: its own claim
+    finally:
+        await client.aclose()

@@ -17,12 +17,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.node.logcut import LogCutter
 from services.state.view import ClusterView
 from services.state.writer import WriteThroughLog
 from tests.integration.conftest import Paho, node_settings
 from tests.support.backend_node import BackendNode
+from tests.support.wait import wait_until
 
 CLEAN_LIVES = 40
 
@@ -78,6 +81,28 @@ def test_a_cut_log_holds_the_live_state_only_and_the_node_goes_on(tmp_path: Path
         assert history >= 3 * CLEAN_LIVES
         state = runner.node.services.state
         assert state is not None
+
+        # The view's rule 4 reaches the store (bootstrap hooks on_forget): with
+        # a bound of 5, the store keeps 5 of the 40 ended clients. First the
+        # tail reads the node's own events back (a bound this small is below
+        # the tail's lag; the node's is 100,000).
+        wait_until(
+            lambda: sum(runner.call(events.positions).values()) >= history,
+            "the tail read the log to its end",
+        )
+
+        def forget() -> int:
+            logstate.view.keep_ended = 5
+            return logstate.view.forget_ended()
+
+        assert runner.call(forget) == CLEAN_LIVES - 5
+        store = redis.Redis.from_url(runner.node.services.endpoints[0])
+        ended = ("{weir.state}:sessions", "{weir.state}:floors")
+        wait_until(
+            lambda: [store.hlen(k) for k in ended] == [5 + 2, 5 + 2],  # + keeper and pub
+            "the store forgot what the view forgot",
+        )
+        store.close()
         cutter = LogCutter(logstate, state, "n1", cut_events=1)
         assert runner.call(cutter.due)
         seeded = on_loop(runner, cutter.cut())

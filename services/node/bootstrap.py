@@ -167,7 +167,10 @@ async def _reseed_once(
         started = time.monotonic()
         count = await reseed(events, snapshot)
         await state.reseeded(node_id)
-        log.warning(
+        # On the embedded default an empty log is every start's (its Kafka
+        # keeps the log in memory); elsewhere it is news.
+        say = log.info if isinstance(events, WriteThroughLog) else log.warning
+        say(
             "the event log was empty (an embedded Kafka restart?): re-seeded it with %d "
             "events from the state store in %.1f s",
             count,

@@ -199,6 +199,5 @@ def test_the_embedded_default_keeps_everything_across_a_restart(tmp_path: Path, 
     again = Up(data, free_port())
     try:
         second_run(again)
-        assert "re-seeded" in again.text() or "state store" in again.text()
     finally:
         again.stop()

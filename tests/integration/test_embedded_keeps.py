@@ -15,9 +15,12 @@ in force.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,7 +42,9 @@ STOP_S = 60.0
 class Up:
     """`weir up` (the embedded default) as a subprocess, output in a file."""
 
-    def __init__(self, data: Path, port: int, *extra: str) -> None:
+    def __init__(
+        self, data: Path, port: int, *extra: str, ready: tuple[str, ...] = ("weir: node n1 ready",)
+    ) -> None:
         self.data = data
         self.port = port
         self.out = data.parent / f"up-{port}-{time.monotonic_ns()}.log"
@@ -55,7 +60,7 @@ class Up:
                 env=env,
             )
         wait_until(
-            lambda: "weir: node n1 ready" in self.text() or self.proc.poll() is not None,
+            lambda: all(r in self.text() for r in ready) or self.proc.poll() is not None,
             "weir up's ready line",
             timeout=READY_S,
         )
@@ -199,5 +204,61 @@ def test_the_embedded_default_keeps_everything_across_a_restart(tmp_path: Path, 
     again = Up(data, free_port())
     try:
         second_run(again)
+    finally:
+        again.stop()
+
+
+def ports_in_a_row(count: int) -> int:
+    """The first of `count` free consecutive ports below the ephemeral range, where
+    the redis-server and Kafka the supervisor starts on free ports cannot land."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(100):
+        base = rng.randrange(10_000, low - count)
+        try:
+            with contextlib.ExitStack() as probes:
+                for port in range(base, base + count):
+                    probes.enter_context(socket.socket()).bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError("no free ports in a row")
+
+
+def test_the_embedded_default_of_nodes_keeps_everything_across_a_sigkill(tmp_path: Path) -> None:
+    """`weir up --nodes 2`: both nodes write the store as they append (--embedded-log)."""
+    data = tmp_path / "data"
+    port = ports_in_a_row(2)
+    nodes = ("--nodes", "2")
+    nodes_ready = ("weir: node n1-1 ready", "weir: node n1-2 ready")
+    up = Up(data, port, *nodes, ready=nodes_ready)
+    try:
+        assert endpoints.find(data).redis_url == up.redis_url
+        keeper = Paho(port, "keeper", clean=False)  # on node 1
+        assert keeper.connack()[1] == 0
+        assert len(keeper.subscribe("fleet/#", qos=1)) == 1
+        keeper.close()
+        pub = Paho(port, "pub")  # node 2 learns the subscription ~100 ms later (the log)
+        assert pub.connack()[1] == 0
+        pub.publish("status/site", b"retained-v1", qos=1, retain=True)
+        pub.publish("fleet/a", b"queued", qos=1)
+        pub.close()
+        up.kill()  # the supervisor: its nodes, redis-server and Kafka go with it
+    finally:
+        up.stop()
+    again = Up(data, ports_in_a_row(2), *nodes, ready=nodes_ready)
+    try:
+        keeper = Paho(again.port + 1, "keeper", clean=False)  # now on node 2
+        flags, rc = keeper.connack()
+        assert rc == 0 and flags.session_present
+        m = keeper.message(timeout=10.0)
+        assert (m.topic, m.payload) == ("fleet/a", b"queued")
+        keeper.close()
+        fresh = Paho(again.port, "fresh")
+        assert fresh.connack()[1] == 0
+        fresh.subscribe("status/#", qos=1)
+        m = fresh.message(timeout=10.0)
+        assert (m.topic, m.payload) == ("status/site", b"retained-v1")
+        fresh.close()
     finally:
         again.stop()

@@ -25,6 +25,10 @@ what it saves), the single node of `weir up` cuts it:
 5. appends go on, and the tail starts over on the new log (the re-seeded
    events are all stale to the node's view: ignored by version).
 
+Between cuts, every CHECK_S, the same task records the positions the node
+has read as the store's offsets (`WriteThroughLog.record_offsets`), which is
+what `weir streams verify` compares the store at.
+
 A cut holds CONNACKs and SUBACKs (not message delivery) for a Kafka restart
 and the live state's re-seed: about a second for a few thousand sessions.
 Only a node on its own embedded Kafka cuts: with `--nodes` / `--workers` the
@@ -39,6 +43,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Final
 
+from services.event.api import EventLogUnavailable
 from services.node import bootstrap
 from services.state.store import StateStore, StateStoreError
 from services.state.writer import WriteThroughLog
@@ -79,6 +84,10 @@ class LogCutter:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.check_s)
+            try:  # the drift check (weir streams verify) compares the store at them
+                await self.events.record_offsets()
+            except EventLogUnavailable as exc:
+                log.warning("could not record the state store's offsets: %s", exc)
             if self.due():
                 try:
                     await self.cut()

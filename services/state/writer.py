@@ -168,6 +168,13 @@ class StoreWriter:
                 log.warning("could not forget ended clients in the state store: %s", exc)
                 return
 
+    async def write_offsets(self, positions: dict[tuple[str, int], int]) -> None:
+        """Record `positions` as the offsets the store reflects (the Spark
+        job's last call of a batch, without its rows)."""
+        rows = [x for (topic, p), n in sorted(positions.items()) for x in (f"{topic}:{p}", n)]
+        args = [0, 0, 0, 0, len(positions), "", 0, *rows]
+        await self._call(self._apply(keys=self.keys, args=args))
+
     async def close(self) -> None:
         for task in (self._flushing, self._forgetting):
             if task is not None and not task.done():
@@ -196,6 +203,7 @@ class WriteThroughLog:
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._flights: set[asyncio.Future[None]] = set()
 
     async def start(self) -> None:
         await self.log.start()
@@ -205,14 +213,39 @@ class WriteThroughLog:
             await self._open.wait()
         self._inflight += 1
         self._idle.clear()
+        flight: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flights.add(flight)
         try:
             await self.log.append(event)  # first: the log's order is the cluster's
             self.appended += 1
             await self.writer.write(event)
+            flight.set_result(None)
+        except BaseException as exc:
+            flight.set_exception(EventLogUnavailable(f"not in the state store: {exc}"))
+            flight.exception()  # retrieved: nobody need wait for it
+            raise
         finally:
+            self._flights.discard(flight)
             self._inflight -= 1
             if not self._inflight:
                 self._idle.set()
+
+    async def record_offsets(self) -> bool:
+        """Write the log positions this node has read as the store's offsets,
+        once every event below them is in the store: the appends in flight
+        when the positions are taken (in the same step: an event read below
+        them was acknowledged, so its append is done or among these) are
+        waited for. False (nothing written) if one of them failed. For a
+        node that is the log's only writer (the embedded default's single
+        `weir up`): another node's acknowledged event may not be in the
+        store yet."""
+        positions = self.log.positions()
+        flights = list(self._flights)
+        done = await asyncio.gather(*flights, return_exceptions=True)
+        if not positions or any(isinstance(d, BaseException) for d in done):
+            return False
+        await self.writer.write_offsets(positions)
+        return True
 
     @contextlib.asynccontextmanager
     async def held(self) -> AsyncIterator[None]:

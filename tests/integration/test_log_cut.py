@@ -127,6 +127,13 @@ def test_a_cut_log_holds_the_live_state_only_and_the_node_goes_on(tmp_path: Path
         assert runner.call(lambda: events.appended) > 0
         view, _ = replayed(bootstrap)
         assert view == runner.call(logstate.view.snapshot)
+
+        # The offsets the store reflects: where the node has read, once every
+        # event below them is in the store (what weir streams verify compares at).
+        assert on_loop(runner, events.record_offsets())
+        offsets = on_loop(runner, state.offsets())
+        assert offsets == runner.call(events.positions)
+        assert sum(offsets.values()) >= seeded + 1
     finally:
         runner.stop()
 

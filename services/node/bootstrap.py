@@ -101,7 +101,16 @@ async def start(logstate: LogState, state: StateStore | None, node_id: str) -> S
     if snapshot is None or snapshot.empty:
         return Started("log", replayed=await logstate.replay())
     await _reseed_once(events, state, snapshot, node_id)
-    return Started("re-seeded log", replayed=await logstate.replay())
+    replayed = await logstate.replay()
+    # The re-seed left the ended clients out of the log; the view learns
+    # them from the snapshot, so that past its bound it forgets them, and
+    # the store with it (on_forget): else each run would add its own.
+    view = logstate.view
+    for event in snapshot.gone_events():
+        view.apply(event)
+    for client_id, version in snapshot.floors.items():
+        view.load_floor(client_id, version)
+    return Started("re-seeded log", replayed=replayed)
 
 
 async def _read(events: EventLog, state: StateStore) -> tuple[StateSnapshot | None, bool]:

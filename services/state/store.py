@@ -96,7 +96,16 @@ class StateSnapshot:
         else: no tombstones (unsubscribed, retained cleared) and no session
         that left the directory (expired, discarded, closed with expiry 0).
         A new log generation needs no more: no event of the old log can
-        come late into it. `events()` keeps them all."""
+        come late into it. `gone_events()` are the others."""
+        return self._split()[0]
+
+    def gone_events(self) -> list[Event]:
+        """The tombstones and ended sessions `live_events` leaves out: what a
+        node's view needs to know the ended clients the store keeps (and to
+        forget them past its bound, rule 4, the store with it)."""
+        return self._split()[1]
+
+    def _split(self) -> tuple[list[Event], list[Event]]:
         from services.event.schema import (
             RetainedCleared,
             SessionClosed,
@@ -105,12 +114,14 @@ class StateSnapshot:
             Unsubscribed,
         )
 
-        def gone(e: Event) -> bool:
-            return isinstance(
+        live: list[Event] = []
+        gone: list[Event] = []
+        for e in self.events():
+            ended = isinstance(
                 e, Unsubscribed | RetainedCleared | SessionExpired | SessionDiscarded
             ) or (isinstance(e, SessionClosed) and e.expiry_s == 0)
-
-        return [e for e in self.events() if not gone(e)]
+            (gone if ended else live).append(e)
+        return live, gone
 
 
 class StateStore(Protocol):

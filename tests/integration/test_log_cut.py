@@ -144,5 +144,22 @@ def test_a_cut_log_holds_the_live_state_only_and_the_node_goes_on(tmp_path: Path
         assert set(subs) >= {"keeper", "late"}
         assert "k/#" in subs["keeper"] and "r/#" in subs["late"]
         assert again.call(lambda: again.node.broker.logstate.view.retained("r/1")) is not None
+
+        # The view knows the ended clients the store kept (the re-seed left
+        # them out of the log): past its bound it forgets them, the store too,
+        # so restarts do not pile them up in the store.
+        view = again.node.broker.logstate.view
+
+        def forget_all() -> int:
+            view.keep_ended = 0
+            return view.forget_ended()
+
+        assert again.call(forget_all) == 5 + 1  # and pub, whose clean session ended at the stop
+        store = redis.Redis.from_url(again.node.services.endpoints[0])
+        wait_until(
+            lambda: store.hlen("{weir.state}:sessions") == 2,  # keeper and late, persistent
+            "the store forgot the ended clients of the last run",
+        )
+        store.close()
     finally:
         again.stop()

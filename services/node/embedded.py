@@ -13,10 +13,10 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from services.config import Settings
 from services.embedded.kafka import EmbeddedKafka
 from services.event.api import EventLog
 from services.event.kafka import KafkaEventLog, KafkaSettings
-from services.config import Settings
 from services.state.writer import Renew, StoreWriter, WriteThroughLog
 
 

@@ -50,6 +50,7 @@ from services.cli import CONTEXT, Command, fail, run
 from services.cluster.membership import RedisMembership
 from services.config import load
 from services.config.flags import given, settings_flags, some
+from services.embedded import endpoints
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.event.schema import Event, topic_names
 from services.node.bootstrap import load_snapshot
@@ -88,7 +89,7 @@ class Config:
     "event log; print every difference (exit 1 if any).",
 )  # fmt: skip
 @click.option("--config", help="TOML config file (default: $WEIR_CONFIG)")
-@settings_flags(some("redis_url", "kafka_bootstrap", "kafka_topic_prefix"),
+@settings_flags(some("redis_url", "kafka_bootstrap", "kafka_topic_prefix", "data_dir"),
                 aliases={"kafka_topic_prefix": "--topic-prefix"})  # fmt: skip
 @click.option(
     "--timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_S,
@@ -98,10 +99,16 @@ class Config:
 @click.option("-v", "--verbose", is_flag=True, help="show the clients' warnings")
 def command(config: str | None, timeout: float, verbose: bool, **flags: Any) -> int:
     settings = load({"config": config, **given(flags)})
+    if settings.redis_url is None and settings.kafka_bootstrap is None:
+        # Neither named: the weir up running on the data dir (its embedded default).
+        found = endpoints.running(settings.data_dir, "weir streams verify", code=2)
+        cfg = Config(found.redis_url, found.kafka_bootstrap, found.topic_prefix, timeout)
+        return _check(cfg, verbose)
     if settings.redis_url is None or settings.kafka_bootstrap is None:
         fail(
             "needs the cluster's Redis and Kafka: --redis URL (or WEIR_REDIS_URL) and "
-            "--kafka HOST:PORT (or WEIR_KAFKA_BOOTSTRAP)"
+            "--kafka HOST:PORT (or WEIR_KAFKA_BOOTSTRAP), or neither for the weir up "
+            "running on --data-dir"
         )
     assert settings.redis_url is not None and settings.kafka_bootstrap is not None
     cfg = Config(settings.redis_url, settings.kafka_bootstrap, settings.kafka_topic_prefix,

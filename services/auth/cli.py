@@ -2,13 +2,15 @@
 
 `weir ban add|list|del` works on the cluster's ban table in Redis
 (`services.auth.banned.RedisBans`): `--redis URL` (or WEIR_REDIS_URL, or a
-config file's redis_url; `weir up` prints its Redis in its ready line).
+config file's redis_url); without one, the Redis of the `weir up` running
+on the data dir (`--data-dir`, default ./data: `services.embedded.endpoints`).
 Adding a ban disconnects the clients it covers on every node at once (the
 nodes follow the ban channel; a node that missed the message applies it
 within `banned.POLL_S`). A node of `--backend memory` keeps its bans in its
 own memory, which no other process can reach.
 
-Exit codes: 0 done, 1 Redis unreachable or nothing to delete, 2 bad usage.
+Exit codes: 0 done, 1 Redis unreachable (or no `weir up` running) or nothing
+to delete, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from services.auth.banned import Ban, BanError, RedisBans, checked
 from services.cli import CONTEXT, Group, fail, run
 from services.config import SettingsError, load
 from services.config.flags import given, settings_flags, some
+from services.embedded import endpoints
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TIMEOUT_S = 5.0
@@ -35,18 +38,18 @@ DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 @click.group("ban", cls=Group, context_settings=CONTEXT,
              help="Ban clients cluster-wide (Redis): by client id, user name or address.")
 @click.option("--config", help="TOML config file naming redis_url")
-@settings_flags(some("redis_url"))
+@settings_flags(some("redis_url", "data_dir"))
 @click.pass_context
 def ban(ctx: click.Context, /, config: str | None, **flags: Any) -> None:
     ctx.obj = {"config": config, **given(flags)}  # read by the subcommand (after its --help)
 
 
 def _redis_url(options: dict[str, Any]) -> str:
-    redis_url = load(options).redis_url
-    if redis_url is None:
-        fail("needs the cluster's Redis: --redis URL (or WEIR_REDIS_URL)")
-    assert redis_url is not None
-    return redis_url
+    """The named Redis, or the running `weir up`'s (one line, exit 1, if none runs)."""
+    settings = load(options)
+    if settings.redis_url is not None:
+        return settings.redis_url
+    return endpoints.running(settings.data_dir, "weir ban").redis_url
 
 
 def _who(function: Any) -> Any:

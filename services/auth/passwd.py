@@ -149,10 +149,11 @@ def set_user(path: Path, user: str, password: str | None, scram: bool = False) -
 @click.command(
     "passwd", cls=Command, context_settings=CONTEXT,
     help="Add or change a user of a password file, FILE USER (argon2id hashes), or a user in "
-    "Redis, --redis URL USER (for --auth-redis).",
+    "Redis, --redis URL USER (for --auth-redis); --redis USER: the Redis of the weir up "
+    "running on the data dir.",
 )  # fmt: skip
 @click.argument("names", nargs=-1, metavar="[FILE] USER")
-@settings_flags(some("redis_url"))
+@settings_flags(some("redis_url", "data_dir"))
 @click.option("--delete", is_flag=True, help="remove the user")
 @click.option("--password-stdin", is_flag=True, help="read the password from stdin, one line")
 @click.option("--scram", is_flag=True, help="also keep SCRAM-SHA-256 credentials (MQTT 5 "
@@ -160,6 +161,9 @@ def set_user(path: Path, user: str, password: str | None, scram: bool = False) -
 def passwd(names: tuple[str, ...], delete: bool, password_stdin: bool, scram: bool,
            **flags: Any) -> int:  # fmt: skip
     redis_url = given(flags).get("redis_url")
+    if redis_url is not None and "://" not in redis_url and not names:
+        # `--redis USER`: the Redis of the weir up running on the data dir
+        names, redis_url = (redis_url,), _running_redis(given(flags).get("data_dir"))
     if redis_url is not None:
         redis_url = load({"redis_url": redis_url}, env={}).redis_url  # checked as weir up does
     if len(names) != (1 if redis_url else 2):
@@ -188,6 +192,12 @@ def passwd(names: tuple[str, ...], delete: bool, password_stdin: bool, scram: bo
         print(f"weir passwd: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _running_redis(data_dir: str | None) -> str:
+    from services.embedded import endpoints
+
+    return endpoints.running(load({"data_dir": data_dir}).data_dir, "weir passwd").redis_url
 
 
 def main(argv: Sequence[str]) -> int:

@@ -63,8 +63,8 @@ from typing import Any
 from services.config import ENV_VARS, Settings
 from services.config.listeners import ListenerConfig
 from services.config.loader import write_snapshot
+from services.embedded import endpoints
 from services.embedded.process import child_options
-from services.machine import endpoints
 from services.machine.backends import BackendError, start_backends
 from services.machine.pidfiles import NodeFiles, nodes_dir
 
@@ -284,7 +284,10 @@ def supervise(
                     slot.death_signal = signal.SIGTERM
                 slots.append(slot)
             _say_plan(settings, slots, shared, redis_url, kafka, root, others)
-            endpoints.announce(settings, redis_url, kafka, slots[0].mqtt_port)
+            endpoints.announce(
+                settings.data_dir, redis_url, kafka, settings.kafka_topic_prefix,
+                settings.node_id, f"{settings.listeners.host}:{slots[0].mqtt_port}",
+            )  # fmt: skip
             for slot in slots:
                 if not stop.requested:
                     slot.start()

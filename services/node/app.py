@@ -262,8 +262,8 @@ async def _serve(
     reuse_port: bool = False,
     spark: bool = False,
 ) -> int:
+    from services.embedded import endpoints
     from services.event.api import EventLogError
-    from services.machine import endpoints
     from services.mqtt.packets import ReasonCode
     from services.node import authn, embedded, logcut
     from services.node.node import Node
@@ -297,7 +297,10 @@ async def _serve(
 
     loop.add_signal_handler(signal.SIGUSR1, drain)
     if services.endpoints is not None:  # `weir ban`, `weir streams verify`... find us here
-        endpoints.announce(settings, *services.endpoints, node.mqtt_port)
+        endpoints.announce(
+            settings.data_dir, *services.endpoints, settings.kafka_topic_prefix,
+            settings.node_id, f"{settings.listeners.host}:{node.mqtt_port}",
+        )  # fmt: skip
     ws = f", ws on {settings.listeners.host}:{node.ws_port}" if node.ws_port else ""
     print(
         f"weir: node {settings.node_id} ready, mqtt on "

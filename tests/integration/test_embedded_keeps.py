@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
+from services.embedded import endpoints
 from services.embedded.redis_server import free_port
-from services.machine import endpoints
 from tests.integration.conftest import Paho
 from tests.support.supervised import alive, descendants
 from tests.support.wait import wait_until
@@ -133,11 +133,12 @@ def first_run(up: Up) -> None:
     )  # fmt: skip
     assert willer.connack()[1] == 0
     # The CLIs find this weir up by its data dir (endpoints.json), no URL given.
-    found = endpoints.find(up.data)
-    assert found.redis_url == up.redis_url
-    banned = weir("ban", "--redis", found.redis_url, "add", "--clientid", "banned1")
+    assert endpoints.find(up.data).redis_url == up.redis_url
+    data = str(up.data)
+    banned = weir("ban", "--data-dir", data, "add", "--clientid", "banned1")
     assert banned.returncode == 0, banned.stderr
-    user = weir("passwd", "--redis", found.redis_url, "alice", "--password-stdin", stdin="s3cret\n")
+    user = weir("passwd", "--data-dir", data, "--redis", "alice", "--password-stdin",
+                stdin="s3cret\n")  # fmt: skip
     assert user.returncode == 0, user.stderr
     refused = Paho(port, "banned1")
     assert refused.connack()[1] != 0
@@ -183,6 +184,11 @@ def second_run(up: Up) -> None:
     wrong = Paho(port, "alice-wrong", username="alice", password="nope")
     assert wrong.connack()[1] != 0
     wrong.close()
+    # The drift check finds this weir up too, and the store it kept agrees with
+    # the log and the node (it waits for the store's offsets, recorded every 5 s).
+    verify = weir("streams", "verify", "--data-dir", str(up.data), "--timeout", "30")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "no differences" in verify.stdout
 
 
 @pytest.mark.parametrize("how", ["sigkill", "sigint"])
@@ -201,6 +207,15 @@ def test_the_embedded_default_keeps_everything_across_a_restart(tmp_path: Path, 
                 endpoints.find(data)
     finally:
         up.stop()
+    for prog, code, args in (  # each command's "cannot reach" exit code
+        ("weir ban", 1, ("ban", "--data-dir", str(data), "list")),
+        ("weir streams verify", 2, ("streams", "verify", "--data-dir", str(data))),
+        ("weir passwd", 1, ("passwd", "--data-dir", str(data), "--redis", "bob")),
+    ):
+        none = weir(*args, stdin="x\n")
+        assert none.returncode == code, none.stderr
+        assert none.stderr.startswith(f"{prog}: no weir up is running on data dir {data} ")
+        assert len(none.stderr.strip().splitlines()) == 1, none.stderr
     again = Up(data, free_port())
     try:
         second_run(again)

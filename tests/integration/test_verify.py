@@ -368,7 +368,7 @@ def run_weir(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        ((), "needs the cluster's Redis and Kafka"),
+        (("--data-dir", "/nonexistent/weir"), "no weir up is running on data dir"),
         (("--redis", "redis://127.0.0.1:1/0"), "needs the cluster's Redis and Kafka"),
         (("--timeout", "0"), "0.0 is not in the range x>0"),
         (("--bogus",), "No such option '--bogus'"),

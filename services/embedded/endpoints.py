@@ -1,5 +1,9 @@
 """Where a running `weir up` can be reached, written into its data dir.
 
+(Beside the launchers: the commands of every layer that talk to the embedded
+default, `weir ban` and `weir passwd` among them, read it; it imports nothing
+of services.)
+
 Theory of operation. The embedded default starts its redis-server and Kafka
 on free ports, so commands that talk to it (`weir streams verify`, `weir
 ban`, `weir passwd --redis`, `weir ctl`) cannot know the URLs in advance.
@@ -22,8 +26,6 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final
-
-from services.config import Settings
 
 FILE_NAME: Final = "endpoints.json"
 
@@ -56,21 +58,14 @@ def write(data_dir: str | Path, endpoints: Endpoints) -> Path:
     return target
 
 
-def announce(settings: Settings, redis_url: str, kafka: str, mqtt_port: int | None) -> None:
-    """Write this process's endpoints into its data dir; a data dir that
+def announce(
+    data_dir: str | Path, redis_url: str, kafka: str, topic_prefix: str, node_id: str, mqtt: str
+) -> None:
+    """Write this process's endpoints into `data_dir`; a data dir that
     cannot be written is not an error (the commands need URLs then)."""
+    found = Endpoints(os.getpid(), redis_url, kafka, topic_prefix, node_id, mqtt)
     with contextlib.suppress(OSError):
-        write(
-            settings.data_dir,
-            Endpoints(
-                pid=os.getpid(),
-                redis_url=redis_url,
-                kafka_bootstrap=kafka,
-                topic_prefix=settings.kafka_topic_prefix,
-                node_id=settings.node_id,
-                mqtt=f"{settings.listeners.host}:{mqtt_port}",
-            ),
-        )
+        write(data_dir, found)
 
 
 def remove(data_dir: str | Path, pid: int | None = None) -> None:
@@ -112,4 +107,21 @@ def find(data_dir: str | Path) -> Endpoints:
     return found
 
 
-__all__ = ["Endpoints", "EndpointsError", "announce", "find", "path", "remove", "write"]
+def running(data_dir: str | Path, prog: str, code: int = 1) -> Endpoints:
+    """For a command (`prog`, a click command): `find`, or one line on stderr
+    naming the command and exit `code` (its "cannot reach" code) when no weir
+    up runs there."""
+    import sys
+
+    import click
+
+    try:
+        return find(data_dir)
+    except EndpointsError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise click.exceptions.Exit(code) from None
+
+
+__all__ = [
+    "Endpoints", "EndpointsError", "announce", "find", "path", "remove", "running", "write",
+]  # fmt: skip

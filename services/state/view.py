@@ -7,8 +7,11 @@ streams/scripts/state_apply.lua's version guards across batches) in
 tests/streams/test_statestore.py (a whole log in one batch: Spark's part
 alone; batches twice and in reverse order: the script's part; a snapshot
 plus the rest of the log: a node's start) and tests/streams/test_state_job.py
-(the running job, killed and restarted). A rule changed here is changed
-there too, or those tests fail.
+(the running job, killed and restarted). The embedded default's nodes
+write the same store with the same script, one group of appends at a time
+(services/state/writer.py, its rule-2 predicate `ends_session` taken from
+here), held to this fold by tests/contract/test_state_writer.py. A rule
+changed here is changed there too, or those tests fail.
 
 Theory of operation. The view is a pure projection of the log: the same
 set of events gives the same view, whatever order the partitions were
@@ -50,6 +53,8 @@ that so.
    nothing is forgotten, so replay stays the pure fold of rules 1-3.
    Cleared retained topics are forgotten the same way, past the same
    bound: a topic that holds no retained message keeps only its version.
+   Each forgotten client or topic goes to `on_forget` when set, so a store
+   that mirrors the view (the embedded default's) forgets it too.
 
 The directory entry of a client is what its newest session event says:
 online on `node` after SessionOpened; offline with its expiry after a

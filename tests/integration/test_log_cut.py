@@ -13,18 +13,23 @@ on the same data dir finds everything.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import redis
 
+from services.embedded.redis_server import free_port
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.node.logcut import LogCutter
 from services.state.view import ClusterView
 from services.state.writer import WriteThroughLog
 from tests.integration.conftest import Paho, node_settings
 from tests.support.backend_node import BackendNode
+from tests.support.supervised import REPO, alive, descendants
 from tests.support.wait import wait_until
 
 CLEAN_LIVES = 40
@@ -163,3 +168,61 @@ def test_a_cut_log_holds_the_live_state_only_and_the_node_goes_on(tmp_path: Path
         store.close()
     finally:
         again.stop()
+
+
+CUT_EVERY_APPEND = """\
+import sys
+from services.node import logcut
+logcut.LogCutter.__init__.__defaults__ = (1, 0.2)  # cut after 1 append, look every 0.2 s
+from services.node.app import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_kafka_restarted_by_a_cut_dies_with_a_killed_weir_up(tmp_path: Path) -> None:
+    """The cut starts the Kafka again on weir up's main thread, so PR_SET_PDEATHSIG
+    still ties it: a SIGKILL of weir up after a cut leaves no process behind, and
+    the next weir up has the subscription made before the cut."""
+    runner = tmp_path / "up_cutting.py"
+    runner.write_text(CUT_EVERY_APPEND)
+    data = tmp_path / "data"
+    port = free_port()
+    out = tmp_path / "up.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    args = [sys.executable, str(runner), "--data-dir", str(data), "--mqtt-port", str(port),
+            "--ws-port", "off"]  # fmt: skip
+    with out.open("wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    try:
+        wait_until(lambda: b" ready, mqtt on " in out.read_bytes(), "weir up ready", 60.0)
+        kafka_before = {p for p in descendants(proc.pid) if "tansu" in cmdline(p)}
+        assert len(kafka_before) == 1
+        c = Paho(port, "keeper", clean=False)
+        assert c.connack()[1] == 0
+        c.subscribe("k/#", qos=1)
+        c.close()
+
+        def restarted() -> set[int]:
+            return {p for p in descendants(proc.pid) if "tansu" in cmdline(p)} - kafka_before
+
+        wait_until(lambda: bool(restarted()), "a cut restarted the Kafka", 30.0)
+        everything = descendants(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    for pid in everything:
+        wait_until(lambda pid=pid: not alive(pid), f"child {pid} gone", 10.0)
+    again = BackendNode(embedded_settings(data))
+    again.start()
+    try:
+        subs = again.call(again.node.broker.logstate.view.all_subscriptions)
+        assert "k/#" in subs.get("keeper", {})
+    finally:
+        again.stop()
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""

@@ -76,6 +76,9 @@ def test_restart_of_weir_up_spark_keeps_sessions_subscriptions_queues_and_retain
                 store.hexists("{weir.state}:sessions", "keeper")
                 and store.hexists("{weir.state}:subs", "keeper")
                 and store.hexists("{weir.state}:retained", "status/site")
+                # the node writes those itself as it appends (the embedded default);
+                # the job's own mark, a folded batch, says the job runs too
+                and store.hexists("{weir.state}:meta", "batch")
             ),
             "the state-store job folded the session, the subscription and the retained message",
             timeout=120.0,

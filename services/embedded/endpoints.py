@@ -77,13 +77,17 @@ def remove(data_dir: str | Path, pid: int | None = None) -> None:
 
 
 def _running(pid: int) -> bool:
+    """Whether `pid` runs and looks like a weir up (a killed one's pid may
+    have been given to another process since)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # gone, or someone else's process
         return False
-    except PermissionError:  # someone else's process holds the pid: not our weir up
-        return False
-    return True
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # no /proc here: the pid alone says it
+        return True
+    return b"weir" in cmdline or b"services" in cmdline
 
 
 def find(data_dir: str | Path) -> Endpoints:

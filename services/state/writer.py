@@ -27,10 +27,13 @@ clients and cleared topics past its bound (ClusterView rule 4); its
 what the view holds: live and offline-persistent sessions, live
 subscriptions, retained messages, and a bounded tail of ended clients.
 
-The store's offsets are not written here: after a restart the embedded log
-is empty and is re-seeded from the store; a node that restarts while the
-log lives (`--nodes`) replays the whole log over the store, which the
-version rule makes harmless.
+The store's offsets: the single `weir up`, the log's only writer, records
+the positions it has read once everything below them is in the store
+(`record_offsets`, every few seconds: services.node.logcut), which is what
+`weir streams verify` compares the store at. Nodes of `--nodes` do not (one
+cannot know that another's acknowledged events are in the store yet): a
+node of theirs that restarts while the log lives replays the whole log
+over the store, which the version rule makes harmless.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ until the answer is back, so a client's packets keep their order; past
 HELD_INPUT_BYTES of them we stop reading until then. A client with a read
 budget (per-client message / byte rates, `services.auth.limits`) takes
 packets while its budget lasts; past it the next packet stays in the buffer
-and reading stops until the window refills, the same pause as above.
+and reading stops until the window refills, the same pause as above. So
+does a 5.0 client past our Receive Maximum (MQTT.js 5 does not hold back to
+it): while the channel is `inbound_full` we read on only as its acks go out.
 
 Writes are batched: `write` appends to a list and registers the connection
 with the broker, which flushes every dirty connection once per loop turn.
@@ -73,6 +75,7 @@ HELD_INPUT_BYTES = 64 * 1024  # bytes a connection reads while the broker works 
 
 class Connection(asyncio.Protocol):
     __slots__ = (
+        "_acks_held",
         "_blocked_on",
         "_buf",
         "_busy",
@@ -125,6 +128,7 @@ class Connection(asyncio.Protocol):
         self._slow = False  # paused past the stall bound: drop instead of making anyone wait
         self._read_paused = False
         self._write_paused = False
+        self._acks_held = False  # past the Receive Maximum: reading waits for our acks
         self._timers: dict[str, float] | None = None
         self._wake: int | None = None
         self.closed = False  # we asked the transport to close, or it is gone
@@ -227,6 +231,10 @@ class Connection(asyncio.Protocol):
         outer = turn.handling(self)
         try:
             while not self._busy and not self.closed and self._blocked_on is None:
+                if channel.inbound_full:
+                    self._acks_held = True  # `routed` reads on
+                    self._pause_reading()
+                    break
                 if turn.work > budget:
                     self._defer()
                     break
@@ -455,6 +463,10 @@ class Connection(asyncio.Protocol):
     ) -> None:
         if not self.closed:
             self._carry_out(self.channel.routed(token, ok, no_subscribers, reason_code))
+            if self._acks_held and not self.channel.inbound_full:
+                self._acks_held = False
+                if not self._deferred:
+                    self._continue()
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
@@ -467,6 +479,8 @@ class Connection(asyncio.Protocol):
             self.transport.pause_reading()  # type: ignore[attr-defined]
 
     def _resume_reading(self) -> None:
+        if self._acks_held:
+            return
         if self._read_paused and self.transport is not None and not self.closed:
             self._read_paused = False
             self.transport.resume_reading()  # type: ignore[attr-defined]

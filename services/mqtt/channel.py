@@ -175,6 +175,12 @@ class Channel(ChannelEnds):
         """Incoming QoS 1/2 messages not yet completed (routing or awaiting PUBREL)."""
         return self._inbound.inflight
 
+    @property
+    def inbound_full(self) -> bool:
+        """The client has a Receive Maximum of QoS 1/2 PUBLISHes whose acks have
+        not gone out: read nothing more from it until `routed` (flow control)."""
+        return self.state is State.CONNECTED and self._inbound.full
+
     # -- inputs -------------------------------------------------------------
 
     def opened(self) -> list[Action]:

@@ -19,7 +19,18 @@ MAX_MQTT_311_CLIENT_ID = 23
 @dataclass(frozen=True, slots=True)
 class ChannelConfig:
     receive_maximum: int = 32
-    """Unacknowledged incoming QoS 1/2 PUBLISHes a 5.0 client may have (CONNACK)."""
+    """Unacknowledged incoming QoS 1/2 PUBLISHes a 5.0 client may have (CONNACK).
+    Past it the node stops reading the client until its acks go out (flow
+    control), unless `strict_receive_maximum`."""
+    strict_receive_maximum: bool = False
+    """Disconnect a 5.0 client past the Receive Maximum (DISCONNECT 0x93, which the
+    spec allows). Off by default: MQTT.js 5 does not hold back to it, Mosquitto
+    does not disconnect for it and EMQX counts only QoS 2 awaiting PUBREL."""
+    max_awaiting_rel: int = 100
+    """Incoming QoS 2 messages a client may leave awaiting PUBREL (0: no bound;
+    EMQX's max_awaiting_rel and its default). A new one past it is refused with
+    PUBREC 0x97 Quota exceeded, not routed (3.x, which has no reason codes: the
+    connection is closed, the client resends it after reconnecting)."""
     max_packet_size: int = 1 << 20
     """Bytes; announced in the 5.0 CONNACK (the codec enforces it on input)."""
     topic_alias_maximum: int = 65535

@@ -4,8 +4,20 @@ Theory of operation: a QoS 1 or 2 PUBLISH becomes a `Route` with a token;
 its PUBACK / PUBREC waits for the node's `routed(token, ...)`. An incoming
 QoS 2 packet id stays "awaiting PUBREL" from a successful route until
 PUBREL, which yields `Released` + PUBCOMP; a repeat of such a PUBLISH is
-answered with PUBREC and not routed again (exactly once). The 5.0 Receive
-Maximum counts routes in progress plus ids awaiting PUBREL. Clients may
+answered with PUBREC and not routed again (exactly once).
+
+Receive Maximum. A 5.0 client that sends more QoS 1/2 PUBLISHes than the
+Receive Maximum we announced is not disconnected by default (MQTT.js 5 does
+not hold back to it): `full` tells the node to stop reading the connection
+while routes in progress (acks not yet sent) are at the limit, and the acks
+going out let it read on, the flow control TCP gives 3.x clients. Only routes
+count: ids awaiting PUBREL wait for the client's PUBREL, which may sit behind
+the very PUBLISHes we would stop reading. Those are bounded on their own by
+`max_awaiting_rel` (past it PUBREC 0x97 Quota exceeded; EMQX sends 0x93,
+which is not a PUBREC reason code (MQTT 5 3.5.2.1): a strict decoder, ours or
+paho's, would take the packet as malformed). With
+`strict_receive_maximum` the spec's count (routes plus ids awaiting PUBREL)
+past the limit is DISCONNECT 0x93 and nothing pauses. Clients may
 not publish to `$` topics: the message is dropped and acknowledged (5.0:
 with 0x87, Not authorized). Checks that break a MUST raise an MQTTError.
 """
@@ -72,6 +84,13 @@ class InboundFlow:
     def inflight(self) -> int:
         return len(self._routes) + len(self._awaiting_rel)
 
+    @property
+    def full(self) -> bool:
+        """Flow control: the node should read no more packets until a route ends."""
+        cfg = self._config
+        at_limit = len(self._routes) >= cfg.receive_maximum
+        return self._v5 and at_limit and not cfg.strict_receive_maximum
+
     def resume(self, awaiting_rel: AbstractSet[int]) -> None:
         """A resumed session's QoS 2 packet ids still awaiting PUBREL."""
         self._awaiting_rel = set(awaiting_rel)
@@ -95,7 +114,13 @@ class InboundFlow:
                 return [Send(self._ack(2, pid, RC.SUCCESS))]
             if pid in self._routing_qos2:
                 return []
-        if self._v5 and p.qos and self.inflight >= cfg.receive_maximum:
+            bound = cfg.max_awaiting_rel
+            if bound and len(self._awaiting_rel) + len(self._routing_qos2) >= bound:
+                if not self._v5:
+                    raise ReceiveMaximumExceeded(f"more than {bound} QoS 2 awaiting PUBREL")
+                return [Send(Pubrec(pid, RC.QUOTA_EXCEEDED))]
+        strict = self._v5 and cfg.strict_receive_maximum
+        if strict and p.qos and self.inflight >= cfg.receive_maximum:
             raise ReceiveMaximumExceeded(f"more than {cfg.receive_maximum} QoS 1/2 in flight")
         if topic.startswith("$"):
             if pid is None:

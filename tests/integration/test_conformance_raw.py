@@ -478,20 +478,49 @@ def test_malformed_closes_only_that_connection_v5(
     assert bystander.expect(Publish).payload == b"still"
 
 
-def test_v5_receive_maximum_exceeded_by_client(node: NodeRunner, raws: list[Raw]) -> None:
-    """[MQTT-3.3.4-9]: more unacked QoS 2 than the server's Receive Maximum: DISCONNECT 0x93."""
+def test_v5_past_receive_maximum_is_flow_control(node: NodeRunner, raws: list[Raw]) -> None:
+    """A 5.0 client sending QoS 1 PUBLISHes past the Receive Maximum (as MQTT.js 5
+    does) is not disconnected: every one is routed and acknowledged, in order."""
+    sub = opened(raws, node, "rm-sub", V5)
+    sub.subscribe(Subscription("rm/#", 0))
     r = Raw(node.mqtt_port, V5)
     raws.append(r)
     ack = r.connect("rmx")
-    limit = ack.properties.receive_maximum or 65535
-    assert limit <= 1000
-    for i in range(1, limit + 2):
-        r.send(Publish("rm/x", b"", qos=2, packet_id=i))
-    before = r.closed()
-    assert v5_disconnect_code(before) == 0x93
-    # PUBRECs still being prepared when the violation arrives may be lost with the
-    # connection; the client resends those QoS 2 messages on its next session.
-    assert sum(isinstance(p, Pubrec) for p in before) <= limit
+    count = 3 * (ack.properties.receive_maximum or 65535)
+    assert count <= 3000
+    r.send_bytes(
+        b"".join(
+            encode(Publish("rm/x", b"%d" % i, qos=1, packet_id=i), V5) for i in range(1, count + 1)
+        )
+    )
+    acks = [r.expect(Puback) for _ in range(count)]
+    assert [(a.packet_id, a.reason_code) for a in acks] == [(i, 0) for i in range(1, count + 1)]
+    assert [sub.expect(Publish).payload for _ in range(count)] == [
+        b"%d" % i for i in range(1, count + 1)
+    ]
+    r.send(Pingreq())
+    r.expect(Pingresp)
+
+
+def test_v5_qos2_awaiting_pubrel_is_bounded(node: NodeRunner, raws: list[Raw]) -> None:
+    """QoS 2 messages left awaiting PUBREL past max_awaiting_rel (100, as EMQX) get
+    PUBREC 0x97 Quota exceeded and are not routed; the connection goes on, a PUBREL
+    frees a place."""
+    sub = opened(raws, node, "rel-sub", V5)
+    sub.subscribe(Subscription("rel/#", 2))
+    r = opened(raws, node, "rel", V5)
+    for i in range(1, 103):
+        r.send(Publish("rel/x", b"%d" % i, qos=2, packet_id=i))
+    recs = [r.expect(Pubrec) for _ in range(102)]  # a refusal need not wait for routes
+    assert sorted((p.packet_id, p.reason_code) for p in recs) == [
+        *((i, 0) for i in range(1, 101)),
+        (101, 0x97),
+        (102, 0x97),
+    ]
+    r.send(Pubrel(1))
+    assert r.expect(Pubcomp).packet_id == 1
+    r.send(Publish("rel/x", b"101", qos=2, packet_id=101))
+    assert (r.expect(Pubrec).reason_code, r.nothing()) == (0, True)
 
 
 @pytest.fixture

@@ -225,8 +225,11 @@ def test_clients_cannot_publish_to_dollar_topics(
     assert ch.inbound_inflight == 0
 
 
-def test_receive_maximum_counts_routing_and_awaiting_pubrel() -> None:
-    ch = conn(V5, ChannelConfig(receive_maximum=2))
+STRICT = ChannelConfig(receive_maximum=2, strict_receive_maximum=True)
+
+
+def test_strict_receive_maximum_counts_routing_and_awaiting_pubrel() -> None:
+    ch = conn(V5, STRICT)
     ch.receive(Publish("a", b"", qos=1, packet_id=1), NOW)
     ch.receive(Publish("a", b"", qos=2, packet_id=2), NOW)
     ch.routed(1, ok=True)
@@ -238,8 +241,8 @@ def test_receive_maximum_counts_routing_and_awaiting_pubrel() -> None:
     assert plain(ch.receive(Publish("a", b"", qos=1, packet_id=4), NOW)) == error_close(V5, 0x93)
 
 
-def test_receive_maximum_frees_on_pubrel() -> None:
-    ch = conn(V5, ChannelConfig(receive_maximum=1))
+def test_strict_receive_maximum_frees_on_pubrel() -> None:
+    ch = conn(V5, ChannelConfig(receive_maximum=1, strict_receive_maximum=True))
     ch.receive(Publish("a", b"", qos=2, packet_id=1), NOW)
     ch.routed(1, ok=True)
     ch.receive(Pubrel(1), NOW)
@@ -249,11 +252,76 @@ def test_receive_maximum_frees_on_pubrel() -> None:
 
 
 def test_3x_has_no_receive_maximum() -> None:
-    ch = conn(V311, ChannelConfig(receive_maximum=1))
+    ch = conn(V311, ChannelConfig(receive_maximum=1, strict_receive_maximum=True))
     for pid in (1, 2, 3):
         acts = ch.receive(Publish("a", b"", qos=1, packet_id=pid), NOW)
         assert [type(a) for a in acts] == [Route]
     assert ch.inbound_inflight == 3
+    assert not ch.inbound_full
+
+
+def test_past_receive_maximum_is_flow_control_not_a_disconnect() -> None:
+    """MQTT.js 5 sends QoS 1 PUBLISHes past the Receive Maximum: by default the
+    channel takes them and says it is full (the node stops reading) until a
+    route ends and its PUBACK goes out."""
+    ch = conn(V5, ChannelConfig(receive_maximum=2))
+    for pid in (1, 2):
+        assert [type(a) for a in ch.receive(Publish("a", b"", qos=1, packet_id=pid), NOW)] == [
+            Route
+        ]
+    assert ch.inbound_full
+    assert [type(a) for a in ch.receive(Publish("a", b"", qos=1, packet_id=3), NOW)] == [Route]
+    assert ch.routed(1, ok=True) == [Send(Puback(1))]
+    assert ch.inbound_full  # still two routes in progress (2 and 3)
+    ch.routed(2, ok=True)
+    assert not ch.inbound_full
+    assert ch.routed(3, ok=True) == [Send(Puback(3))]
+    assert ch.state.name == "CONNECTED"
+
+
+def test_awaiting_pubrel_does_not_hold_reading() -> None:
+    """Ids awaiting PUBREL do not count for flow control: the PUBREL that frees
+    one may be queued behind PUBLISHes the node would stop reading."""
+    ch = conn(V5, ChannelConfig(receive_maximum=1))
+    ch.receive(Publish("a", b"", qos=2, packet_id=1), NOW)
+    assert ch.inbound_full
+    ch.routed(1, ok=True)
+    assert not ch.inbound_full
+    assert ch.inbound_inflight == 1
+
+
+def test_strict_receive_maximum_never_holds_reading() -> None:
+    ch = conn(V5, ChannelConfig(receive_maximum=1, strict_receive_maximum=True))
+    ch.receive(Publish("a", b"", qos=1, packet_id=1), NOW)
+    assert not ch.inbound_full
+
+
+@pytest.mark.parametrize("level", [V311, V5])
+def test_awaiting_pubrel_is_bounded(level: int) -> None:
+    """Past max_awaiting_rel a new QoS 2 message is refused: 5.0 PUBREC 0x97 (not
+    routed; the connection goes on), 3.x (no reason codes) the close. A repeat
+    of an id already awaiting PUBREL is still answered, and PUBREL frees a place."""
+    ch = conn(level, ChannelConfig(max_awaiting_rel=2))
+    for pid in (1, 2):
+        ch.receive(Publish("a", b"", qos=2, packet_id=pid), NOW)
+    ch.routed(1, ok=True)
+    over = ch.receive(Publish("a", b"", qos=2, packet_id=3), NOW)  # 1 awaiting, 2 routing
+    if level == V311:
+        assert plain(over) == error_close(V311, 0x93)
+        return
+    assert over == [Send(Pubrec(3, 0x97))]
+    assert ch.receive(Publish("a", b"", qos=2, packet_id=1, dup=True), NOW) == [Send(Pubrec(1))]
+    ch.routed(2, ok=True)
+    assert ch.receive(Pubrel(1), NOW) == [Released(1), Send(Pubcomp(1))]
+    assert [type(a) for a in ch.receive(Publish("a", b"", qos=2, packet_id=3), NOW)] == [Route]
+
+
+def test_awaiting_pubrel_bound_zero_means_none() -> None:
+    ch = conn(V5, ChannelConfig(max_awaiting_rel=0, receive_maximum=500))
+    for pid in range(1, 301):
+        ch.receive(Publish("a", b"", qos=2, packet_id=pid), NOW)
+        ch.routed(pid, ok=True)
+    assert ch.inbound_inflight == 300
 
 
 # --- outbound ------------------------------------------------------------------------------------

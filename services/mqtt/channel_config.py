@@ -27,10 +27,10 @@ class ChannelConfig:
     spec allows). Off by default: MQTT.js 5 does not hold back to it, Mosquitto
     does not disconnect for it and EMQX counts only QoS 2 awaiting PUBREL."""
     max_awaiting_rel: int = 100
-    """Incoming QoS 2 messages a client may leave awaiting PUBREL (0: no bound;
+    """Incoming QoS 2 messages a 5.0 client may leave awaiting PUBREL (0: no bound;
     EMQX's max_awaiting_rel and its default). A new one past it is refused with
-    PUBREC 0x97 Quota exceeded, not routed (3.x, which has no reason codes: the
-    connection is closed, the client resends it after reconnecting)."""
+    PUBREC 0x97 Quota exceeded and not routed. 3.x clients, which cannot be told,
+    are bounded only by the packet id space."""
     max_packet_size: int = 1 << 20
     """Bytes; announced in the 5.0 CONNACK (the codec enforces it on input)."""
     topic_alias_maximum: int = 65535

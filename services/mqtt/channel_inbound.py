@@ -13,9 +13,12 @@ while routes in progress (acks not yet sent) are at the limit, and the acks
 going out let it read on, the flow control TCP gives 3.x clients. Only routes
 count: ids awaiting PUBREL wait for the client's PUBREL, which may sit behind
 the very PUBLISHes we would stop reading. Those are bounded on their own by
-`max_awaiting_rel` (past it PUBREC 0x97 Quota exceeded; EMQX sends 0x93,
-which is not a PUBREC reason code (MQTT 5 3.5.2.1): a strict decoder, ours or
-paho's, would take the packet as malformed). With
+`max_awaiting_rel` (past it PUBREC 0x97 Quota exceeded, as Mosquitto; EMQX
+sends 0x93, which is not a PUBREC reason code (MQTT 5 3.5.2.1): a strict
+decoder, ours or paho's, would take the packet as malformed). A 3.x client
+cannot be told and has no Receive Maximum to keep to: its ids awaiting PUBREL
+are bounded only by the packet id space (65,535 small integers), and a burst
+of QoS 2 PUBLISHes (amqtt's, MQTT.js's) is taken whole. With
 `strict_receive_maximum` the spec's count (routes plus ids awaiting PUBREL)
 past the limit is DISCONNECT 0x93 and nothing pauses. Clients may
 not publish to `$` topics: the message is dropped and acknowledged (5.0:
@@ -115,9 +118,7 @@ class InboundFlow:
             if pid in self._routing_qos2:
                 return []
             bound = cfg.max_awaiting_rel
-            if bound and len(self._awaiting_rel) + len(self._routing_qos2) >= bound:
-                if not self._v5:
-                    raise ReceiveMaximumExceeded(f"more than {bound} QoS 2 awaiting PUBREL")
+            if bound and self._v5 and len(self._awaiting_rel) + len(self._routing_qos2) >= bound:
                 return [Send(Pubrec(pid, RC.QUOTA_EXCEEDED))]
         strict = self._v5 and cfg.strict_receive_maximum
         if strict and p.qos and self.inflight >= cfg.receive_maximum:

@@ -2,7 +2,9 @@
 # Installs what Weir needs on a fresh Debian machine, idempotently:
 # redis-server, mosquitto (the peer broker of `weir bench --vs`) and Java 17
 # (PySpark's JVM, for the Spark jobs in streams/) from Debian when missing,
-# then a virtualenv in .venv from requirements.lock.
+# then a virtualenv in .venv from requirements.lock. For the interop matrix
+# (tests/interop): mosquitto-clients, Node.js and npm from Debian when
+# missing, and MQTT.js as pinned in tests/interop/js/package-lock.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +12,9 @@ need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v mosquitto_pub >/dev/null 2>&1 || need_apt+=(mosquitto-clients)
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} from Debian" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -29,4 +34,9 @@ if [ ! -f .venv/.installed ] || [ requirements.lock -nt .venv/.installed ] || [ 
   .venv/bin/uv pip install -q --python .venv/bin/python -r requirements.lock
   .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
   touch .venv/.installed
+fi
+
+js=tests/interop/js
+if [ ! -f $js/node_modules/.package-lock.json ] || [ $js/package-lock.json -nt $js/node_modules/.package-lock.json ]; then
+  (cd $js && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi

@@ -11,9 +11,7 @@ until the answer is back, so a client's packets keep their order; past
 HELD_INPUT_BYTES of them we stop reading until then. A client with a read
 budget (per-client message / byte rates, `services.auth.limits`) takes
 packets while its budget lasts; past it the next packet stays in the buffer
-and reading stops until the window refills, the same pause as above. So
-does a 5.0 client past our Receive Maximum (MQTT.js 5 does not hold back to
-it): while the channel is `inbound_full` we read on only as its acks go out.
+and reading stops until the window refills, the same pause as above.
 
 Writes are batched: `write` appends to a list and registers the connection
 with the broker, which flushes every dirty connection once per loop turn.
@@ -63,7 +61,6 @@ from services.mqtt.packets import ReasonCode
 if TYPE_CHECKING:
     from services.listener.listeners import Listener
 
-#   before that subscriber is treated as slow (QoS 0 dropped) until it drains
 EARLY_FLUSH_BYTES = 64 * 1024  # bytes: hand output to the transport within the turn, so
 #   its high-water mark (and pause_writing) reacts before a turn's output piles up
 WORK_BUDGET = 4096  # packets + deliveries one connection may cause per loop turn: about
@@ -75,7 +72,6 @@ HELD_INPUT_BYTES = 64 * 1024  # bytes a connection reads while the broker works 
 
 class Connection(asyncio.Protocol):
     __slots__ = (
-        "_acks_held",
         "_blocked_on",
         "_buf",
         "_busy",
@@ -128,7 +124,6 @@ class Connection(asyncio.Protocol):
         self._slow = False  # paused past the stall bound: drop instead of making anyone wait
         self._read_paused = False
         self._write_paused = False
-        self._acks_held = False  # past the Receive Maximum: reading waits for our acks
         self._timers: dict[str, float] | None = None
         self._wake: int | None = None
         self.closed = False  # we asked the transport to close, or it is gone
@@ -231,10 +226,6 @@ class Connection(asyncio.Protocol):
         outer = turn.handling(self)
         try:
             while not self._busy and not self.closed and self._blocked_on is None:
-                if channel.inbound_full:
-                    self._acks_held = True  # `routed` reads on
-                    self._pause_reading()
-                    break
                 if turn.work > budget:
                     self._defer()
                     break
@@ -248,6 +239,8 @@ class Connection(asyncio.Protocol):
                 used += size
                 turn.work += 1
                 self._carry_out(channel.receive(packet, broker.loop.time()))
+                if channel.inbound_full:  # past the Receive Maximum: on hold until `routed`
+                    self.block_on(self)  # frees a place (re-checked each PUBLISHER_STALL_S)
         except MQTTError as err:
             # A CONNECT the codec refused: its level byte says whether a CONNACK can tell why.
             level = None if channel.protocol_level else codec.peek_connect_level(view[used:])
@@ -306,7 +299,7 @@ class Connection(asyncio.Protocol):
 
     def _stalled(self, subscriber: ConnectionPort | PeerGate) -> None:
         if self._blocked_on is subscriber:
-            if isinstance(subscriber, Connection):
+            if isinstance(subscriber, Connection) and subscriber is not self:
                 subscriber._slow = True  # until it drains, its QoS 0 messages are dropped
             self.unblock(subscriber)
 
@@ -463,10 +456,8 @@ class Connection(asyncio.Protocol):
     ) -> None:
         if not self.closed:
             self._carry_out(self.channel.routed(token, ok, no_subscribers, reason_code))
-            if self._acks_held and not self.channel.inbound_full:
-                self._acks_held = False
-                if not self._deferred:
-                    self._continue()
+            if self._blocked_on is self and not self.channel.inbound_full:
+                self.unblock(self)
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
@@ -479,8 +470,6 @@ class Connection(asyncio.Protocol):
             self.transport.pause_reading()  # type: ignore[attr-defined]
 
     def _resume_reading(self) -> None:
-        if self._acks_held:
-            return
         if self._read_paused and self.transport is not None and not self.closed:
             self._read_paused = False
             self.transport.resume_reading()  # type: ignore[attr-defined]

@@ -434,3 +434,39 @@ async def test_shared_strategies_deliver_each_message_once(strategy: str) -> Non
         assert counts == [10, 10, 10]
     if strategy in ("sticky", "hash_clientid", "hash_topic"):  # one publisher, one topic
         assert sorted(counts) == [0, 0, 30]
+
+
+async def test_past_the_receive_maximum_the_publisher_is_read_as_acks_go_out() -> None:
+    """MQTT.js 5 sends QoS 1 PUBLISHes past the Receive Maximum: the node does not
+    disconnect it but reads no more of it while that many are being routed, and
+    reads on as their PUBACKs go out. Routing is held here by a queue store that
+    waits for the test."""
+    h = await make_harness(settings(receive_maximum=8))
+    sub, sub_t = await h.connected("sub", level=5)
+    sub.data_received(codec.encode(Subscribe(1, (Subscription("rm", 1),)), 5))
+    await wait_for(lambda: any(isinstance(p, Suback) for p in sub_t.packets(5)), "suback")
+    gate = asyncio.Event()
+    store = h.broker.queue
+    enqueue = store.enqueue_and_take
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        await gate.wait()
+        return await enqueue(*args, **kwargs)
+
+    store.enqueue_and_take = held  # type: ignore[method-assign]
+    pub, pub_t = await h.connected("pub", level=5)
+    pub.data_received(
+        b"".join(
+            codec.encode(Publish("rm", b"%d" % i, qos=1, packet_id=i + 1), 5) for i in range(40)
+        )
+    )
+    await wait_for(lambda: not pub_t.reading, "publisher held back")
+    assert pub.channel.inbound_inflight == 8
+    assert not pub_t.closed
+    gate.set()
+    await wait_for(
+        lambda: sum(isinstance(p, Puback) for p in pub_t.packets(5)) == 40, "40 PUBACKs"
+    )
+    assert [p.packet_id for p in pub_t.packets(5) if isinstance(p, Puback)] == list(range(1, 41))
+    assert not any(isinstance(p, Disconnect) for p in pub_t.packets(5))
+    assert pub_t.reading

@@ -12,9 +12,6 @@ from dataclasses import dataclass
 NEVER_EXPIRE = 0xFFFFFFFF
 """Session Expiry Interval meaning "never" (MQTT 5 section 3.1.2.11.2)."""
 
-MAX_MQTT_311_CLIENT_ID = 23
-"""MQTT 3.1 requires client ids of 1 to 23 characters (3.1.1 lifts the limit)."""
-
 
 @dataclass(frozen=True, slots=True)
 class ChannelConfig:

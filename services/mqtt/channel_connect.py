@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.mqtt.channel_config import MAX_MQTT_311_CLIENT_ID, NEVER_EXPIRE, ChannelConfig
+from services.mqtt.channel_config import NEVER_EXPIRE, ChannelConfig
 from services.mqtt.errors import TopicNameInvalid
 from services.mqtt.packets import (
     ConnackCode311,
@@ -170,10 +170,10 @@ def negotiate(
 def _check_client_id(config: ChannelConfig, connect: Connect) -> Refusal | None:
     cid = connect.client_id
     bad = RC.CLIENT_IDENTIFIER_NOT_VALID
-    if connect.protocol_level == ProtocolLevel.MQTT_3_1 and not 0 < len(cid) <= (
-        MAX_MQTT_311_CLIENT_ID
-    ):
-        return Refusal(bad, f"MQTT 3.1 client id must be 1 to 23 characters, got {len(cid)}")
+    # MQTT 3.1 asked for 1 to 23 characters; Mosquitto and EMQX take longer ids from
+    # 3.1 clients (old libraries send their long default ids), and so do we.
+    if connect.protocol_level == ProtocolLevel.MQTT_3_1 and not cid:
+        return Refusal(bad, "MQTT 3.1 has no empty client id")
     if len(cid) > config.max_client_id_length:
         return Refusal(bad, f"client id longer than {config.max_client_id_length}")
     if not cid and connect.protocol_level == ProtocolLevel.MQTT_3_1_1 and not connect.clean_start:

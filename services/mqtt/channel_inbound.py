@@ -20,9 +20,17 @@ cannot be told and has no Receive Maximum to keep to: its ids awaiting PUBREL
 are bounded only by the packet id space (65,535 small integers), and a burst
 of QoS 2 PUBLISHes (amqtt's, MQTT.js's) is taken whole. With
 `strict_receive_maximum` the spec's count (routes plus ids awaiting PUBREL)
-past the limit is DISCONNECT 0x93 and nothing pauses. Clients may
-not publish to `$` topics: the message is dropped and acknowledged (5.0:
-with 0x87, Not authorized). Checks that break a MUST raise an MQTTError.
+past the limit is DISCONNECT 0x93 and nothing pauses.
+
+Clients may not publish to `$SYS` topics (the broker's own): the message is
+dropped and acknowledged (5.0: with 0x87, Not authorized). Other `$` topics
+are routed, as Mosquitto and EMQX do: device SDKs use them (AWS IoT's
+`$aws/things/...`, Azure's `$iothub/...`), the spec only says SHOULD, and
+wildcards at the first level never match them. A PUBLISH whose Payload Format
+Indicator says UTF-8 over a payload that is not is refused on its own (PUBACK
+/ PUBREC 0x99; QoS 0 dropped), not with DISCONNECT: the spec allows either,
+and the connection's other messages are worth keeping. Checks that break a
+MUST raise an MQTTError.
 """
 
 from __future__ import annotations
@@ -53,6 +61,18 @@ def _is_topic_name(text: str) -> bool:
     except TopicNameInvalid:
         return False
     return True
+
+
+def _refusal(topic: str, p: Publish) -> int | None:
+    """Why this PUBLISH is acknowledged and dropped, or None: it is routed."""
+    if topic.startswith("$SYS") and topic[4:5] in ("", "/"):
+        return RC.NOT_AUTHORIZED
+    if p.properties.payload_format_indicator == 1:
+        try:
+            p.payload.decode()
+        except UnicodeDecodeError:
+            return RC.PAYLOAD_FORMAT_INVALID
+    return None
 
 
 class InboundFlow:
@@ -123,11 +143,11 @@ class InboundFlow:
         strict = self._v5 and cfg.strict_receive_maximum
         if strict and p.qos and self.inflight >= cfg.receive_maximum:
             raise ReceiveMaximumExceeded(f"more than {cfg.receive_maximum} QoS 1/2 in flight")
-        if topic.startswith("$"):
+        refused = _refusal(topic, p)
+        if refused is not None:
             if pid is None:
                 return []
-            code = RC.NOT_AUTHORIZED if self._v5 else RC.SUCCESS
-            return [Send(self._ack(p.qos, pid, code))]
+            return [Send(self._ack(p.qos, pid, refused if self._v5 else RC.SUCCESS))]
 
         props = p.properties
         if props.topic_alias is not None or props.subscription_identifier:

@@ -172,9 +172,7 @@ def decode(
         payload = bytes(payload)
     if "+" in topic or "#" in topic or "\x00" in topic or not topic:
         _check_topic_name(topic, props, protocol_level)
-    if props.payload_format_indicator == 1:
-        _check_utf8_payload(payload)
-    packet = _new(Publish)
+    packet = _new(Publish)  # a payload format indicator is checked by the channel
     _set_topic(packet, topic)
     _set_payload(packet, payload)
     _set_qos(packet, qos)

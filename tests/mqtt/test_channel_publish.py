@@ -216,13 +216,41 @@ def test_3x_publish_errors_close(level: int, cfg: ChannelConfig, publish: Publis
         (V3, 1, [Send(Puback(9))]),
     ],
 )
-def test_clients_cannot_publish_to_dollar_topics(
+def test_clients_cannot_publish_to_sys_topics(
     level: int, qos: int, expected: list[Action]
 ) -> None:
     ch = conn(level)
     pid = 9 if qos else None
     assert ch.receive(Publish("$SYS/broker/uptime", b"0", qos=qos, packet_id=pid), NOW) == expected
+    assert ch.receive(Publish("$SYS", b"0", qos=qos, packet_id=pid), NOW) == expected
     assert ch.inbound_inflight == 0
+
+
+@pytest.mark.parametrize("topic", ["$aws/things/t1/shadow/update", "$iothub/twin/x", "$SYSTEM"])
+def test_other_dollar_topics_are_routed(topic: str) -> None:
+    """Device SDKs publish to `$aws/...` and `$iothub/...`; Mosquitto and EMQX route them."""
+    ch = conn(V5)
+    assert ch.receive(Publish(topic, b"{}", qos=1, packet_id=3), NOW) == [
+        Route(Message(topic, b"{}", qos=1, sender="c1"), token=1)
+    ]
+
+
+@pytest.mark.parametrize(("qos", "expected"), [(0, []), (1, [Send(Puback(4, 0x99))]),
+                                               (2, [Send(Pubrec(4, 0x99))])])  # fmt: skip
+def test_payload_not_utf8_as_its_format_says_is_refused_alone(
+    qos: int, expected: list[Action]
+) -> None:
+    """Payload Format Indicator 1 over bytes that are not UTF-8: that message is
+    refused (0x99), not routed; the connection goes on (the spec allows either)."""
+    ch = conn(V5)
+    bad = Properties(payload_format_indicator=1)
+    pid = 4 if qos else None
+    assert ch.receive(Publish("t", b"\xff\xfe", qos=qos, packet_id=pid, properties=bad), NOW) == (
+        expected
+    )
+    good = Publish("t", "ok ✓".encode(), qos=1, packet_id=5, properties=bad)
+    assert [type(a) for a in ch.receive(good, NOW)] == [Route]
+    assert ch.state.name == "CONNECTED"
 
 
 STRICT = ChannelConfig(receive_maximum=2, strict_receive_maximum=True)

@@ -90,7 +90,6 @@ BAD: list[tuple[str, int, str, type[MQTTError]]] = [
     ("property past its length", 5, "30 07 00 01 61 02 02 00 00", MalformedPacket),
     ("property length past packet", 5, "30 05 00 01 61 09 01", MalformedPacket),
     ("payload format 2", 5, "30 06 00 01 61 02 01 02", ProtocolError),
-    ("payload format 1, bad UTF-8", 5, "30 08 00 01 61 02 01 01 ff fe", PayloadFormatInvalid),
     ("receive maximum 0", 5,
      f"10 10 {MQTT} 05 02 00 00 03 21 00 00 00 01 63", ProtocolError),
     ("maximum packet size 0", 5,
@@ -286,10 +285,19 @@ def test_property_blocks_shared_between_packets_are_still_checked_per_packet_typ
     assert first[0] == again[0] == Publish("a", b"hi", properties=Properties(topic_alias=7))
     with pytest.raises(MalformedPacket):  # the same block is not allowed in SUBSCRIBE
         decode(h("82 0a 00 01 03 23 00 07 00 01 61 00"), 5)
-    bad = h("30 08 00 01 61 02 01 01 ff fe")  # payload format 1 on a non-UTF-8 payload
-    for _ in range(2):
+    will = h(f"10 17 {MQTT} 05 06 00 00 00 00 01 63 | 02 01 01 | 00 01 77 | 00 01 ff")
+    for _ in range(2):  # will payload format 1 on a non-UTF-8 payload
         with pytest.raises(PayloadFormatInvalid):
-            decode(bad, 5)
+            decode(will, 5)
+
+
+def test_publish_payload_format_is_left_to_the_channel() -> None:
+    """It refuses such a message alone (PUBACK 0x99), not the connection."""
+    data = h("30 08 00 01 61 02 01 01 ff fe")  # payload format 1 on a non-UTF-8 payload
+    assert decode(data, 5) == (
+        Publish("a", b"\xff\xfe", properties=Properties(payload_format_indicator=1)),
+        len(data),
+    )
 
 
 def test_byte_order_mark_is_kept_not_stripped() -> None:

@@ -3,8 +3,9 @@
 # redis-server, mosquitto (the peer broker of `weir bench --vs`) and Java 17
 # (PySpark's JVM, for the Spark jobs in streams/) from Debian when missing,
 # then a virtualenv in .venv from requirements.lock. For the interop matrix
-# (tests/interop): mosquitto-clients, Node.js and npm from Debian when
-# missing, and MQTT.js as pinned in tests/interop/js/package-lock.json.
+# (tests/interop): mosquitto-clients, Node.js, npm, Chromium and its driver
+# from Debian when missing, and MQTT.js as pinned in
+# tests/interop/js/package-lock.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,8 @@ command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mosquitto_pub >/dev/null 2>&1 || need_apt+=(mosquitto-clients)
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} from Debian" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -108,6 +108,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             note = dict(report.user_properties).get("note")
             if outcome == "skipped" and isinstance(report.longrepr, tuple):
                 note = str(report.longrepr[2]).removeprefix("Skipped: ")
+                note = note.removeprefix(f"{client} cannot run {scenario}: ")
             if note:
                 notes.append(f"[{len(notes) + 1}] {client} {scenario}: {note}")
                 cell += f" [{len(notes)}]"

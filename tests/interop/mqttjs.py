@@ -13,7 +13,7 @@ import itertools
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tests.interop.api import (
     REFUSED,
@@ -125,8 +125,16 @@ class Driver:
                 await self.proc.wait()
 
 
+class JsDriver(Protocol):
+    """Runs one operation of driver.mjs / browser.js and returns its answer."""
+
+    async def call(self, op: str, timeout: float = 60.0, **args: Any) -> dict[str, Any]: ...
+
+    async def stop(self) -> None: ...
+
+
 class JsConn:
-    def __init__(self, driver: Driver, name: str, session_present: bool) -> None:
+    def __init__(self, driver: JsDriver, name: str, session_present: bool) -> None:
         self.driver, self.name, self.session_present = driver, name, session_present
 
     async def subscribe(self, topic_filter: str, qos: int) -> None:
@@ -168,21 +176,29 @@ class MqttJs:
 
     def __init__(self) -> None:
         self.version = version()
-        self._driver: Driver | None = None
+        self._driver: JsDriver | None = None
         self._names = itertools.count(1)
 
+    async def _start(self) -> JsDriver:
+        return await Driver.start()
+
+    def _where(self, broker: Broker, spec: ConnectSpec) -> tuple[str, str | None]:
+        """The URL to connect to and the CA file to trust (TLS)."""
+        return broker.url(spec.transport), broker.cafile if spec.transport == "tls" else None
+
     async def connect(self, broker: Broker, spec: ConnectSpec) -> JsConn:
+        url, ca = self._where(broker, spec)
         if self._driver is None:
-            self._driver = await Driver.start()
+            self._driver = await self._start()
         name = f"c{next(self._names)}"
         will = None
         if spec.will is not None:
             will = {"topic": spec.will.topic, "payload": _b64(spec.will.payload),
                     "qos": spec.will.qos}  # fmt: skip
         got = await self._driver.call(
-            "connect", conn=name, url=broker.url(spec.transport), client_id=spec.client_id,
+            "connect", conn=name, url=url, client_id=spec.client_id,
             version=spec.version or 5, clean=spec.clean, session_expiry=spec.session_expiry,
-            will=will, ca=broker.cafile if spec.transport == "tls" else None,
+            will=will, ca=ca,
         )  # fmt: skip
         return JsConn(self._driver, name, got["session_present"])
 

@@ -1,8 +1,9 @@
 """The interop matrix: every client library runs every scenario it supports.
 
-Clients (each version pinned): MQTT.js 5 under Node.js (package-lock.json in
-tests/interop/js), mosquitto_pub / mosquitto_sub (Debian mosquitto-clients),
-paho-mqtt, gmqtt, aiomqtt and amqtt's client (requirements.lock). A test id
+Clients (each version pinned): MQTT.js 5 under Node.js and in headless
+Chromium (package-lock.json in tests/interop/js; Debian chromium), mosquitto_pub
+/ mosquitto_sub (Debian mosquitto-clients), paho-mqtt, gmqtt, aiomqtt and
+amqtt's client (requirements.lock). A test id
 is `client-scenario`; a failure names both; a combination the client cannot
 do is skipped with the reason. See scenarios.py for what each scenario checks.
 """
@@ -16,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.interop import mosquitto_cli, mqttjs
+from tests.interop import browser, mosquitto_cli, mqttjs
 from tests.interop.api import Broker, Client, Unsupported
 from tests.interop.asyncio_clients import Amqtt, Gmqtt
 from tests.interop.paho_clients import AioMqtt, Paho
@@ -42,6 +43,13 @@ def _mosquitto() -> Client:
     return mosquitto_cli.MosquittoCli()
 
 
+def _chromium() -> Client:
+    why = browser.missing()
+    if why is not None:
+        pytest.skip(why)
+    return browser.BrowserMqttJs()
+
+
 CLIENTS: dict[str, Callable[[], Client]] = {
     "mqttjs": _mqttjs,
     "mosquitto": _mosquitto,
@@ -49,6 +57,7 @@ CLIENTS: dict[str, Callable[[], Client]] = {
     "gmqtt": Gmqtt,
     "aiomqtt": AioMqtt,
     "amqtt": Amqtt,
+    "chromium": _chromium,
 }
 
 

@@ -38,6 +38,8 @@ from services.config.listeners import Listeners
 MAX_CONNECTIONS = 19_000  # connections; the process may open 20,000 files (DESIGN 11)
 MAX_PACKET_SIZE = 1 << 20  # bytes (1 MiB): bounds per-connection buffer memory
 RECEIVE_MAXIMUM = 32  # unacknowledged incoming QoS 1/2 PUBLISHes per client (EMQX's default)
+MAX_AWAITING_REL = 100  # incoming QoS 2 messages awaiting PUBREL per 5.0 client (EMQX's
+#   max_awaiting_rel default); past it PUBREC 0x97 (docs/limits.md)
 QUEUE_LIMIT = 1000  # messages per offline/overflow queue, as Mosquitto's max_queued_messages
 MAX_KEEP_ALIVE_S = 65_535  # seconds; the largest keep alive MQTT can express (a 5.0
 #   client asking for more is told this; 0, no keep alive, stays allowed as the spec says)
@@ -119,8 +121,14 @@ class Limits:
         MAX_PACKET_SIZE, "largest MQTT packet", unit="bytes"
     )
     receive_maximum: Annotated[Int, Field(ge=1, le=65_535)] = opt(
-        RECEIVE_MAXIMUM, "unacknowledged QoS 1/2 PUBLISHes a 5.0 client may send at once"
-    )
+        RECEIVE_MAXIMUM, "unacknowledged QoS 1/2 PUBLISHes a 5.0 client may send at once; "
+        "past it the node reads no more from that client until its acks go out")  # fmt: skip
+    strict_receive_maximum: Bool = opt(
+        False, "disconnect a 5.0 client past the Receive Maximum (DISCONNECT 0x93) instead "
+        "of slowing it; MQTT.js 5 does not keep to it")  # fmt: skip
+    max_awaiting_rel: Annotated[Int, Field(ge=0, le=65_535)] = opt(
+        MAX_AWAITING_REL, "incoming QoS 2 messages a 5.0 client may leave awaiting PUBREL "
+        "(0: no bound); a new one past it gets PUBREC 0x97")  # fmt: skip
     queue_limit: Annotated[Int, Field(ge=1)] = opt(
         QUEUE_LIMIT, "messages queued per session (offline or behind its inflight window)",
         unit="messages")  # fmt: skip

@@ -67,6 +67,8 @@ def channel_config(settings: Settings, authenticate: bool = False) -> ChannelCon
     limits = settings.limits
     return ChannelConfig(
         receive_maximum=limits.receive_maximum,
+        strict_receive_maximum=limits.strict_receive_maximum,
+        max_awaiting_rel=limits.max_awaiting_rel,
         max_packet_size=limits.max_packet_size,
         max_keep_alive=limits.max_keep_alive_s,
         max_subscriptions=limits.max_subscriptions,

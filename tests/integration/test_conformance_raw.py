@@ -538,6 +538,40 @@ def test_v5_qos2_awaiting_pubrel_is_bounded(node: NodeRunner, raws: list[Raw]) -
     assert (r.expect(Pubrec).reason_code, r.nothing()) == (0, True)
 
 
+def test_v5_strict_receive_maximum_disconnects() -> None:
+    """[MQTT-3.3.4-9] with --strict-receive-maximum: more unacked QoS 2 than the
+    Receive Maximum (ids awaiting PUBREL count) is DISCONNECT 0x93."""
+    runner = NodeRunner(node_settings(strict_receive_maximum=True, receive_maximum=4)).start()
+    r = Raw(runner.mqtt_port, V5)
+    try:
+        ack = r.connect("rmx")
+        assert ack.properties.receive_maximum == 4
+        for i in range(1, 6):
+            r.send(Publish("rm/x", b"", qos=2, packet_id=i))
+        before = r.closed()
+        assert v5_disconnect_code(before) == 0x93
+        # PUBRECs still being prepared when the violation arrives may be lost with the
+        # connection; the client resends those QoS 2 messages on its next session.
+        assert sum(isinstance(p, Pubrec) for p in before) <= 4
+    finally:
+        r.close()
+        runner.stop()
+
+
+def test_v5_max_awaiting_rel_setting() -> None:
+    runner = NodeRunner(node_settings(max_awaiting_rel=3)).start()
+    r = Raw(runner.mqtt_port, V5)
+    try:
+        r.connect("rel3")
+        for i in range(1, 5):
+            r.send(Publish("rel3/x", b"", qos=2, packet_id=i))
+        recs = sorted((p.packet_id, p.reason_code) for p in (r.expect(Pubrec) for _ in range(4)))
+        assert recs == [(1, 0x10), (2, 0x10), (3, 0x10), (4, 0x97)]  # 0x10: no subscribers
+    finally:
+        r.close()
+        runner.stop()
+
+
 @pytest.fixture
 def small_node() -> Iterator[NodeRunner]:
     runner = NodeRunner(node_settings(max_packet_size=256)).start()

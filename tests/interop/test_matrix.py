@@ -1,11 +1,12 @@
 """The interop matrix: every client library runs every scenario it supports.
 
 Clients (each version pinned): MQTT.js 5 under Node.js and in headless
-Chromium (package-lock.json in tests/interop/js; Debian chromium), mosquitto_pub
-/ mosquitto_sub (Debian mosquitto-clients), paho-mqtt, gmqtt, aiomqtt and
-amqtt's client (requirements.lock). A test id
-is `client-scenario`; a failure names both; a combination the client cannot
-do is skipped with the reason. See scenarios.py for what each scenario checks.
+Chromium (package-lock.json in tests/interop/js; Debian chromium),
+mosquitto_pub / mosquitto_sub (Debian mosquitto-clients), paho-mqtt, gmqtt,
+aiomqtt and amqtt's client (requirements.lock). A test id is
+`client-scenario`; a failure names both; a combination the client cannot do
+is skipped with the reason. scenarios.py says what each scenario checks;
+docs/interop.md has the table.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def test_interop(
         note = asyncio.run(_run(CLIENTS[client], scenario, broker))
     except Unsupported as why:
         pytest.skip(f"{client} cannot run {scenario}: {why}")
-    except AssertionError as exc:
-        raise AssertionError(f"{client} / {scenario} against {broker.name}: {exc}") from exc
+    except Exception as exc:  # a failed check, a client's error or a time-out
+        raise AssertionError(f"{client} / {scenario} against {broker.name}: {exc!r}") from exc
     if note:
         record_property("note", note)

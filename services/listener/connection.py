@@ -198,7 +198,7 @@ class Connection(asyncio.Protocol):
     def add_waiter(self, publisher: Publisher) -> None:
         if self._waiters is None:
             self._waiters = [publisher]
-        else:
+        elif publisher not in self._waiters:  # a publisher held again is listed once
             self._waiters.append(publisher)
 
     def wake_waiters(self) -> None:

@@ -470,3 +470,4 @@ async def test_past_the_receive_maximum_the_publisher_is_read_as_acks_go_out() -
     assert [p.packet_id for p in pub_t.packets(5) if isinstance(p, Puback)] == list(range(1, 41))
     assert not any(isinstance(p, Disconnect) for p in pub_t.packets(5))
     assert pub_t.reading
+    assert len(pub._waiters or ()) <= 1  # each hold waits on itself: listed once, not per hold

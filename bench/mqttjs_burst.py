@@ -5,7 +5,10 @@
 Starts `weir up --mqtt-port P --ws-port off --data-dir TMP` (Redis and the
 embedded Kafka, as a user runs it), runs bench/mqttjs_burst.mjs against it,
 stops it; then the same against `/usr/sbin/mosquitto -p P2` with its default
-configuration. Prints one line per broker and the ratio. Issue 24: Weir
+configuration (which drops QoS 1 messages for a subscriber more than 1,000
+behind: max_queued_messages). Prints one line per broker and the ratio;
+exits 1 unless Weir delivered everything with no failed PUBACK and no
+disconnect. Issue 24: Weir
 disconnected this client with 0x93 past the Receive Maximum (1.1 s for 200
 messages, against 12 ms for Mosquitto). Needs scripts/setup.sh (MQTT.js in
 tests/interop/js) and loopback only.
@@ -87,10 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     ratio = results["weir"]["seconds"] / results["mosquitto"]["seconds"]
     print(f"weir / mosquitto: {ratio:.2f}x")
-    ok = all(
-        r["received"] == args.count and not r["failed"] and not r["disconnects"]
-        for r in results.values()
-    )
+    ours = results["weir"]
+    ok = ours["received"] == args.count and not ours["failed"] and not ours["disconnects"]
     return 0 if ok else 1
 
 

@@ -21,9 +21,11 @@ The work per packet family lives beside this module: CONNECT negotiation
 (channel_connect), enhanced authentication and re-authentication with
 AUTH (channel_auth), inbound PUBLISH and the QoS 1/2 receiver flows
 (channel_inbound), SUBSCRIBE / UNSUBSCRIBE (channel_subscribe), outgoing
-PUBLISH shaping (channel_outbound), every way a connection ends (the base
-class in channel_ends). This module owns the states, the table, the
-outbound QoS stages and the answers the node feeds back.
+PUBLISH shaping (channel_outbound), every way a connection ends and the
+keep alive (channel_ends). Each is an object the channel holds and calls;
+the ends share the connection's state with it through one `Link` record
+(channel_states), which says who writes which field. This module owns the
+state moves, the dispatch by the table and the answers the node feeds back.
 
 Outbound QoS: the node owns the inflight window and calls `deliver`; packet
 id stages are in `channel_outbound.OutboundStages`.
@@ -56,9 +58,7 @@ from services.mqtt.actions import (
 from services.mqtt.channel_auth import REAUTH_TIMER, EnhancedAuth
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.channel_connect import (
-    Negotiated,
     Refusal,
-    connack_code,
     connack_properties,
     negotiate,
     random_client_id,
@@ -79,7 +79,7 @@ from services.mqtt.channel_outbound import (
     OutboundShaper,
     OutboundStages,
 )
-from services.mqtt.channel_states import SERVER_DISCONNECT_CODES, TRANSITIONS, State
+from services.mqtt.channel_states import SERVER_DISCONNECT_CODES, TRANSITIONS, Link, State
 from services.mqtt.channel_subscribe import SubscribeFlow
 from services.mqtt.errors import MQTTError, ProtocolError, QuotaExceeded
 from services.mqtt.packets import (
@@ -121,7 +121,7 @@ RC = ReasonCode
 T = PacketType
 
 
-class Channel(ChannelEnds):
+class Channel:
     """One connection's MQTT state machine; see the module docstring."""
 
     def __init__(
@@ -134,17 +134,11 @@ class Channel(ChannelEnds):
     ) -> None:
         self.config = config
         self.node = node
-        self.state = State.AWAIT_CONNECT
-        self.protocol_level = 0
         self.client_id: str | None = None
-        self.will: Will | None = None
-        self.session_expiry_s = 0
         self._new_client_id = new_client_id or random_client_id(config.assign_client_id_prefix)
         self._wall_ms = wall_ms or default_wall_ms
-        self._neg: Negotiated | None = None
-        self._last_rx = 0.0
-        self._keepalive_armed = False
-        self._held: list[tuple[Packet, float]] = []
+        self._link = Link()
+        self._ends = ChannelEnds(self._link, config)
         self._inbound = InboundFlow(config, False, "", self._wall_ms)
         self._out = OutboundStages()
         self._subscriptions = SubscribeFlow(config, False)
@@ -152,9 +146,34 @@ class Channel(ChannelEnds):
         self.outbound_aliases = False  # PUBLISHes to this client may carry topic aliases
         self._refusal: int | None = None  # a reason code every CONNECT is refused with
         self._opening: OpenSession | None = None  # while the node authenticates
-        self._auth: EnhancedAuth | None = None  # a CONNECT with an Authentication Method
 
     # -- what the node reads ------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self._link.state
+
+    @property
+    def protocol_level(self) -> int:
+        return self._link.protocol_level
+
+    @property
+    def v5(self) -> bool:
+        return self._link.v5
+
+    @property
+    def will(self) -> Will | None:
+        return self._link.will
+
+    @property
+    def session_expiry_s(self) -> int:
+        """The session expiry negotiated, or as the client's DISCONNECT changed it."""
+        return self._link.session_expiry_s
+
+    @property
+    def keep_alive(self) -> int:
+        """Effective keep alive in seconds (0: none)."""
+        return self._link.keep_alive
 
     @property
     def closed(self) -> bool:
@@ -163,7 +182,8 @@ class Channel(ChannelEnds):
     @property
     def client_receive_maximum(self) -> int:
         """The outgoing inflight window: the 5.0 client's Receive Maximum."""
-        return self._neg.client_receive_maximum if self._neg else 0
+        neg = self._link.neg
+        return neg.client_receive_maximum if neg else 0
 
     @property
     def send_quota(self) -> int:
@@ -207,16 +227,16 @@ class Channel(ChannelEnds):
         nxt = TRANSITIONS.get((self.state, ptype))
         if nxt is None:
             raise ProtocolError(f"{ptype.name} not allowed in state {self.state.name}")
-        self._last_rx = max(self._last_rx, now)
+        self._ends.heard(now)
         if self.state is State.CONNECTING:
-            if len(self._held) >= self.config.max_packets_before_connack:
-                raise QuotaExceeded(f"more than {len(self._held)} packets before CONNACK")
-            self._held.append((packet, now))
+            if len(self._link.held) >= self.config.max_packets_before_connack:
+                raise QuotaExceeded(f"more than {len(self._link.held)} packets before CONNACK")
+            self._link.held.append((packet, now))
             return []
         before = self.state
         actions = self._dispatch(packet)
         if self.state is before:
-            self.state = nxt
+            self._link.state = nxt
         return actions
 
     def _dispatch(self, packet: Packet) -> list[Action]:
@@ -240,26 +260,50 @@ class Channel(ChannelEnds):
             case Pingreq():
                 return [Send(Pingresp())]
             case Disconnect():
-                return self._on_disconnect(packet)
+                return self._ends.on_disconnect(packet)
             case Auth():
                 return self._on_auth(packet)
         raise ProtocolError(f"{type(packet).__name__} has no handler")  # pragma: no cover
+
+    # -- how it ends: the node's and the timers' inputs to channel_ends ------
+
+    def timer(self, name: str, now: float) -> list[Action]:
+        """A StartTimer the channel asked for has fired."""
+        return self._ends.timer(name, now)
+
+    def taken_over(self) -> list[Action]:
+        """Another connection claimed this session: DISCONNECT 0x8E (5.0), Close."""
+        return self._ends.taken_over()
+
+    def server_disconnect(self, reason_code: int, reference: str | None = None) -> list[Action]:
+        """The server ends it (shutdown 0x8B, kick 0x98, drain 0x9C + `reference`)."""
+        return self._ends.server_disconnect(reason_code, reference)
+
+    def connection_lost(self) -> list[Action]:
+        """The socket closed without a DISCONNECT: the will goes out."""
+        return self._ends.connection_lost()
+
+    def protocol_error(self, err: MQTTError, connect_level: int | None = None) -> list[Action]:
+        """What to do about an MQTTError (from the channel or the codec): see
+        `ChannelEnds.protocol_error`."""
+        return self._ends.protocol_error(err, connect_level)
 
     # -- CONNECT ------------------------------------------------------------
 
     def _on_connect(self, connect: Connect) -> list[Action]:
         level = connect.protocol_level
-        self.protocol_level = level if level in tuple(ProtocolLevel) else ProtocolLevel.MQTT_3_1_1
+        link = self._link
+        link.protocol_level = level if level in tuple(ProtocolLevel) else ProtocolLevel.MQTT_3_1_1
         if self._refusal is not None:
             busy = ConnackCode311.SERVER_UNAVAILABLE
-            return self._refuse(self._refusal, "connection limit reached", v3_default=busy)
+            return self._ends.refuse(self._refusal, "connection limit reached", v3_default=busy)
         result = negotiate(self.config, connect, self._new_client_id)
         if isinstance(result, Refusal):
-            return self._refuse(result.reason_code, result.detail)
-        self._neg = result
+            return self._ends.refuse(result.reason_code, result.detail)
+        link.neg = result
         self.client_id = result.client_id
-        self.will = connect.will
-        self.session_expiry_s = result.session_expiry_s
+        link.will = connect.will
+        link.session_expiry_s = result.session_expiry_s
         self._subscriptions = SubscribeFlow(self.config, self.v5)
         self._inbound = InboundFlow(self.config, self.v5, result.client_id, self._wall_ms)
         aliases = result.client_topic_alias_maximum if self.config.outbound_topic_aliases else 0
@@ -274,25 +318,27 @@ class Channel(ChannelEnds):
         method = connect.properties.authentication_method
         if method is None:
             return [Authenticate(result.client_id, connect.username, connect.password)]
-        self._auth = EnhancedAuth(method, result.client_id, connect.username)
-        self.state = State.AUTHENTICATING
-        return [self._auth.step(connect.properties.authentication_data)]
+        link.auth = EnhancedAuth(method, result.client_id, connect.username)
+        link.state = State.AUTHENTICATING
+        return [link.auth.step(connect.properties.authentication_data)]
 
     def _on_auth(self, packet: Auth) -> list[Action]:
-        if self._auth is None:
+        auth = self._link.auth
+        if auth is None:
             raise ProtocolError("AUTH on a connection whose CONNECT named no method")
-        reauth = self._auth.reauth
-        actions = self._auth.on_auth(packet, self.state is State.CONNECTED)
-        if self._auth.reauth and not reauth and self.config.connect_timeout_s:
+        reauth = auth.reauth
+        actions = auth.on_auth(packet, self.state is State.CONNECTED)
+        if auth.reauth and not reauth and self.config.connect_timeout_s:
             actions.append(StartTimer(REAUTH_TIMER, self.config.connect_timeout_s))
         return actions
 
     def auth_continue(self, data: bytes | None, context: object) -> list[Action]:
         """The node's answer to AuthExchange when the method needs another round:
         AUTH 0x18 with `data`; the client's next data comes back with `context`."""
-        if self._auth is None or self.state not in (State.AUTHENTICATING, State.CONNECTED):
+        auth = self._link.auth
+        if auth is None or self.state not in (State.AUTHENTICATING, State.CONNECTED):
             return []
-        return self._auth.challenge(data, context)
+        return auth.challenge(data, context)
 
     def authenticated(
         self, ok: bool, reason_code: int = RC.NOT_AUTHORIZED, data: bytes | None = None
@@ -302,7 +348,7 @@ class Channel(ChannelEnds):
         refuse the CONNECT with `reason_code` (3.x: its return code, else "not
         authorized"). Re-authentication: AUTH 0x00, or DISCONNECT (0x87 where
         DISCONNECT cannot carry `reason_code`) and the will."""
-        auth = self._auth
+        auth = self._link.auth
         if auth is not None:
             reauth = auth.reauth
             if not auth.finish(data):
@@ -310,14 +356,14 @@ class Channel(ChannelEnds):
             if reauth and self.state is State.CONNECTED:
                 return self._reauthenticated(ok, reason_code, data)
             if self.state is State.AUTHENTICATING:
-                self.state = State.CONNECTING
+                self._link.state = State.CONNECTING
         opening, self._opening = self._opening, None
         if self.state is not State.CONNECTING or opening is None:
             return []
         if ok:
             return [opening]
-        v3 = ConnackCode311.NOT_AUTHORIZED
-        return self._refuse(reason_code, f"not authenticated: 0x{reason_code:02X}", v3_default=v3)
+        detail = f"not authenticated: 0x{reason_code:02X}"
+        return self._ends.refuse(reason_code, detail, v3_default=ConnackCode311.NOT_AUTHORIZED)
 
     def session_opened(
         self,
@@ -331,52 +377,37 @@ class Channel(ChannelEnds):
         refuses the connection. `incoming_qos2_ids` are the resumed
         session's QoS 2 packet ids still awaiting PUBREL.
         """
-        if self.state is not State.CONNECTING or self._neg is None:
+        if self.state is not State.CONNECTING or self._link.neg is None:
             return []
         if reason_code:
-            return self._refuse(
+            return self._ends.refuse(
                 reason_code,
                 f"session refused with 0x{reason_code:02X}",
                 v3_default=ConnackCode311.SERVER_UNAVAILABLE,
             )
-        neg = self._neg
-        self.state = State.CONNECTED
+        neg = self._link.neg
+        self._link.state = State.CONNECTED
         if session_present:
             self._inbound.resume(incoming_qos2_ids)
         props = connack_properties(self.config, neg) if self.v5 else NO_PROPERTIES
-        if self._auth is not None:
-            props = self._auth.connack(props)
+        if self._link.auth is not None:
+            props = self._link.auth.connack(props)
         actions: list[Action] = [Send(Connack(session_present, 0, props))]
-        if neg.keep_alive:
-            self._keepalive_armed = True
-            actions.append(StartTimer(KEEPALIVE_TIMER, neg.keep_alive * KEEPALIVE_FACTOR))
-        held, self._held = self._held, []
+        actions += self._ends.start_keepalive()
+        held, self._link.held = self._link.held, []
         for packet, at in held:
             actions += self.receive(packet, at)
         return actions
 
     def _reauthenticated(self, ok: bool, reason_code: int, data: bytes | None) -> list[Action]:
-        assert self._auth is not None
+        auth = self._link.auth
+        assert auth is not None
         cancel: list[Action] = [CancelTimer(REAUTH_TIMER)] if self.config.connect_timeout_s else []
         if ok:
-            return [*cancel, Send(Auth(RC.SUCCESS, self._auth.properties(data)))]
+            return [*cancel, Send(Auth(RC.SUCCESS, auth.properties(data)))]
         code = reason_code if reason_code in SERVER_DISCONNECT_CODES else RC.NOT_AUTHORIZED
         detail = f"re-authentication refused: 0x{reason_code:02X}"
-        return [*cancel, *self._server_close(code, "error", detail)]
-
-    def _refuse(
-        self, reason_code: int, detail: str, *, v3_default: int | None = None
-    ) -> list[Action]:
-        """Refuse before CONNACK: a CONNACK with the code (if the level has
-        one, else `v3_default` if given), then Close without the will."""
-        code = connack_code(reason_code, self.protocol_level)
-        if code is None:
-            code = v3_default
-        actions: list[Action] = []
-        if code is not None:
-            actions.append(Send(Connack(False, code)))
-        actions += self._close("error", detail, with_will=False)
-        return actions
+        return [*cancel, *self._ends.server_close(code, "error", detail)]
 
     # -- inbound PUBLISH ----------------------------------------------------
 
@@ -398,7 +429,7 @@ class Channel(ChannelEnds):
             return []
         actions = self._inbound.routed(token, ok, no_subscribers, reason_code)
         if actions is None:
-            return self._close("error", f"routing failed with 0x{reason_code or 0x80:02X}")
+            return self._ends.close("error", f"routing failed with 0x{reason_code or 0x80:02X}")
         return actions
 
     # -- outbound PUBLISH ---------------------------------------------------

@@ -1,4 +1,4 @@
-"""Every way a connection ends: the base class `services.mqtt.channel.Channel` builds on.
+"""Every way a connection ends: `ChannelEnds`, one part of a `Channel`.
 
 Theory of operation. A connection ends by the client (DISCONNECT; the
 socket closing), by a timer (no CONNECT within the connect timeout, keep
@@ -6,8 +6,14 @@ alive), by the server (takeover, kick, shutdown) or by a protocol error.
 Each way ends in `_close`: state CLOSED, the keep alive timer cancelled and
 one `Close` action carrying the will (or None) and its delay, clamped to
 the session expiry. Connected 5.0 clients get a DISCONNECT with the reason
-first (`_server_close`); before the CONNACK a refusal is the channel's
-`_refuse` (a CONNACK, then Close without the will).
+first (`server_close`); before the CONNACK a refusal (`refuse`) is a
+CONNACK with the reason, where the level has a code for it, then Close
+without the will. The keep alive lives here too: it is a timer that ends
+the connection, counted from the last packet the channel `heard`.
+
+The ends read and write the connection through the `Link` they share with
+the channel (channel_states); the channel calls them and they call nothing
+back.
 
 The will is published on every close except a DISCONNECT with reason 0x00
 (or any 3.x DISCONNECT) and closes before the CONNACK.
@@ -19,10 +25,12 @@ from typing import TYPE_CHECKING
 
 from services.mqtt.actions import Action, CancelTimer, Close, Send, StartTimer
 from services.mqtt.channel_auth import REAUTH_TIMER
-from services.mqtt.channel_states import SERVER_DISCONNECT_CODES, State
+from services.mqtt.channel_connect import connack_code
+from services.mqtt.channel_states import SERVER_DISCONNECT_CODES, Link, State
 from services.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
 from services.mqtt.packets import (
     NO_PROPERTIES,
+    Connack,
     ConnackCode311,
     Disconnect,
     Properties,
@@ -31,10 +39,7 @@ from services.mqtt.packets import (
 )
 
 if TYPE_CHECKING:
-    from services.mqtt.channel_auth import EnhancedAuth
     from services.mqtt.channel_config import ChannelConfig
-    from services.mqtt.channel_connect import Negotiated
-    from services.mqtt.packets import Packet, Will
 
 RC = ReasonCode
 KEEPALIVE_TIMER = "keepalive"
@@ -43,91 +48,92 @@ KEEPALIVE_FACTOR = 1.5  # MQTT 3.1.2.10: one and a half times the keep alive
 
 
 class ChannelEnds:
-    """The closing half of a channel; `Channel` holds the state it reads."""
+    """How one channel's connection ends; the `Link` holds what it reads and sets."""
 
-    config: ChannelConfig
-    state: State
-    protocol_level: int
-    will: Will | None
-    session_expiry_s: int
-    _neg: Negotiated | None
-    _last_rx: float
-    _keepalive_armed: bool
-    _held: list[tuple[Packet, float]]
-    _auth: EnhancedAuth | None
+    def __init__(self, link: Link, config: ChannelConfig) -> None:
+        self._link = link
+        self._config = config
+        self._last_rx = 0.0
+        self._keepalive_armed = False
 
-    @property
-    def v5(self) -> bool:
-        return self.protocol_level == ProtocolLevel.MQTT_5
+    # -- the keep alive -----------------------------------------------------
 
-    @property
-    def keep_alive(self) -> int:
-        """Effective keep alive in seconds (0: none)."""
-        return self._neg.keep_alive if self._neg else 0
+    def heard(self, now: float) -> None:
+        """A packet arrived at `now`: the keep alive counts from the latest."""
+        self._last_rx = max(self._last_rx, now)
 
-    def _refuse(
-        self, reason_code: int, detail: str, *, v3_default: int | None = None
-    ) -> list[Action]:
-        raise NotImplementedError  # Channel's: a refusing CONNACK, then Close
+    def start_keepalive(self) -> list[Action]:
+        """At the CONNACK: the keep alive timer, if the client has one."""
+        keep_alive = self._link.keep_alive
+        if not keep_alive:
+            return []
+        self._keepalive_armed = True
+        return [StartTimer(KEEPALIVE_TIMER, keep_alive * KEEPALIVE_FACTOR)]
 
-    def _on_disconnect(self, d: Disconnect) -> list[Action]:
-        if self.state is State.AUTHENTICATING:  # before the CONNACK: no will
+    # -- the ways it ends ---------------------------------------------------
+
+    def on_disconnect(self, d: Disconnect) -> list[Action]:
+        link = self._link
+        if link.state is State.AUTHENTICATING:  # before the CONNACK: no will
             return self._close_early(
                 "normal", f"DISCONNECT 0x{d.reason_code:02X} while authenticating"
             )
         new_expiry = None
         with_will = False
-        if self.v5 and self._neg is not None:
+        if link.v5 and link.neg is not None:
             requested = d.properties.session_expiry_interval
             if requested is not None:
-                if requested and self._neg.requested_expiry_s == 0:
+                if requested and link.neg.requested_expiry_s == 0:
                     raise ProtocolError("DISCONNECT sets a session expiry after CONNECT set 0")
-                new_expiry = min(requested, self.config.max_session_expiry_s)
-                self.session_expiry_s = new_expiry
+                new_expiry = min(requested, self._config.max_session_expiry_s)
+                link.session_expiry_s = new_expiry
             with_will = d.reason_code != RC.SUCCESS
         detail = f"client DISCONNECT 0x{d.reason_code:02X}"
-        return self._close("normal", detail, with_will=with_will, session_expiry_s=new_expiry)
+        return self.close("normal", detail, with_will=with_will, session_expiry_s=new_expiry)
 
     def timer(self, name: str, now: float) -> list[Action]:
         """A StartTimer the channel asked for has fired."""
+        state = self._link.state
         if name == CONNECT_TIMER:
-            if self.state is State.AWAIT_CONNECT:
+            if state is State.AWAIT_CONNECT:
                 return self._close_early("connect_timeout", "no CONNECT within the connect timeout")
-            if self.state is State.AUTHENTICATING:
+            if state is State.AUTHENTICATING:
                 return self._close_early("connect_timeout", "authentication not finished in time")
             return []
         if name == REAUTH_TIMER:
-            if self.state is State.CONNECTED and self._auth is not None and self._auth.reauth:
+            auth = self._link.auth
+            if state is State.CONNECTED and auth is not None and auth.reauth:
                 detail = "re-authentication not finished in time"
-                return self._server_close(RC.NOT_AUTHORIZED, "error", detail)
+                return self.server_close(RC.NOT_AUTHORIZED, "error", detail)
             return []
         if name != KEEPALIVE_TIMER or not self._keepalive_armed:
             return []
-        deadline = self._last_rx + self.keep_alive * KEEPALIVE_FACTOR
+        deadline = self._last_rx + self._link.keep_alive * KEEPALIVE_FACTOR
         if now < deadline:
             return [StartTimer(KEEPALIVE_TIMER, deadline - now)]
         self._keepalive_armed = False
-        return self._server_close(RC.KEEP_ALIVE_TIMEOUT, "keepalive", "keep alive timed out")
+        return self.server_close(RC.KEEP_ALIVE_TIMEOUT, "keepalive", "keep alive timed out")
 
     def taken_over(self) -> list[Action]:
         """Another connection claimed this session: DISCONNECT 0x8E (5.0), Close."""
-        if self.state is State.CONNECTED:
-            return self._server_close(RC.SESSION_TAKEN_OVER, "takenover", "session taken over")
+        if self._link.state is State.CONNECTED:
+            return self.server_close(RC.SESSION_TAKEN_OVER, "takenover", "session taken over")
         return self._close_early("takenover", "session taken over before CONNACK")
 
     def server_disconnect(self, reason_code: int, reference: str | None = None) -> list[Action]:
         """The server ends it (shutdown 0x8B, kick 0x98, drain 0x9C + `reference`)."""
         detail = f"server disconnect 0x{reason_code:02X}"
-        if self.state is State.CONNECTED:
-            return self._server_close(reason_code, "kicked", detail, reference)
-        if self.state in (State.CONNECTING, State.AUTHENTICATING):
-            return self._refuse(reason_code, detail, v3_default=ConnackCode311.SERVER_UNAVAILABLE)
+        state = self._link.state
+        if state is State.CONNECTED:
+            return self.server_close(reason_code, "kicked", detail, reference)
+        if state in (State.CONNECTING, State.AUTHENTICATING):
+            return self.refuse(reason_code, detail, v3_default=ConnackCode311.SERVER_UNAVAILABLE)
         return self._close_early("kicked", detail)
 
     def connection_lost(self) -> list[Action]:
         """The socket closed without a DISCONNECT: the will goes out."""
-        if self.state is State.CONNECTED:
-            return self._close("error", "connection lost")
+        if self._link.state is State.CONNECTED:
+            return self.close("error", "connection lost")
         return self._close_early("error", "connection lost before CONNACK")
 
     def protocol_error(self, err: MQTTError, connect_level: int | None = None) -> list[Action]:
@@ -139,37 +145,53 @@ class ChannelEnds:
         for it (always on 5.0; for a CONNECT the codec refused, its level byte
         is `connect_level`, from `codec.peek_connect_level`), then Close without the will.
         """
+        link = self._link
         detail = f"{type(err).__name__}: {err}"
-        if self.state is State.CLOSED:
+        if link.state is State.CLOSED:
             return []
-        if self.state is State.CONNECTED:
+        if link.state is State.CONNECTED:
             code = err.reason_code
             if code not in SERVER_DISCONNECT_CODES:
                 code = RC.PROTOCOL_ERROR
-            return self._server_close(code, "error", detail)
-        if self.state is State.CONNECTING or self.protocol_level:
-            return self._refuse(err.reason_code, detail)
+            return self.server_close(code, "error", detail)
+        if link.state is State.CONNECTING or link.protocol_level:
+            return self.refuse(err.reason_code, detail)
         level = getattr(err, "protocol_level", connect_level)
         unsupported = isinstance(err, UnsupportedProtocolVersion)
-        if self.state is State.AWAIT_CONNECT and (unsupported or level == ProtocolLevel.MQTT_5):
-            self.protocol_level = ProtocolLevel.MQTT_5 if level == 5 else ProtocolLevel.MQTT_3_1_1
-            return self._refuse(err.reason_code, detail)
+        if link.state is State.AWAIT_CONNECT and (unsupported or level == ProtocolLevel.MQTT_5):
+            link.protocol_level = ProtocolLevel.MQTT_5 if level == 5 else ProtocolLevel.MQTT_3_1_1
+            return self.refuse(err.reason_code, detail)
         return self._close_early("error", detail)
 
-    def _server_close(
+    def refuse(
+        self, reason_code: int, detail: str, *, v3_default: int | None = None
+    ) -> list[Action]:
+        """Refuse before CONNACK: a CONNACK with the code (if the level has
+        one, else `v3_default` if given), then Close without the will."""
+        code = connack_code(reason_code, self._link.protocol_level)
+        if code is None:
+            code = v3_default
+        actions: list[Action] = []
+        if code is not None:
+            actions.append(Send(Connack(False, code)))
+        actions += self.close("error", detail, with_will=False)
+        return actions
+
+    def server_close(
         self, reason_code: int, reason: str, detail: str, reference: str | None = None
     ) -> list[Action]:
+        """After the CONNACK: DISCONNECT `reason_code` (5.0), then Close with the will."""
         props = Properties(server_reference=reference) if reference else NO_PROPERTIES
-        actions: list[Action] = [Send(Disconnect(reason_code, props))] if self.v5 else []
-        actions += self._close(reason, detail)
+        actions: list[Action] = [Send(Disconnect(reason_code, props))] if self._link.v5 else []
+        actions += self.close(reason, detail)
         return actions
 
     def _close_early(self, reason: str, detail: str) -> list[Action]:
-        if self.state is State.CLOSED:
+        if self._link.state is State.CLOSED:
             return []
-        return self._close(reason, detail, with_will=False)
+        return self.close(reason, detail, with_will=False)
 
-    def _close(
+    def close(
         self,
         reason: str,
         detail: str,
@@ -177,15 +199,17 @@ class ChannelEnds:
         with_will: bool = True,
         session_expiry_s: int | None = None,
     ) -> list[Action]:
-        self.state = State.CLOSED
-        self._held.clear()
+        """State CLOSED, the keep alive cancelled, one Close (the will, if any)."""
+        link = self._link
+        link.state = State.CLOSED
+        link.held.clear()
         actions: list[Action] = []
         if self._keepalive_armed:
             self._keepalive_armed = False
             actions.append(CancelTimer(KEEPALIVE_TIMER))
-        will = self.will if with_will else None
+        will = link.will if with_will else None
         delay = 0
-        if will is not None and self._neg is not None:
-            delay = min(self._neg.will_delay_s, self.session_expiry_s)
+        if will is not None and link.neg is not None:
+            delay = min(link.neg.will_delay_s, link.session_expiry_s)
         actions.append(Close(reason, will, delay, detail=detail, session_expiry_s=session_expiry_s))
         return actions

@@ -1,10 +1,18 @@
-"""The channel's states and its transition table (see `services.mqtt.channel`)."""
+"""The channel's states, its transition table, and the `Link` its parts share
+(see `services.mqtt.channel`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
-from services.mqtt.packets import PacketType
+from services.mqtt.packets import PacketType, ProtocolLevel
+
+if TYPE_CHECKING:
+    from services.mqtt.channel_auth import EnhancedAuth
+    from services.mqtt.channel_connect import Negotiated
+    from services.mqtt.packets import Packet, Will
 
 T = PacketType
 
@@ -45,3 +53,32 @@ SERVER_DISCONNECT_CODES = frozenset(
     | set(range(0x93, 0xA3))
 )
 """Reason codes a server may put in DISCONNECT (MQTT 5 3.14.2.1)."""
+
+
+@dataclass(slots=True)
+class Link:
+    """What the channel and its ends (channel_ends) both know of one connection.
+
+    Who writes what: the channel moves `state` forward and sets the rest as
+    the CONNECT is negotiated, authenticated and its session opened; the ends
+    write only what ending the connection changes: `state` to CLOSED (nothing
+    else does), `held` emptied, `session_expiry_s` from a DISCONNECT, and
+    `protocol_level` for a CONNECT the codec refused before it was decoded.
+    """
+
+    state: State = State.AWAIT_CONNECT
+    protocol_level: int = 0  # 0 until a CONNECT (or a refused CONNECT's level byte)
+    will: Will | None = None
+    session_expiry_s: int = 0
+    neg: Negotiated | None = None  # the accepted CONNECT's terms
+    auth: EnhancedAuth | None = None  # a CONNECT with an Authentication Method
+    held: list[tuple[Packet, float]] = field(default_factory=list)  # pipelined while CONNECTING
+
+    @property
+    def v5(self) -> bool:
+        return self.protocol_level == ProtocolLevel.MQTT_5
+
+    @property
+    def keep_alive(self) -> int:
+        """Effective keep alive in seconds (0: none)."""
+        return self.neg.keep_alive if self.neg else 0

@@ -17,7 +17,9 @@ A publisher's PUBLISHes wait behind its QoS 2 still being stored, so one
 client's messages keep their order [MQTT-4.6.0-6]. A will goes through the
 authorizer as its client's PUBLISH would (`publish_will`). A retained
 message is an event in the log (`set_retained`); the PUBACK / PUBREC of a retained QoS 1/2
-message also waits for the log (5.0: 0x80 if it fails; 3.x: disconnected).
+message also waits for the log (5.0: 0x80 if it fails; 3.x: disconnected), and
+that of a message a sync data bridge takes waits for Kafka the same way
+(`seams.egress`; a QoS 2 message is bridged before its packet id is stored).
 The connection whose packets are in hand is `publisher` (set by the
 connection), so a subscriber that cannot keep up can hold it back.
 """
@@ -31,6 +33,7 @@ import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from services.bridge.api import all_true
 from services.broker.delivery import Delivery
 from services.broker.logstate import LogState
 from services.broker.ports import ConnectionPort, Session, SubOptions, Turn, now_ms
@@ -146,15 +149,29 @@ class Dispatch:
             self.spawn(self._publish_qos2(conn, conn.session, route))
             return
         since = self.delivery.batched
+        bridged = self._bridge(conn, message) if self.seams.egress is not None else False
+        kafka = bridged if isinstance(bridged, asyncio.Future) else None
         if message.retain and route.token is not None:
             delivered = self.publish_message(message, store_retained=False)
             gate = self.loop.create_future()
             self.spawn(self._retain_gate(message, gate))
-            self.delivery.token(conn, route.token, delivered == 0, gate, since=since)
+            gate = gate if kafka is None else all_true((gate, kafka))
+            none = delivered == 0 and bridged is False
+            self.delivery.token(conn, route.token, none, gate, since=since)
             return
         delivered = self.publish_message(message)
         if route.token is not None:
-            self.delivery.token(conn, route.token, delivered == 0, since=since)
+            none = delivered == 0 and bridged is False
+            self.delivery.token(conn, route.token, none, kafka, since=since)
+
+    def _bridge(self, conn: ConnectionPort, message: Message) -> asyncio.Future[bool] | bool:
+        """Hand a client's PUBLISH to the data bridges (this node received it, so
+        it is bridged here and nowhere else); a sync bridge's answer gates the
+        PUBACK / PUBREC as a retained message's log append does, and a bridged
+        message is never "no matching subscribers" (5.0 0x10)."""
+        assert self.seams.egress is not None
+        client = conn.client
+        return self.seams.egress.publish(message, client.username if client else None)
 
     def _admitted(self, conn: ConnectionPort, route: Route) -> Route | None:
         """Authorization and the message.publish hook (which may replace the
@@ -221,6 +238,16 @@ class Dispatch:
                 self.delivery.token(conn, route.token, False)
             return
         message = route.message
+        taken = False  # by a data bridge: then never "no matching subscribers"
+        if self.seams.egress is not None:
+            # Kafka first: its refusal must leave the packet id unstored, so the
+            # publisher's resend is bridged again rather than taken for a duplicate.
+            bridged = self._bridge(conn, message)
+            if isinstance(bridged, asyncio.Future) and not await bridged:
+                if route.token is not None:
+                    conn.routed(route.token, False, False)
+                return
+            taken = bridged is not False
         gate: asyncio.Future[bool] | None = None
         if message.retain and route.token is not None:
             gate = self.loop.create_future()
@@ -240,7 +267,7 @@ class Dispatch:
                 send()
             return
         if not deferred:
-            self.delivery.token(conn, route.token, delivered == 0, gate, mark, since)
+            self.delivery.token(conn, route.token, delivered == 0 and not taken, gate, mark, since)
             return
         stored = self.loop.create_future()
 
@@ -252,7 +279,8 @@ class Dispatch:
             if not stored.done():
                 stored.set_result(None)
 
-        self.delivery.token(conn, route.token, delivered == 0, gate, mark, since, then)
+        none = delivered == 0 and not taken
+        self.delivery.token(conn, route.token, none, gate, mark, since, then)
         await stored  # the publisher's next messages go after these copies
 
     def publish_message(self, message: Message, store_retained: bool = True) -> int:
@@ -277,11 +305,18 @@ class Dispatch:
         if self.seams.checks_publish:
             self.spawn(self._publish_will(message))
         else:
-            self.publish_message(message)
+            self._will_out(message)
 
     async def _publish_will(self, message: Message) -> None:
         if await self.seams.may_publish_will(message):
-            self.publish_message(message)
+            self._will_out(message)
+
+    def _will_out(self, message: Message) -> None:
+        """Wills are published once cluster-wide (`wills`): bridged here too, with
+        nobody to wait for Kafka's answer (its user name is not kept)."""
+        if self.seams.egress is not None:
+            self.seams.egress.publish(message, None)
+        self.publish_message(message)
 
     def deliver_plain(self, message: Message, plan: list[PlanEntry]) -> int:
         sender = message.sender

@@ -1,4 +1,4 @@
-"""The node's seams for authentication and authorization, hooks and metrics.
+"""The node's seams for authentication and authorization, hooks, metrics and bridges.
 
 Theory of operation. The composition root gives the broker one `Seams`: an
 authenticator and an authorizer (`services.auth.api`; `AllowAll` by
@@ -36,6 +36,8 @@ that refused) and one count (`authorization.publish_denied` /
   gets its read budget (per-client rates), whose pauses are counted
   (`connections.read_paused`) and logged once per connection;
 - `start` / `stop`: the admission's ban table follows Redis while the node runs;
+- `egress`: the data bridges (`services.bridge.api`), which dispatch hands
+  each PUBLISH its node received from a client (None: no bridge configured);
 - `Kicks`: a ban new to this node disconnects the connected clients it
   covers. The ban table tells it (it is built first and given to the table
   as its `on_added`), and it knows the connected clients from `connected` /
@@ -64,6 +66,7 @@ from services.auth.api import (
 )
 from services.auth.banned import Ban, covers
 from services.auth.limits import Budget
+from services.bridge.api import Egress
 from services.broker.ports import ConnectionPort
 from services.config import Limits
 from services.hooks.api import Hooks
@@ -119,6 +122,7 @@ class Seams:
     admission: Admission | None = None  # bans, flapping, rates (None: everyone may connect)
     enhanced: EnhancedAuthenticator | None = None  # MQTT 5 Authentication Methods (SCRAM)
     kicks: Kicks | None = None  # what a new ban disconnects (with `admission`'s ban table)
+    egress: Egress | None = None  # data bridges (services.bridge): None, nothing bridged
     authenticates: bool = field(init=False)  # CONNECTs wait for the authenticator
     authorizes: bool = field(init=False)  # PUBLISH / SUBSCRIBE ask the authorizer
     acl: ConnectionAuthorizer | None = field(init=False)  # the authorizer, if it has state

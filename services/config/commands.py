@@ -120,9 +120,29 @@ TABLES = """
 # timeout_s = 5.0
 # cache_s = 60.0
 # on_error = "deny"         # deny | ignore
+
+# [[bridge.kafka_out]] tables: MQTT messages to Kafka (docs/bridges.md).
+# [[bridge.kafka_out]]
+# name = "telemetry"
+# filter = "tele/#"         # an MQTT topic filter; each message is bridged once, by the
+#                           # node its publisher is connected to
+# topic = "mqtt-telemetry"  # the Kafka topic (created with `partitions` if missing)
+# key = "${clientid}"       # templates: ${clientid} ${username} ${topic} ${payload} ${qos}
+# value = "${payload}"      #   ${retain} ${timestamp} ${user_property.NAME}; default value:
+#                           #   a JSON envelope
+# headers = { device = "${clientid}" }
+# user_properties = true    # MQTT user properties as Kafka headers too
+# mode = "sync"             # sync: PUBACK after Kafka's ack | async: at once, buffered
+# bootstrap = "kafka:9092"  # default: the event log's Kafka
+# compression = "lz4"       # none | gzip | snappy | lz4 | zstd
+# linger_ms = 5             # batching
+# buffer_bytes = 67108864   # records not yet acknowledged by Kafka, at most
+# timeout_s = 5.0           # a record's wait for Kafka (default: sync 5, async 60)
+# partitions = 8            # of a topic the bridge creates (0: never creates it)
 """
 
-_NOT_IN_FILE = ("listeners.tables", "auth", "listeners.ports")  # tables below; per node
+_NOT_IN_FILE = ("listeners.tables", "auth", "listeners.ports",  # tables below; per node
+                "bridge.kafka_out")
 
 
 def example_toml() -> str:

@@ -153,7 +153,8 @@ def _one_line(exc: ValidationError, values: Mapping[str, Any], sources: Mapping[
     return f"{source or 'default'}: bad value{shown} for {path}: {message}"
 
 
-_TABLES = {"listeners.tables": "[[listener]]", "auth": "[[auth]]"}
+_TABLES = {"listeners.tables": "[[listener]]", "auth": "[[auth]]",
+           "bridge.kafka_out": "bridge"}  # fmt: skip
 
 
 def _in_table(kind: str, raw: Any, inner: list[str], message: str, source: str | None) -> str:
@@ -161,9 +162,10 @@ def _in_table(kind: str, raw: Any, inner: list[str], message: str, source: str |
     index = int(inner[0]) if inner[0].isdigit() else 0
     table = raw[index] if isinstance(raw, list) and index < len(raw) else {}
     name = table.get("name") if isinstance(table, dict) else None
-    where = f"{kind} {name!r}" if kind == "listener" and name else f"{kind} {index + 1}"
+    named = kind in ("listener", "bridge") and name
+    where = f"{kind} {name!r}" if named else f"{kind} {index + 1}"
     key = f" {inner[1]}:" if len(inner) > 1 else ""
-    if kind != "listener" and isinstance(table, dict) and "backend" in table and key:
+    if kind == "[[auth]]" and isinstance(table, dict) and "backend" in table and key:
         where += f" ({table['backend']})"
     line = f"{where}:{key} {message}"
     return f"{source}: {line}" if source else line

@@ -3,9 +3,9 @@
 Each field is one option: its type and bounds validate it, `opt()` gives
 its help, unit, WEIR_* variable and flag (`services.config.declare`). The
 TOML key is the dotted path: `node_id`, `[listeners] mqtt_port`,
-`[limits] queue_limit`; `[[listener]]` and `[[auth]]` tables fill
-`listeners.tables` and `auth`. Rules across fields are model validators
-here, so a file, the environment, the flags and `weir config check` all
+`[limits] queue_limit`; `[[listener]]`, `[[auth]]` and `[[bridge.kafka_out]]`
+tables fill `listeners.tables`, `auth` and `bridge.kafka_out`. Rules across
+fields are model validators here, so a file, the environment, the flags and `weir config check` all
 get them. Every limit is a named constant with its unit and why.
 """
 
@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
 
 from services.config.auth import AuthBackend, AuthKind, chain
+from services.config.bridges import Bridges
 from services.config.declare import (
     FROZEN,
     Bool,
@@ -260,6 +261,7 @@ class Settings:
     cluster_ttl_s: Annotated[Seconds, Field(ge=0.5)] = opt(
         CLUSTER_TTL_S, "time without a heartbeat after which a node is dead and its sessions "
         "and wills are taken over", flag="--cluster-ttl", unit="s")  # fmt: skip
+    bridge: Bridges = opt(factory=Bridges, flag=False)
 
     @model_validator(mode="after")
     def _chain(self) -> Settings:
@@ -277,6 +279,10 @@ class Settings:
             raise ValueError("--acl-redis / --auth-redis need Redis; --backend memory has none")
         if self.limits.rate_storage == RateStorage.REDIS:
             raise ValueError("--rate-storage redis needs Redis; --backend memory has none")
+        for bridge in self.bridge.kafka_out:
+            if bridge.bootstrap is None:
+                raise ValueError(f"bridge {bridge.name!r} needs a bootstrap: --backend memory "
+                                 "has no Kafka of its own")  # fmt: skip
         return self
 
 

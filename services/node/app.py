@@ -174,7 +174,8 @@ async def open_backends(
     """The node's backends and a one-line description; stops what it started.
     An embedded Kafka's log is written through to the state store (node.embedded)."""
     if settings.backend == "memory":
-        yield build_services(settings), "memory backends"
+        async with bridged(settings, build_services(settings), None) as services:
+            yield services, "memory backends"
         return
     from services.broker.seams import admitting
     from services.broker.stores import TieredQueueStore, TieredSessionStore, Tiers
@@ -229,7 +230,8 @@ async def open_backends(
             what += "; embedded " + " and ".join(
                 "redis-server" if isinstance(s, RedisServer) else "Kafka" for s in started
             )
-        yield services, what
+        async with bridged(settings, services, bootstrap) as services:
+            yield services, what
     finally:
         for close in reversed(closers):
             with contextlib.suppress(Exception):
@@ -237,6 +239,32 @@ async def open_backends(
         for service in reversed(started):
             with contextlib.suppress(Exception):
                 service.stop()
+
+
+@contextlib.asynccontextmanager
+async def bridged(
+    settings: Settings, services: Services, bootstrap: str | None
+) -> AsyncIterator[Services]:
+    """`services` with the data bridges the settings ask for (`[[bridge.kafka_out]]`,
+    on their own Kafka or `bootstrap`, the event log's), closed after the node."""
+    tables = settings.bridge.kafka_out
+    if not tables:
+        yield services
+        return
+    import dataclasses
+
+    from services.bridge.kafka import KafkaBridges
+
+    bridges = KafkaBridges.build(tables, bootstrap, asyncio.get_running_loop())
+    try:
+        await bridges.start()
+        for bridge in bridges.bridges:
+            print(f"weir: {bridge.describe()}", flush=True)
+        yield dataclasses.replace(
+            services, seams=dataclasses.replace(services.seams, egress=bridges)
+        )
+    finally:
+        await bridges.close()
 
 
 async def serve(

@@ -1,0 +1,1 @@
+"""Data bridges: MQTT messages out to Kafka (`[[bridge.kafka_out]]`, docs/bridges.md)."""

@@ -1,0 +1,346 @@
+"""MQTT to Kafka: one producer per `[[bridge.kafka_out]]` table.
+
+Theory of operation. `KafkaBridges.publish` finds the bridges whose filter
+matches a message's topic (remembered per topic) and each renders its key,
+value and headers (`templates`) and produces the record with
+confluent-kafka: `acks=all`, idempotent (a retried batch neither repeats
+nor reorders records), `partitioner=murmur2_random` (a key lands where a
+Java client puts it: by default the client id, so one device's records
+stay in one partition, in order), the table's compression and linger
+(batching). `produce` only queues; a poll thread per producer collects the
+delivery reports and hands each poll's reports to the event loop in one
+`call_soon_threadsafe`, where the counters change and sync futures resolve.
+
+Modes. sync: `publish` returns a future resolved by Kafka's report; the
+broker holds the publisher's PUBACK / PUBREC on it. async: nothing to wait
+for; the record is acknowledged to the publisher at once and is only in
+this process's memory until Kafka's report (`buffered_*`): that is the
+loss window of async mode (a SIGKILL loses it; a Kafka outage longer than
+`timeout_s` fails its records, counted in `failures`).
+
+Bounds. Records produced and not yet reported are at most `buffer_bytes`
+(key + value); past it an async record is dropped and a sync one refused,
+both counted in `dropped` and logged at most every DROP_LOG_EVERY_S. A
+record Kafka has not acknowledged within `timeout_s` fails (librdkafka's
+`message.timeout.ms`). A fatal producer error, or a record refused as from a
+fenced producer (after a timeout the idempotent producer bumps its epoch,
+which Tansu does not follow), fails what the producer holds and the bridge
+builds a new one; records produced meanwhile are refused (`dropped`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Final
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import admin as _admin
+
+from services.bridge.api import BridgeStats, all_true
+from services.bridge.templates import Fields, Template, envelope
+from services.config.bridges import KafkaOut, Mode
+from services.mqtt.packets import Message
+from services.mqtt.topics import matches
+
+log = logging.getLogger("weir.bridge")
+
+POLL_INTERVAL_S: Final = 0.05  # delivery-report poll period of a producer's thread
+ADMIN_TIMEOUT_S: Final = 5.0  # topic creation at start; a Kafka down then is only a warning
+CLOSE_FLUSH_S: Final = 5.0  # at stop, how long buffered records get to reach Kafka
+DROP_LOG_EVERY_S: Final = 10.0  # at most one warning about dropped records per this long
+TOPIC_CACHE: Final = 10_000  # topics whose matching bridges are remembered; past it: start over
+MAX_QUEUED_MESSAGES: Final = 2_000_000  # librdkafka's own count bound; bytes bind first
+
+# An idempotent producer whose records timed out bumps its epoch; a broker that
+# does not follow (Tansu) then refuses every record with one of these, for good.
+FENCED: Final = frozenset({
+    KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError.UNKNOWN_PRODUCER_ID, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+})  # fmt: skip
+
+Report = tuple["asyncio.Future[bool] | None", int, int, "KafkaError | None"]
+
+
+class KafkaBridge:
+    """One table's producer and counters (see the module docstring)."""
+
+    def __init__(self, config: KafkaOut, bootstrap: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.name = config.name
+        self.bootstrap = bootstrap
+        self.loop = loop
+        self.sync = config.mode == Mode.SYNC
+        self.key = Template(config.key) if config.key else None
+        self.value = Template(config.value) if config.value is not None else None
+        self.headers = tuple((name, Template(text)) for name, text in config.headers)
+        self.records = self.bytes = self.failures = self.dropped = 0
+        self.buffered_records = self.buffered_bytes = 0
+        self.latency_us_total = self.latency_us_max = 0
+        self._dropped_logged = self._failed_logged = -DROP_LOG_EVERY_S
+        self._producer: Producer | None = None
+        self._poller: threading.Thread | None = None
+        self._stop_polling = threading.Event()
+        self._reports: deque[Report] = deque()  # appended by the poll thread, taken on the loop
+        self._failed = False  # a fatal producer error: rebuild before the next record
+        self._rebuilding = False
+
+    def describe(self) -> str:
+        c = self.config
+        value = "JSON envelope" if c.value is None else repr(c.value)
+        return (f"bridge {c.name}: {c.filter} -> kafka {c.topic} at {self.bootstrap} "
+                f"({c.mode}, key {c.key!r}, value {value})")  # fmt: skip
+
+    # -- lifecycle ------------------------------------------------------
+
+    async def start(self) -> None:
+        """The producer, and the topic if `partitions` asks for it (a Kafka
+        that cannot be reached now is a warning: records wait or fail)."""
+        self._producer = self._make_producer()
+        if self.config.partitions:
+            try:
+                await asyncio.to_thread(self._ensure_topic)
+            except KafkaException as exc:
+                log.warning("bridge %s: cannot create topic %s: %s", self.name,
+                            self.config.topic, exc)  # fmt: skip
+
+    def _ensure_topic(self) -> None:
+        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap, "logger": log}
+        admin = _admin.AdminClient(config)
+        new = _admin.NewTopic(self.config.topic, num_partitions=self.config.partitions)  # type: ignore[attr-defined]
+        futures = admin.create_topics([new], request_timeout=ADMIN_TIMEOUT_S)
+        try:
+            futures[self.config.topic].result(timeout=ADMIN_TIMEOUT_S)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+        except TimeoutError:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT)) from None
+
+    def _make_producer(self) -> Producer:
+        c = self.config
+        timeout_ms = int(c.delivery_timeout_s * 1000)
+        producer = Producer({
+            "bootstrap.servers": self.bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "partitioner": "murmur2_random",
+            "compression.type": str(c.compression),
+            "linger.ms": c.linger_ms,
+            "message.timeout.ms": timeout_ms,
+            "request.timeout.ms": min(timeout_ms, 30_000),
+            # The byte bound is ours (buffer_bytes); librdkafka's must not bind first.
+            "queue.buffering.max.kbytes": min(2_097_151, c.buffer_bytes // 1024 * 2),
+            "queue.buffering.max.messages": MAX_QUEUED_MESSAGES,
+            "error_cb": self._on_error,
+            "logger": log,
+        })  # fmt: skip
+        self._stop_polling = stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll_loop, args=(producer, stop),
+                                        name=f"weir-bridge-{self.name}", daemon=True)  # fmt: skip
+        self._poller.start()
+        return producer
+
+    async def close(self) -> None:
+        """Give buffered records CLOSE_FLUSH_S to reach Kafka, then stop."""
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        left = await asyncio.to_thread(producer.flush, CLOSE_FLUSH_S)
+        self._stop_polling.set()
+        if self._poller is not None:
+            await asyncio.to_thread(self._poller.join)
+        self._settle(self._take_reports())
+        if left:
+            log.warning("bridge %s: %d records not in Kafka at stop", self.name, left)
+
+    # -- the poll thread --------------------------------------------------
+
+    def _poll_loop(self, producer: Producer, stop: threading.Event) -> None:
+        while not stop.is_set():
+            producer.poll(POLL_INTERVAL_S)
+            if self._reports:
+                with contextlib.suppress(RuntimeError):  # the loop is gone; nobody waits
+                    self.loop.call_soon_threadsafe(self._settle_reports)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            log.error("bridge %s: producer failed: %s", self.name, err)
+            self._failed = True
+
+    def _take_reports(self) -> list[Report]:
+        reports, pop = [], self._reports.popleft  # deque: thread-safe append / popleft
+        with contextlib.suppress(IndexError):
+            while True:
+                reports.append(pop())
+        return reports
+
+    def _settle_reports(self) -> None:
+        self._settle(self._take_reports())
+
+    def _settle(self, reports: list[Report]) -> None:
+        now = time.monotonic_ns()
+        for fut, size, started, err in reports:
+            self.buffered_records -= 1
+            self.buffered_bytes -= size
+            if err is None:
+                self.records += 1
+                self.bytes += size
+                latency_us = (now - started) // 1000
+                self.latency_us_total += latency_us
+                self.latency_us_max = max(self.latency_us_max, latency_us)
+            else:
+                self.failures += 1
+                self._log_failure(err)
+                if err.fatal() or err.code() in FENCED:
+                    self._failed = True
+            if fut is not None and not fut.done():
+                fut.set_result(err is None)
+
+    def _log_failure(self, err: KafkaError) -> None:
+        now = time.monotonic()
+        if now - self._failed_logged >= DROP_LOG_EVERY_S:
+            self._failed_logged = now
+            log.warning("bridge %s: records not taken by Kafka (%d so far): %s",
+                        self.name, self.failures, err)  # fmt: skip
+
+    # -- produce ----------------------------------------------------------
+
+    def produce(self, fields: Fields) -> asyncio.Future[bool] | None:
+        """Queue one record; a future (sync mode) resolved by Kafka's report."""
+        if self._failed:
+            self._rebuild()
+        producer = self._producer
+        key = self.key.render(fields) if self.key is not None else None
+        value = self.value.render(fields) if self.value is not None else envelope(fields)
+        size = len(value) + (len(key) if key is not None else 0)
+        full = self.buffered_bytes + size > self.config.buffer_bytes
+        if producer is None or self._failed or full:
+            return self._drop()
+        headers: list[tuple[str, str | bytes | None]]
+        headers = [(name, t.render(fields)) for name, t in self.headers]
+        if self.config.user_properties:
+            headers += [(k, v.encode()) for k, v in fields.message.properties.user_property]
+        fut = self.loop.create_future() if self.sync else None
+        started = time.monotonic_ns()
+
+        def delivered(err: KafkaError | None, _: Any) -> None:  # on the poll thread
+            self._reports.append((fut, size, started, err))
+
+        try:
+            producer.produce(self.config.topic, value, key, headers=headers or None,
+                             on_delivery=delivered)  # fmt: skip
+        except (BufferError, KafkaException):
+            return self._drop()
+        self.buffered_records += 1
+        self.buffered_bytes += size
+        return fut
+
+    def _drop(self) -> asyncio.Future[bool] | None:
+        self.dropped += 1
+        now = time.monotonic()
+        if now - self._dropped_logged >= DROP_LOG_EVERY_S:
+            self._dropped_logged = now
+            log.warning(
+                "bridge %s: %s (%d records, %d bytes waiting for Kafka; %d dropped so far)",
+                self.name, "producer failed" if self._failed else "buffer full",
+                self.buffered_records, self.buffered_bytes, self.dropped,
+            )  # fmt: skip
+        if not self.sync:
+            return None
+        refused: asyncio.Future[bool] = self.loop.create_future()
+        refused.set_result(False)
+        return refused
+
+    def _rebuild(self) -> None:
+        """After a fatal error: fail what the old producer holds, build a new one."""
+        if self._rebuilding:
+            return
+        self._rebuilding = True
+        old, self._producer = self._producer, None
+
+        async def rebuild() -> None:
+            try:
+                if old is not None:
+                    self._stop_polling.set()
+                    if self._poller is not None:
+                        await asyncio.to_thread(self._poller.join)
+                    await asyncio.to_thread(_purge, old)
+                    self._settle(self._take_reports())
+                self._producer = self._make_producer()
+                self._failed = False
+            finally:
+                self._rebuilding = False
+
+        self.loop.create_task(rebuild())
+
+    def stats(self) -> BridgeStats:
+        return BridgeStats(
+            name=self.name,
+            records=self.records,
+            bytes=self.bytes,
+            failures=self.failures,
+            dropped=self.dropped,
+            buffered_records=self.buffered_records,
+            buffered_bytes=self.buffered_bytes,
+            latency_us_total=self.latency_us_total,
+            latency_us_max=self.latency_us_max,
+        )
+
+
+def _purge(producer: Producer) -> None:
+    producer.purge()
+    producer.flush(0)  # serves the purged records' reports (failed)
+    producer.poll(0)
+
+
+class KafkaBridges:
+    """Every bridge of a node: the broker's `Egress` (`services.bridge.api`)."""
+
+    def __init__(self, bridges: Sequence[KafkaBridge]) -> None:
+        self.bridges = tuple(bridges)
+        self._by_topic: dict[str, tuple[KafkaBridge, ...]] = {}
+
+    @classmethod
+    def build(
+        cls, tables: Sequence[KafkaOut], bootstrap: str | None, loop: asyncio.AbstractEventLoop
+    ) -> KafkaBridges:
+        """One bridge per table; a table without its own bootstrap uses `bootstrap`."""
+        bridges = []
+        for table in tables:
+            where = table.bootstrap or bootstrap
+            assert where is not None, "config checks that a memory node's bridges name one"
+            bridges.append(KafkaBridge(table, where, loop))
+        return cls(bridges)
+
+    async def start(self) -> None:
+        for bridge in self.bridges:
+            await bridge.start()
+
+    async def close(self) -> None:
+        for bridge in self.bridges:
+            await bridge.close()
+
+    def publish(self, message: Message, username: str | None) -> asyncio.Future[bool] | bool:
+        topic = message.topic
+        matched = self._by_topic.get(topic)
+        if matched is None:
+            matched = tuple(b for b in self.bridges if matches(b.config.filter, topic))
+            if len(self._by_topic) >= TOPIC_CACHE:
+                self._by_topic.clear()
+            self._by_topic[topic] = matched
+        if not matched:
+            return False
+        fields = Fields(message, username, time.time_ns() // 1_000_000)
+        waits = [f for b in matched if (f := b.produce(fields)) is not None]
+        if not waits:
+            return True
+        return waits[0] if len(waits) == 1 else all_true(waits)
+
+    def stats(self) -> list[BridgeStats]:
+        return [bridge.stats() for bridge in self.bridges]

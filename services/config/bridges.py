@@ -1,0 +1,165 @@
+"""Data bridge settings: `[[bridge.kafka_out]]` tables, part of `services.config`.
+
+Theory of operation. Each table maps an MQTT topic filter to a Kafka topic
+(`services.bridge` does the work):
+
+    [[bridge.kafka_out]]
+    name = "telemetry"
+    filter = "tele/#"                # MQTT topic filter (no $share/: see docs/bridges.md)
+    topic = "mqtt-telemetry"         # Kafka topic
+    key = "${clientid}"              # default: the publisher's client id
+    value = "${payload}"             # default: a JSON envelope of the message
+    headers = { device = "${clientid}", via = "weir" }
+    mode = "sync"                    # sync | async
+    bootstrap = "kafka:9092"         # default: the event log's Kafka
+
+Templates are text with `${variable}` in it; the variables are `VARIABLES`
+and `${user_property.NAME}` (the message's first user property NAME, empty
+if it has none). This module only checks them (an unknown variable, an
+unclosed `${`: one line naming the table); `services.bridge.templates`
+renders them. A filter is checked here by the MQTT rules, written out again
+because config sits below the protocol package and may not import it.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Annotated, Any, Final
+
+from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic.dataclasses import dataclass
+
+from services.config.declare import FROZEN, Bool, Int, KafkaBootstrap, Seconds, Text, opt
+
+VARIABLES: Final = ("clientid", "username", "topic", "payload", "qos", "retain", "timestamp")
+USER_PROPERTY: Final = "user_property."  # ${user_property.NAME}
+TEMPLATE_VARIABLE: Final = re.compile(r"\$\{([^}]*)\}")
+KAFKA_TOPIC: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's own rule for topic names
+
+# Defaults, per bridge.
+DEFAULT_KEY: Final = "${clientid}"  # one device's records in one partition, in order
+DEFAULT_PARTITIONS: Final = 8  # partitions of a topic the bridge creates (as the event log's)
+DEFAULT_LINGER_MS: Final = 5  # ms a record waits for others to share its batch: at 5 ms a
+#   sync publisher's PUBACK waits that much longer, and batches of hundreds form under load
+DEFAULT_BUFFER_BYTES: Final = 64 << 20  # bytes of records produced and not yet acknowledged
+#   by Kafka; past it async records are dropped (counted) and sync publishers refused (0x80)
+SYNC_TIMEOUT_S: Final = 5.0  # a sync record's wait for Kafka, as the event log's append
+ASYNC_TIMEOUT_S: Final = 60.0  # an async record's: how long an outage the buffer rides out
+
+
+class Mode(enum.StrEnum):
+    SYNC = "sync"  # PUBACK / PUBREC after Kafka acknowledged the record
+    ASYNC = "async"  # acknowledged at once; records buffered in memory
+
+
+class Compression(enum.StrEnum):  # librdkafka's compression.type
+    NONE = "none"
+    GZIP = "gzip"
+    SNAPPY = "snappy"
+    LZ4 = "lz4"
+    ZSTD = "zstd"
+
+
+def check_template(text: str) -> str:
+    """`text` if every `${...}` in it names a variable; ValueError (one line) if not."""
+    for found in TEMPLATE_VARIABLE.finditer(text):
+        name = found.group(1)
+        if name in VARIABLES:
+            continue
+        if name.startswith(USER_PROPERTY) and len(name) > len(USER_PROPERTY):
+            continue
+        known = ", ".join(VARIABLES)
+        raise ValueError(
+            f"unknown template variable ${{{name}}} (known: {known}, user_property.NAME)"
+        )
+    if "${" in TEMPLATE_VARIABLE.sub("", text):
+        raise ValueError(f"unclosed ${{ in template {text!r}")
+    return text
+
+
+def check_filter(topic_filter: str) -> str:
+    """An MQTT topic filter (`services.mqtt.topics`' rules), not a shared one."""
+    if not topic_filter or "\x00" in topic_filter:
+        raise ValueError("a topic filter is non-empty text without U+0000")
+    if topic_filter.startswith(("$share/", "$queue/")):
+        raise ValueError(
+            f"filter {topic_filter!r}: give the plain filter; a bridge already takes each "
+            "message once cluster-wide"
+        )
+    levels = topic_filter.split("/")
+    for i, level in enumerate(levels):
+        if level == "#" and i != len(levels) - 1:
+            raise ValueError(f"filter {topic_filter!r}: '#' must be the last level")
+        if level not in ("+", "#") and ("+" in level or "#" in level):
+            raise ValueError(f"filter {topic_filter!r}: a wildcard must be a whole level")
+    return topic_filter
+
+
+def _kafka_topic(name: str) -> str:
+    if not KAFKA_TOPIC.fullmatch(name) or name in (".", ".."):
+        raise ValueError(f"topic {name!r}: a Kafka topic is 1-249 of A-Z a-z 0-9 . _ -")
+    return name
+
+
+def _headers(raw: Any) -> Any:
+    """A TOML table {name = template} as (name, template) pairs, in file order."""
+    if isinstance(raw, dict):
+        return tuple((str(k), v) for k, v in raw.items())
+    return raw
+
+
+Template = Annotated[str, AfterValidator(check_template)]
+Filter = Annotated[str, AfterValidator(check_filter)]
+KafkaTopic = Annotated[str, AfterValidator(_kafka_topic)]
+Headers = Annotated[tuple[tuple[str, Template], ...], BeforeValidator(_headers)]
+
+
+@dataclass(frozen=True, slots=True, config=FROZEN)
+class KafkaOut:
+    """One `[[bridge.kafka_out]]` table: MQTT messages matching `filter` to Kafka `topic`."""
+
+    name: Text
+    filter: Filter
+    topic: KafkaTopic
+    key: Template = DEFAULT_KEY  # "": no key (records spread over the partitions)
+    value: Template | None = None  # None: the JSON envelope (docs/bridges.md)
+    headers: Headers = ()
+    user_properties: Bool = True  # each MQTT user property also a Kafka header
+    mode: Mode = Mode.SYNC
+    bootstrap: KafkaBootstrap | None = None  # None: the event log's Kafka
+    compression: Compression = Compression.LZ4
+    linger_ms: Annotated[Int, Field(ge=0, le=900_000)] = DEFAULT_LINGER_MS
+    buffer_bytes: Annotated[Int, Field(ge=1 << 16, le=2 << 30)] = DEFAULT_BUFFER_BYTES
+    timeout_s: Annotated[Seconds, Field(ge=0.1)] | None = None  # None: by mode (above)
+    partitions: Annotated[Int, Field(ge=0)] = DEFAULT_PARTITIONS  # 0: never create the topic
+
+    @property
+    def delivery_timeout_s(self) -> float:
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return SYNC_TIMEOUT_S if self.mode == Mode.SYNC else ASYNC_TIMEOUT_S
+
+
+def _named(raw: Any) -> Any:
+    """Each table names itself, and no two share a name (the metrics are per name)."""
+    if isinstance(raw, list):
+        seen: set[str] = set()
+        for number, table in enumerate(raw, start=1):
+            if isinstance(table, dict):
+                name = table.get("name")
+                if name is None:
+                    raise ValueError(f"bridge.kafka_out {number}: needs a name")
+                if name in seen:
+                    raise ValueError(f"two bridges are named {name!r}")
+                seen.add(str(name))
+    return raw
+
+
+@dataclass(frozen=True, slots=True, config=FROZEN)
+class Bridges:
+    """The [bridge] section: its tables."""
+
+    kafka_out: Annotated[tuple[KafkaOut, ...], BeforeValidator(_named)] = opt(
+        (), "the config file's [[bridge.kafka_out]] tables (docs/bridges.md)", flag=False
+    )

@@ -1,0 +1,159 @@
+"""QoS 1 through a Kafka bridge: throughput and PUBACK latency, per bridge mode.
+
+    python -m bench.bridge [--seconds 5] [--publishers 4] [--window 32] [--payload 64]
+
+For each mode (no bridge, async, sync) a fresh `weir up` (embedded Redis and
+Kafka, a bridge table for `bench/#` unless "none") runs on a free port, and
+`publishers` raw MQTT 3.1.1 clients each keep `window` QoS 1 PUBLISHes
+unacknowledged for `seconds`. Reported: PUBACKs per second, the PUBACK
+latency (send to PUBACK, per message) p50 / p99, and the bridge's own
+figures read from Kafka afterwards (records in the topic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench import wire
+
+READY = re.compile(r"ready, mqtt on [^ ]+:(\d+)")
+KAFKA = re.compile(r"kafka (\S+?)[;)]")
+MODES = ("none", "async", "sync")
+
+
+async def publisher(port: int, name: str, seconds: float, window: int, payload: bytes,
+                    latencies: list[float]) -> int:  # fmt: skip
+    """One client: `window` QoS 1 PUBLISHes out at a time; returns how many were acked."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(wire.connect(name))
+    parser = wire.FrameParser()
+    while not (frames := parser.feed(await reader.read(65536))):
+        pass
+    assert frames[0][1][1] == 0, f"CONNACK {frames[0][1]!r}"
+    sent_at: dict[int, float] = {}
+    seq = acked = 0
+    end = time.perf_counter() + seconds
+
+    def send() -> None:
+        nonlocal seq
+        pid = wire.packet_id_for(seq)
+        sent_at[pid] = time.perf_counter()
+        writer.write(wire.publish(f"bench/{name}", payload, qos=1, packet_id=pid))
+        seq += 1
+
+    for _ in range(window):
+        send()
+    while time.perf_counter() < end or sent_at:
+        data = await reader.read(65536)
+        if not data:
+            raise ConnectionError("the node closed the connection")
+        now = time.perf_counter()
+        for first, body in parser.feed(data):
+            if first >> 4 != 4:  # PUBACK
+                continue
+            pid = int.from_bytes(body[:2], "big")
+            latencies.append(now - sent_at.pop(pid))
+            acked += 1
+            if now < end:
+                send()
+    writer.write(wire.DISCONNECT_PACKET)
+    writer.close()
+    return acked
+
+
+def start_node(mode: str, data_dir: Path) -> tuple[subprocess.Popen[str], int, str]:
+    config = data_dir / "weir.toml"
+    config.write_text("" if mode == "none" else (
+        '[[bridge.kafka_out]]\nname = "bench"\nfilter = "bench/#"\ntopic = "bench"\n'
+        f'mode = "{mode}"\n'))  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    node = subprocess.Popen(
+        [sys.executable, "-m", "services", "up", "--config", str(config), "--host", "127.0.0.1",
+         "--mqtt-port", "0", "--ws-port", "off", "--data-dir", str(data_dir / "data")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    assert node.stdout is not None
+    for line in node.stdout:
+        found = READY.search(line)
+        if found:
+            threading.Thread(target=node.stdout.read, daemon=True).start()  # keep draining
+            bootstrap = KAFKA.search(line)
+            return node, int(found.group(1)), bootstrap.group(1) if bootstrap else ""
+    node.wait()
+    raise RuntimeError(f"weir up ({mode}) did not start")
+
+
+def records_in(bootstrap: str, topic: str) -> int:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-bridge",
+                         "enable.partition.eof": True, "enable.auto.commit": False})  # fmt: skip
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        left, count = set(parts), 0
+        while left:
+            for m in consumer.consume(1000, timeout=1.0):
+                err = m.error()
+                if err is None:
+                    count += 1
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    left.discard(m.partition())
+        return count
+    finally:
+        consumer.close()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def run_mode(mode: str, args: argparse.Namespace) -> str:
+    with tempfile.TemporaryDirectory(prefix="weir-bench-bridge-") as tmp:
+        node, port, bootstrap = start_node(mode, Path(tmp))
+        try:
+            latencies: list[float] = []
+            payload = bytes(args.payload)
+            acked = await asyncio.gather(*(
+                publisher(port, f"p{i}", args.seconds, args.window, payload, latencies)
+                for i in range(args.publishers)))  # fmt: skip
+            total = sum(acked)
+            line = (f"{mode:>5}: {total / args.seconds:8.0f} PUBACK/s, latency p50 "
+                    f"{percentile(latencies, 0.5) * 1000:6.2f} ms, p99 "
+                    f"{percentile(latencies, 0.99) * 1000:6.2f} ms")  # fmt: skip
+            if mode != "none" and bootstrap:
+                line += f"; records in Kafka {records_in(bootstrap, 'bench')} of {total}"
+            return line
+        finally:
+            node.send_signal(signal.SIGTERM)
+            try:
+                node.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                node.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--publishers", type=int, default=4)
+    parser.add_argument("--window", type=int, default=32, help="QoS 1 in flight per publisher")
+    parser.add_argument("--payload", type=int, default=64, help="bytes per message")
+    parser.add_argument("--modes", default=",".join(MODES))
+    args = parser.parse_args()
+    for mode in args.modes.split(","):
+        print(asyncio.run(run_mode(mode, args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -89,6 +89,7 @@ class KafkaBridge:
         self._reports: deque[Report] = deque()  # appended by the poll thread, taken on the loop
         self._failed = False  # a fatal producer error: rebuild before the next record
         self._rebuilding = False
+        self._rebuild_task: asyncio.Task[None] | None = None
 
     def describe(self) -> str:
         c = self.config
@@ -277,7 +278,7 @@ class KafkaBridge:
             finally:
                 self._rebuilding = False
 
-        self.loop.create_task(rebuild())
+        self._rebuild_task = self.loop.create_task(rebuild())  # held: the loop keeps weak refs
 
     def stats(self) -> BridgeStats:
         return BridgeStats(

@@ -67,21 +67,25 @@ def test_sync_puback_means_the_record_is_in_kafka(
             info.wait_for_publish(timeout=10.0)
             # PUBACK came: the record is already in Kafka, nothing to wait for.
             assert len(read_topic(kafka_bootstrap, topic)) == i + 1
+        info = pub.client.publish("tele/q2", b"5", qos=2)
+        info.wait_for_publish(timeout=10.0)  # PUBCOMP
+        assert len(read_topic(kafka_bootstrap, topic)) == 6
         pub.publish("other/temp", b"not bridged", qos=1)
         pub.publish("tele/qos0", b"q0", qos=0)
-        wait_until(lambda: stats(node)[0].records == 6, "the QoS 0 record")
+        wait_until(lambda: stats(node)[0].records == 7, "the QoS 0 record")
 
         records = read_topic(kafka_bootstrap, topic)
-        assert [r.key for r in records] == [b"dev-1"] * 6
+        assert [r.key for r in records] == [b"dev-1"] * 7
         assert len({r.partition for r in records}) == 1  # one device, one partition, in order
         first = json.loads(records[0].value)
         assert first["payload"] == "0" and first["clientid"] == "dev-1"
         assert first["username"] == "alice" and first["topic"] == "tele/temp"
         assert first["qos"] == 1 and first["user_properties"] == [["site", "lyon"]]
-        assert [json.loads(r.value)["payload"] for r in records] == ["0", "1", "2", "3", "4", "q0"]
+        payloads = [json.loads(r.value)["payload"] for r in records]
+        assert payloads == ["0", "1", "2", "3", "4", "5", "q0"]
         assert dict(records[0].headers) == {"via": b"weir", "t": b"tele/temp", "site": b"lyon"}
         s = stats(node)[0]
-        assert s.records == 6 and s.failures == s.dropped == s.buffered_records == 0
+        assert s.records == 7 and s.failures == s.dropped == s.buffered_records == 0
         assert s.bytes == sum(len(r.value) + len(r.key or b"") for r in records)
         assert 0 < s.latency_us_max <= s.latency_us_total
     finally:
@@ -207,4 +211,23 @@ def test_kafka_paused_fails_sync_and_buffers_async(
     finally:
         for c in clients:
             c.close()
+        node.stop()
+
+
+def test_a_will_is_bridged_by_the_node_that_publishes_it(
+    redis_url: str, kafka_bootstrap: str, kafka_topic_prefix: str
+) -> None:
+    topic = kafka_topic()
+    table = KafkaOut(name="w", filter="will/#", topic=topic, partitions=PARTITIONS)
+    node = bridged_node(redis_url, kafka_bootstrap, kafka_topic_prefix, table)
+    try:
+        gone = Paho(node.mqtt_port, "w-dev", will=("will/w-dev", b"offline", 1))
+        assert gone.connack()[1] == 0
+        gone.drop()  # no DISCONNECT: the will goes out
+        wait_until(lambda: stats(node)[0].records == 1, "the will's record")
+        (record,) = read_topic(kafka_bootstrap, topic)
+        assert record.key == b"w-dev"
+        envelope = json.loads(record.value)
+        assert envelope["payload"] == "offline" and envelope["topic"] == "will/w-dev"
+    finally:
         node.stop()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -71,11 +72,14 @@ async def publisher(port: int, name: str, seconds: float, window: int, payload: 
     return acked
 
 
-def start_node(mode: str, data_dir: Path) -> tuple[subprocess.Popen[str], int, str]:
+def start_node(
+    mode: str, data_dir: Path, linger_ms: int | None
+) -> tuple[subprocess.Popen[str], int, str]:
     config = data_dir / "weir.toml"
+    linger = f"linger_ms = {linger_ms}\n" if linger_ms is not None else ""
     config.write_text("" if mode == "none" else (
         '[[bridge.kafka_out]]\nname = "bench"\nfilter = "bench/#"\ntopic = "bench"\n'
-        f'mode = "{mode}"\n'))  # fmt: skip
+        f'mode = "{mode}"\n{linger}'))  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
     node = subprocess.Popen(
         [sys.executable, "-m", "services", "up", "--config", str(config), "--host", "127.0.0.1",
@@ -114,6 +118,20 @@ def records_in(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
+def cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds so far of the node and of its children (redis-server, Kafka) by name."""
+    import psutil
+
+    node = psutil.Process(pid)
+    out: dict[str, float] = {}
+    for proc in (node, *node.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            name = "node" if proc.pid == pid else proc.name()
+            out[name] = out.get(name, 0.0) + times.user + times.system
+    return out
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -121,17 +139,20 @@ def percentile(values: list[float], q: float) -> float:
 
 async def run_mode(mode: str, args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory(prefix="weir-bench-bridge-") as tmp:
-        node, port, bootstrap = start_node(mode, Path(tmp))
+        node, port, bootstrap = start_node(mode, Path(tmp), args.linger_ms)
         try:
             latencies: list[float] = []
             payload = bytes(args.payload)
+            before = cpu_seconds(node.pid)
             acked = await asyncio.gather(*(
                 publisher(port, f"p{i}", args.seconds, args.window, payload, latencies)
                 for i in range(args.publishers)))  # fmt: skip
+            cpu = {k: v - before.get(k, 0.0) for k, v in cpu_seconds(node.pid).items()}
             total = sum(acked)
             line = (f"{mode:>5}: {total / args.seconds:8.0f} PUBACK/s, latency p50 "
                     f"{percentile(latencies, 0.5) * 1000:6.2f} ms, p99 "
-                    f"{percentile(latencies, 0.99) * 1000:6.2f} ms")  # fmt: skip
+                    f"{percentile(latencies, 0.99) * 1000:6.2f} ms; CPU s "
+                    + " ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items())))  # fmt: skip
             if mode != "none" and bootstrap:
                 line += f"; records in Kafka {records_in(bootstrap, 'bench')} of {total}"
             return line
@@ -150,6 +171,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=32, help="QoS 1 in flight per publisher")
     parser.add_argument("--payload", type=int, default=64, help="bytes per message")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--linger-ms", type=int, help="the bridge's linger_ms (default: its own)")
     args = parser.parse_args()
     for mode in args.modes.split(","):
         print(asyncio.run(run_mode(mode, args)), flush=True)

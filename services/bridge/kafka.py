@@ -90,6 +90,7 @@ class KafkaBridge:
         self._failed = False  # a fatal producer error: rebuild before the next record
         self._rebuilding = False
         self._rebuild_task: asyncio.Task[None] | None = None
+        self._closed = False
 
     def describe(self) -> str:
         c = self.config
@@ -149,6 +150,9 @@ class KafkaBridge:
 
     async def close(self) -> None:
         """Give buffered records CLOSE_FLUSH_S to reach Kafka, then stop."""
+        self._closed = True
+        if self._rebuild_task is not None:
+            await self._rebuild_task
         producer, self._producer = self._producer, None
         if producer is None:
             return
@@ -260,7 +264,7 @@ class KafkaBridge:
 
     def _rebuild(self) -> None:
         """After a fatal error: fail what the old producer holds, build a new one."""
-        if self._rebuilding:
+        if self._rebuilding or self._closed:
             return
         self._rebuilding = True
         old, self._producer = self._producer, None
@@ -273,8 +277,9 @@ class KafkaBridge:
                         await asyncio.to_thread(self._poller.join)
                     await asyncio.to_thread(_purge, old)
                     self._settle(self._take_reports())
-                self._producer = self._make_producer()
-                self._failed = False
+                if not self._closed:
+                    self._producer = self._make_producer()
+                    self._failed = False
             finally:
                 self._rebuilding = False
 

@@ -231,3 +231,23 @@ def test_a_will_is_bridged_by_the_node_that_publishes_it(
         assert envelope["payload"] == "offline" and envelope["topic"] == "will/w-dev"
     finally:
         node.stop()
+
+
+def test_a_memory_node_bridges_to_the_kafka_its_table_names(kafka_bootstrap: str) -> None:
+    from tests.integration.conftest import node_settings
+
+    topic = kafka_topic()
+    table = KafkaOut(name="m", filter="m/#", topic=topic, bootstrap=kafka_bootstrap,
+                     value="${payload}")  # fmt: skip
+    settings = replace(node_settings(), backend="memory", bridge=Bridges(kafka_out=(table,)))
+    node = start_node(settings)
+    pub = None
+    try:
+        pub = Paho(node.mqtt_port, "m-pub")
+        assert pub.connack()[1] == 0
+        pub.publish("m/1", b"from memory", qos=1)  # sync: PUBACK after Kafka's ack
+        assert [r.value for r in read_topic(kafka_bootstrap, topic)] == [b"from memory"]
+    finally:
+        if pub is not None:
+            pub.close()
+        node.stop()

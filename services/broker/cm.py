@@ -179,7 +179,7 @@ class ConnectionManager:
             self.recheck(conn, session)
         incoming = await self._incoming(conn, session, claim)
         may_have_will = known or claim.session_present or claim.previous_node is not None
-        await self._open_will(conn, action, fresh, may_have_will)
+        await self._open_will(conn, session, action, fresh, may_have_will)
         self._connack(conn, client_id, claim.session_present, incoming)
         await self._resume(conn, session, claim.epoch)
 
@@ -261,22 +261,46 @@ class ConnectionManager:
         try:
             return await self.queue.incoming_ids(session.client_id, claim.epoch)
         except SessionError as exc:
-
-            def undo() -> None:
-                self.routes.detach(session)
-                conn.session = None
-
+            undo = self._unopen(conn, session)
             raise Refused("session of %s not resumed: %s", exc, undo) from None
 
+    def _unopen(self, conn: ConnectionPort, session: Session) -> Callable[[], None]:
+        """The undo of a session opened but refused before its CONNACK: it ends
+        as if its connection had gone (released with its expiry, its end logged)."""
+
+        def undo() -> None:
+            if session.conn is conn:
+                self.routes.detach(session)
+                self._end(session, self.end_session(session, session.epoch, conn_gone=True))
+            conn.session = None
+
+        return undo
+
     async def _open_will(
-        self, conn: ConnectionPort, action: OpenSession, fresh: bool, may_have_will: bool
+        self,
+        conn: ConnectionPort,
+        session: Session,
+        action: OpenSession,
+        fresh: bool,
+        may_have_will: bool,
     ) -> None:
-        """The CONNECT's will, stored with the session (`may_have_will`: one may be stored)."""
+        """The CONNECT's will, stored with the session (`may_have_will`: one may
+        be stored) and who set it; one that cannot be stored refuses the CONNECT."""
         will = action.connect.will
         will_delay_s = 0 if will is None else will.properties.will_delay_interval or 0
-        conn.will_token = token = self.wills.token()
+        token = self.wills.token()
         delay_s = min(will_delay_s, action.session_expiry_s)
-        await self.wills.opened(action.client_id, token, will, delay_s, fresh, may_have_will)
+        client = conn.client
+        username = client.username if client is not None else action.connect.username
+        peer = client.peer if client is not None else conn.peer
+        try:
+            await self.wills.opened(
+                action.client_id, token, will, delay_s, fresh, may_have_will, username, peer
+            )
+        except SessionError as exc:
+            raise Refused("will of %s not stored: %s", exc, self._unopen(conn, session)) from None
+        if will is not None:  # without one, nothing is stored under the token
+            conn.will_token = token
 
     def _connack(
         self, conn: ConnectionPort, client_id: str, present: bool, incoming: set[int]
@@ -325,7 +349,9 @@ class ConnectionManager:
         will_delay_s: int,
         session_expiry_s: int | None = None,
     ) -> None:
-        """The connection closed (normally, by error, or taken over)."""
+        """The connection closed (normally, by error, or taken over). `will` None:
+        a normal DISCONNECT, whose will is discarded before the session ends
+        (`_end_after_discard`), so no survivor can publish it."""
         self._resend.pop(conn, None)
         self.seams.hooks.run("client.disconnected", conn.channel.client_id, conn.client)
         session = conn.session
@@ -334,19 +360,43 @@ class ConnectionManager:
         conn.session = None
         expiry_s = 0
         client_id = conn.channel.client_id
+        token = conn.will_token
+        discard = token is not None and client_id is not None and will is None
         if session is not None and session.conn is conn:
             self.routes.detach(session)
             expiry_s = session.expiry_s
-            ending = self.spawn(self.end_session(session, session.epoch, conn_gone=True))
-            self._ending[session.client_id] = ending
-            ending.add_done_callback(functools.partial(self._ended, session.client_id))
+            end = self.end_session(session, session.epoch, conn_gone=True)
+            if discard and token is not None:
+                end = self._end_after_discard(session.client_id, token, end)
+                discard = False
+            self._end(session, end)
         elif session is not None:
             # Taken over on this node: the session lives on, so a delayed will
             # waits; open_session cancels it or, on a clean start, sends it now.
             expiry_s = session.expiry_s
-        token = conn.will_token
-        if token is not None and client_id is not None:
-            self.wills.ended(client_id, token, will is not None, min(will_delay_s, expiry_s))
+        if token is None or client_id is None:
+            return
+        if discard:
+            self.spawn(self.wills.discard(client_id, token))
+        elif will is not None:
+            self.wills.ended(client_id, token, min(will_delay_s, expiry_s))
+
+    async def _end_after_discard(
+        self, client_id: str, token: str, end: Coroutine[Any, Any, None]
+    ) -> None:
+        """A normal DISCONNECT's session end: its will leaves the store first.
+        Until then the session is online here, so if this node dies before,
+        a survivor adopts both, as if the DISCONNECT had never arrived."""
+        try:
+            await self.wills.discard(client_id, token)
+        finally:
+            await end
+
+    def _end(self, session: Session, end: Coroutine[Any, Any, None]) -> None:
+        """Run a session's end; a reconnect of its client waits for it."""
+        ending = self.spawn(end)
+        self._ending[session.client_id] = ending
+        ending.add_done_callback(functools.partial(self._ended, session.client_id))
 
     def _ended(self, client_id: str, task: asyncio.Task[Any]) -> None:
         if self._ending.get(client_id) is task:

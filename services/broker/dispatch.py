@@ -299,23 +299,24 @@ class Dispatch:
         self.delivery.schedule()
         return count
 
-    def publish_will(self, message: Message) -> None:
-        """A will goes out only if its client may publish it now (there is
-        nobody to tell if not: the refusal is logged and counted)."""
+    def publish_will(self, message: Message, username: str | None, peer: str) -> None:
+        """A will goes out only if its client (the connection that set it: user
+        name, peer) may publish it now (there is nobody to tell if not: the
+        refusal is logged and counted)."""
         if self.seams.checks_publish:
-            self.spawn(self._publish_will(message))
+            self.spawn(self._publish_will(message, username, peer))
         else:
-            self._will_out(message)
+            self._will_out(message, username)
 
-    async def _publish_will(self, message: Message) -> None:
-        if await self.seams.may_publish_will(message):
-            self._will_out(message)
+    async def _publish_will(self, message: Message, username: str | None, peer: str) -> None:
+        if await self.seams.may_publish_will(message, username, peer):
+            self._will_out(message, username)
 
-    def _will_out(self, message: Message) -> None:
+    def _will_out(self, message: Message, username: str | None = None) -> None:
         """Wills are published once cluster-wide (`wills`): bridged here too, with
-        nobody to wait for Kafka's answer (its user name is not kept)."""
+        nobody to wait for Kafka's answer, under the user name that set it."""
         if self.seams.egress is not None:
-            self.seams.egress.publish(message, None)
+            self.seams.egress.publish(message, username)
         self.publish_message(message)
 
     def deliver_plain(self, message: Message, plan: list[PlanEntry]) -> int:

@@ -260,11 +260,18 @@ class Seams:
         check = self._check
         return check(conn.client, Action.SUBSCRIBE, message.topic, message.qos, False, "retained")
 
-    async def may_publish_will(self, message: Message) -> bool:
-        """A will about to go out: may its client (as it last connected here;
-        unknown: no user name, no address) publish it now?"""
+    async def may_publish_will(
+        self, message: Message, username: str | None = None, peer: str = ""
+    ) -> bool:
+        """A will about to go out: may its client publish it now? Asked as the
+        connection that set it (`username`, `peer`, stored with the will): as
+        it last connected here if that is the same user and address (its
+        listener and certificate too), else with what the will store kept,
+        so a survivor or a restarted node decides as for the live client."""
         sender = message.sender
-        client = self._identities.get(sender) or ClientInfo(sender, None, "", 0)
+        client = self._identities.get(sender)
+        if client is None or (client.username, client.peer) != (username, peer):
+            client = ClientInfo(sender, username, peer, 0)
         acl = self.acl
         added = acl is not None and await acl.connected(client)  # unless still connected
         try:

@@ -1,25 +1,32 @@
 """Wills: stored with the session, published once cluster-wide, delay included.
 
 Theory of operation. A connection whose CONNECT carries a will gets a token,
-and the will is stored under it (`WillStore.put`, before CONNACK); a new
-connection of the same client replaces it and gets the replaced will back,
-which it publishes at once if the old session ended (clean start), the old
-will had no delay, or its delay has passed; otherwise the session resumed in
-time and the will is never sent [MQTT-3.1.3-9]. When a connection ends with
-its will due (`ended`), the will goes out after min(will delay, session
-expiry): at once, or on a timer here after `arm` recorded when it is due, so
-that a survivor can still send it if this node dies meanwhile. Every publish
-first removes the will under its token (`take`): only one of the owner, a
-new connection and a survivor can get it, so it goes out exactly once; a
-node that dies between taking and publishing loses it (at most once).
+and the will is stored under it (`WillStore.put`, before CONNACK), with the
+connection's user name and address; a new connection of the same client
+replaces it and gets the replaced will back, which it publishes at once if
+the old session ended (clean start), the old will had no delay, or its delay
+has passed; otherwise the session resumed in time and the will is never sent
+[MQTT-3.1.3-9]. When a connection ends with its will due (`ended`), the will
+goes out after min(will delay, session expiry): at once, or on a timer here
+after `arm` recorded when it is due, so that a survivor can still send it if
+this node dies meanwhile. A normal DISCONNECT discards the will (`discard`),
+and the connection manager awaits that before it ends the session: until
+the will is gone from the store the session stays online on this node, so a
+node that dies in between looks to a survivor like one that died before the
+DISCONNECT arrived. Every publish first removes the will under its token
+(`take`): only one of the owner, a new connection and a survivor can get
+it, so it goes out exactly once; a node that dies between taking and
+publishing loses it (at most once).
 
 A node that finds another node dead (`adopt_from`), or itself restarted,
 adopts the wills that node was to publish: due ones go out at once, the
-others on a timer here. If the will store cannot be reached when a
-connection opens, its will is kept in this node's memory only (and logged):
-a clean session works without Redis, and only this node's death loses it.
+others on a timer here. Whoever publishes a will asks the ACL as the client
+that set it (its stored user name and address), not as an anonymous one.
+A will that cannot be stored is never acknowledged: the CONNECT is refused
+(`opened` raises, the connection manager answers 0x88 server unavailable),
+since a will kept in one node's memory would be lost with that node while
+its client believed it safe.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -57,7 +64,7 @@ class Wills:
         *,
         node_id: str,
         store: WillStore,
-        publish: Callable[[Message], object],
+        publish: Callable[[Message, str | None, str], object],
         loop: asyncio.AbstractEventLoop,
         spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
     ) -> None:
@@ -67,7 +74,8 @@ class Wills:
         self.loop = loop
         self.spawn = spawn
         self._timers: dict[str, asyncio.TimerHandle] = {}  # client -> its will's timer here
-        self._local: dict[str, Message] = {}  # token -> a will the store did not take
+        # token -> who set its will (user name, peer), for the ACL when it goes out
+        self._who: dict[str, tuple[str | None, str]] = {}
 
     @staticmethod
     def token() -> str:
@@ -75,41 +83,43 @@ class Wills:
 
     async def opened(
         self, client_id: str, token: str, will: Will | None, delay_s: int, fresh: bool,
-        known: bool,
+        known: bool, username: str | None = None, peer: str = "",
     ) -> None:  # fmt: skip
         """A connection of the client opens its session: store its will and
         publish the one it replaces if that is due. `known`: the client may
         have a stored will (a session of it exists); without a will of its own
-        and none known, nothing is asked."""
+        and none known, nothing is asked. Raises SessionError if the
+        connection's will cannot be stored (its CONNECT is then refused)."""
         if will is None and not known:
             return
         message = None if will is None else will_message(client_id, will)
         blob = None if message is None else serial.dumps(message)
         try:
-            old = await self.store.put(client_id, self.node_id, token, blob, delay_s)
+            old = await self.store.put(
+                client_id, self.node_id, token, blob, delay_s, username, peer
+            )
         except SessionError as exc:
             if message is not None:
-                log.warning("will of %s kept in memory only: %s", client_id, exc)
-                self._local[token] = message
+                raise
+            log.warning("stored will of %s not looked at: %s", client_id, exc)
             return
+        if message is not None:
+            self._who[token] = (username, peer)
         self._cancel(client_id)
         if old is not None and due_now(old, fresh, now_ms()):
-            self._send(old.message)
+            self._send(old.message, old.username, old.peer)
 
-    def ended(self, client_id: str, token: str, will_due: bool, delay_s: int) -> None:
-        """Connection `token` ended: its will goes out after delay_s, or (not
-        will_due: a normal DISCONNECT) never."""
-        local = self._local.pop(token, None)
-        if local is not None:
-            if will_due:
-                self._later(client_id, delay_s, lambda: self._publish_message(local))
-            return
-        if not will_due:
-            self.spawn(self._take(client_id, token, publish=False))
-        else:
-            if delay_s > 0:
-                self.spawn(self._arm(client_id, token, now_ms() + delay_s * 1000))
-            self._due_at(client_id, token, delay_s)
+    def ended(self, client_id: str, token: str, delay_s: int) -> None:
+        """Connection `token` ended without a normal DISCONNECT: its will goes
+        out after delay_s."""
+        if delay_s > 0:
+            self.spawn(self._arm(client_id, token, now_ms() + delay_s * 1000))
+        self._due_at(client_id, token, delay_s)
+
+    async def discard(self, client_id: str, token: str) -> None:
+        """Connection `token` ended with a normal DISCONNECT: its will is
+        removed from the store when this returns (or the store failed: logged)."""
+        await self._take(client_id, token, publish=False)
 
     async def adopt_from(self, dead: str) -> int:
         """Take over the wills the dead node `dead` was to publish; how many.
@@ -121,6 +131,7 @@ class Wills:
             if will is None:
                 continue
             count += 1
+            self._who[token] = (will.username, will.peer)
             self._due_at(client_id, token, max(0.0, (will.due_ms - now_ms()) / 1000))
         return count
 
@@ -137,22 +148,21 @@ class Wills:
             log.warning("due time of %s's will not stored: %s", client_id, exc)
 
     async def _take(self, client_id: str, token: str, publish: bool) -> None:
+        who = self._who.pop(token, (None, ""))
         try:
             blob = await self.store.take(client_id, token)
         except SessionError as exc:
             log.warning("will of %s not %s: %s", client_id, "sent" if publish else "dropped", exc)
             return
         if blob is not None and publish:
-            self._send(blob)
+            self._send(blob, *who)
 
-    def _send(self, blob: bytes) -> None:
-        self._publish_message(serial.loads(blob))
-
-    def _publish_message(self, message: Message) -> None:
+    def _send(self, blob: bytes, username: str | None, peer: str) -> None:
+        message = serial.loads(blob)
         expiry = message.properties.message_expiry_interval
         if expiry is not None:
             message = dataclasses.replace(message, expires_at_ms=now_ms() + expiry * 1000)
-        self._publish(message)
+        self._publish(message, username, peer)
 
     def _later(self, client_id: str, delay_s: float, fire: Callable[[], object]) -> None:
         self._cancel(client_id)

@@ -116,16 +116,29 @@ class StoredWill:
     delay_s: int  # the will delay, capped by the session expiry
     node: str  # the node that publishes it when due
     due_ms: int  # wall-clock ms it goes out; 0 while its connection is open
+    # Who set it (the connection's user name and "host:port"), so that whoever
+    # publishes it, a survivor or this node after a restart, asks the ACL as
+    # the live client would have been asked.
+    username: str | None = None
+    peer: str = ""
 
 
 class WillStore(Protocol):
     async def put(
-        self, client_id: str, node: str, token: str, message: bytes | None, delay_s: int
+        self,
+        client_id: str,
+        node: str,
+        token: str,
+        message: bytes | None,
+        delay_s: int,
+        username: str | None = None,
+        peer: str = "",
     ) -> StoredWill | None:
-        """A new connection of the client: its will (None: it has none) replaces
-        the stored one. Returns the replaced will: the caller publishes it at
-        once if the old session ended (clean start) or its delay is 0, and
-        nobody publishes it otherwise (the session resumed within the delay)."""
+        """A new connection of the client (user name `username`, address `peer`):
+        its will (None: it has none) replaces the stored one. Returns the
+        replaced will: the caller publishes it at once if the old session
+        ended (clean start) or its delay is 0, and nobody publishes it
+        otherwise (the session resumed within the delay)."""
         ...
 
     async def arm(self, client_id: str, token: str, due_ms: int) -> bool:
@@ -147,5 +160,5 @@ class WillStore(Protocol):
     ) -> StoredWill | None:
         """`node` takes over a will that the dead node `dead` was to publish, under
         `token`; a will whose connection was still open is due after its delay
-        from now_ms. None if `dead` no longer has it."""
+        from now_ms. None if `dead` no longer has it. The will keeps who set it."""
         ...

@@ -11,6 +11,7 @@ same step, as the Redis scripts do with the client's hash-tagged keys.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -104,11 +105,19 @@ class MemoryWillStore:
         self._wills: dict[str, tuple[StoredWill, str]] = {}  # client -> (will, token)
 
     async def put(
-        self, client_id: str, node: str, token: str, message: bytes | None, delay_s: int
+        self,
+        client_id: str,
+        node: str,
+        token: str,
+        message: bytes | None,
+        delay_s: int,
+        username: str | None = None,
+        peer: str = "",
     ) -> StoredWill | None:
         old = self._wills.pop(client_id, None)
         if message is not None:
-            self._wills[client_id] = (StoredWill(message, delay_s, node, 0), token)
+            will = StoredWill(message, delay_s, node, 0, username, peer)
+            self._wills[client_id] = (will, token)
         return None if old is None else old[0]
 
     async def arm(self, client_id: str, token: str, due_ms: int) -> bool:
@@ -116,7 +125,7 @@ class MemoryWillStore:
         if cur is None or cur[1] != token:
             return False
         will = cur[0]
-        self._wills[client_id] = (StoredWill(will.message, will.delay_s, will.node, due_ms), token)
+        self._wills[client_id] = (dataclasses.replace(will, due_ms=due_ms), token)
         return True
 
     async def take(self, client_id: str, token: str) -> bytes | None:
@@ -137,6 +146,6 @@ class MemoryWillStore:
             return None
         will = cur[0]
         due = will.due_ms or now_ms + will.delay_s * 1000
-        adopted = StoredWill(will.message, will.delay_s, node, due)
+        adopted = dataclasses.replace(will, node=node, due_ms=due)
         self._wills[client_id] = (adopted, token)
         return adopted

@@ -149,14 +149,25 @@ class RedisWillStore(_ScriptStore):
         return [("{c:" + client_id + "}:w").encode()]
 
     async def put(
-        self, client_id: str, node: str, token: str, message: bytes | None, delay_s: int
+        self,
+        client_id: str,
+        node: str,
+        token: str,
+        message: bytes | None,
+        delay_s: int,
+        username: str | None = None,
+        peer: str = "",
     ) -> StoredWill | None:
-        args = [node, token, message or b"", delay_s]
+        named = username is not None
+        args = [node, token, message or b"", delay_s, int(named), username or "", peer]
         old = await self._run(self._put, self._key(client_id), args)
         if not old:
             return None
-        blob, delay, owner, due = old
-        return StoredWill(blob, int(delay or 0), (owner or b"").decode(), int(due or 0))
+        blob, delay, owner, due, user, at = old
+        return StoredWill(
+            blob, int(delay or 0), (owner or b"").decode(), int(due or 0), _text(user),
+            (at or b"").decode(),
+        )  # fmt: skip
 
     async def arm(self, client_id: str, token: str, due_ms: int) -> bool:
         return bool(await self._run(self._arm, self._key(client_id), [token, due_ms]))
@@ -175,5 +186,11 @@ class RedisWillStore(_ScriptStore):
         got = await self._run(self._adopt, self._key(client_id), [dead, node, token, now_ms])
         if not got:
             return None
-        blob, delay, due = got
-        return StoredWill(bytes(blob), int(delay or 0), node, int(due))
+        blob, delay, due, user, at = got
+        return StoredWill(
+            bytes(blob), int(delay or 0), node, int(due), _text(user), (at or b"").decode()
+        )
+
+
+def _text(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode()

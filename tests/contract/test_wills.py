@@ -68,3 +68,19 @@ async def test_adopt_moves_a_dead_nodes_wills(wills: WillStore) -> None:
     assert sorted(await wills.orphans(survivor)) == sorted([open_, armed])
     assert await wills.take(open_, "t1") is None  # the dead node's token no longer takes it
     assert await wills.take(open_, "s1") == b"w1"
+
+
+async def test_a_will_keeps_who_set_it(wills: WillStore) -> None:
+    """The user name (none, empty or a name) and the peer come back from `put`
+    and `adopt`, so whoever publishes the will asks the ACL as its client."""
+    dead, survivor = name("dead"), name("survivor")
+    named, anonymous, empty = name("named"), name("anon"), name("empty")
+    await wills.put(named, dead, "t1", b"w1", 0, "alice", "10.0.0.7:5000")
+    await wills.put(anonymous, dead, "t2", b"w2", 0, None, "10.0.0.8:5000")
+    await wills.put(empty, dead, "t3", b"w3", 0, "", "[::1]:5000")
+    got = await wills.adopt(named, dead, survivor, "s1", now_ms=1)
+    assert got is not None and (got.username, got.peer) == ("alice", "10.0.0.7:5000")
+    got = await wills.adopt(anonymous, dead, survivor, "s2", now_ms=1)
+    assert got is not None and (got.username, got.peer) == (None, "10.0.0.8:5000")
+    old = await wills.put(empty, survivor, "s3", None, 0)
+    assert old is not None and (old.username, old.peer) == ("", "[::1]:5000")

@@ -1,10 +1,11 @@
 -- A survivor takes over a will that a dead node was to publish.
 -- KEYS: 1 {c:id}:w   ARGV: 1 dead node, 2 node, 3 token, 4 now (wall-clock ms)
--- Returns: {m, d, due}, or false if the dead node no longer has it. A will
--- whose connection was open when the node died is due after its delay.
-local cur = redis.call('HMGET', KEYS[1], 'n', 'm', 'd', 'due')
+-- Returns: {m, d, due, u, p} (u false: no user name), or false if the dead
+-- node no longer has it. A will whose connection was open when the node died
+-- is due after its delay.
+local cur = redis.call('HMGET', KEYS[1], 'n', 'm', 'd', 'due', 'u', 'p')
 if cur[1] ~= ARGV[1] then return false end
 local due = tonumber(cur[4] or '0')
 if due == 0 then due = tonumber(ARGV[4]) + tonumber(cur[3] or '0') * 1000 end
 redis.call('HSET', KEYS[1], 'n', ARGV[2], 't', ARGV[3], 'due', string.format('%.0f', due))
-return {cur[2], cur[3], string.format('%.0f', due)}
+return {cur[2], cur[3], string.format('%.0f', due), cur[5], cur[6]}

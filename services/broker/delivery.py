@@ -232,7 +232,8 @@ class Delivery:
         for session in ready:
             session.pumping = True
         try:
-            result = await self.queue.enqueue_and_take(items, windows, marks)
+            together = [range(*span) for *_, span, _ in tokens if span is not None]
+            result = await self.queue.enqueue_and_take(items, windows, marks, together)
         except DurablePartFailed as exc:
             log.warning("durable enqueue of a batch failed: %s", exc)
             ok = False

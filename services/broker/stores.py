@@ -23,9 +23,14 @@ the same Redis script as its persistent subscribers' copies. A memory-tier
 mark is checked first (with the memory part): when it is refused, its
 copies for durable subscribers are left out too; when the durable part then
 fails, its id is forgotten again (the publisher is told the message failed).
-A durable mark refused by Redis cannot recall copies the memory part already
-took; the node's read-only check before routing keeps that case to a race
-the channel already excludes (one route per packet id at a time).
+The copies of one QoS 1/2 PUBLISH (`together`) are all or nothing within
+each tier, and a memory-tier refusal leaves the durable copies out too; a
+durable refusal cannot recall the copies the memory tier (clean sessions,
+whose queues drop the oldest rather than refuse) already took, so those
+subscribers may see the publisher's resend twice. A durable mark refused by
+Redis cannot recall copies the memory part already took; the node's
+read-only check before routing keeps that case to a race the channel
+already excludes (one route per packet id at a time).
 """
 
 from __future__ import annotations
@@ -208,10 +213,11 @@ class TieredQueueStore:
         items: Sequence[tuple[str, Message]],
         takers: Mapping[str, tuple[int, int]],
         marks: Mapping[IncomingMark, Sequence[int]] | None = None,
+        together: Sequence[Sequence[int]] = (),
     ) -> TakeResult:
         durable = self.tiers.durable
         if not durable:
-            return await self.memory.enqueue_and_take(items, takers, marks)
+            return await self.memory.enqueue_and_take(items, takers, marks, together)
         mem: Part = []
         dur: Part = []
         where: list[tuple[bool, int]] = []  # per item: (durable, index in its part)
@@ -225,11 +231,13 @@ class TieredQueueStore:
             in_dur = mark.client_id in durable
             mine = [where[i][1] for i in indices if where[i][0] == in_dur]
             (dur_marks if in_dur else mem_marks)[mark] = mine
+        mem_groups = [[where[i][1] for i in g if not where[i][0]] for g in together]
+        dur_groups = [[where[i][1] for i in g if where[i][0]] for g in together]
         mem_takers = {c: t for c, t in takers.items() if c not in durable}
         dur_takers = {c: t for c, t in takers.items() if c in durable}
         empty = TakeResult(0, 0, {}, frozenset())
         a = (
-            await self.memory.enqueue_and_take(mem, mem_takers, mem_marks)
+            await self.memory.enqueue_and_take(mem, mem_takers, mem_marks, mem_groups)
             if mem or mem_takers or mem_marks
             else empty
         )
@@ -238,16 +246,22 @@ class TieredQueueStore:
         refused_items = {mem_orig[i] for i in a.refused}
         full_marks = {m for m, ix in mem_marks.items() if a.refused.intersection(ix)}
         refused = a.duplicate_marks | a.fenced_marks | full_marks
-        if refused and marks is not None:
-            gone = {where[i][1] for m in refused for i in marks[m] if where[i][0]}
-            refused_items.update(i for m in full_marks for i in marks[m])
+        full_groups = [
+            g for g, mine in zip(together, mem_groups, strict=True) if a.refused.intersection(mine)
+        ]
+        if (refused and marks is not None) or full_groups:
+            gone = {where[i][1] for m in refused for i in (marks or {})[m] if where[i][0]}
+            gone.update(where[i][1] for g in full_groups for i in g if where[i][0])
+            refused_items.update(i for m in full_marks for i in (marks or {})[m])
+            refused_items.update(i for g in full_groups for i in g)
             dur = [item for i, item in enumerate(dur) if i not in gone]
             dur_orig = [o for i, o in enumerate(dur_orig) if i not in gone]
             dur_marks = {m: shifted(ix, gone) for m, ix in dur_marks.items()}
+            dur_groups = [shifted(g, gone) for g in dur_groups]
         if not (dur or dur_takers or dur_marks):
             return _merge(a, empty, refused_items)
         try:
-            b = await self.durable.enqueue_and_take(dur, dur_takers, dur_marks)
+            b = await self.durable.enqueue_and_take(dur, dur_takers, dur_marks, dur_groups)
         except SessionError as exc:
             for mark in mem_marks.keys() - refused:
                 with contextlib.suppress(SessionError):

@@ -93,6 +93,7 @@ class QueueStore(Protocol):
         items: Sequence[tuple[str, Message]],
         takers: Mapping[str, tuple[int, int]],
         marks: Mapping[IncomingMark, Sequence[int]] | None = None,
+        together: Sequence[Sequence[int]] = (),
     ) -> TakeResult:
         """`enqueue(items)`, then `take(client, epoch, window)` for every
         `takers[client] = (epoch, window)` (the online local subscribers),
@@ -115,7 +116,11 @@ class QueueStore(Protocol):
         the later ones are refused: not stored, their indices in `refused`.
         A refused copy of a marked message (incoming QoS 2) refuses every
         copy of that mark and the mark is not added, so the publisher's
-        resend is routed afresh and no QoS 2 subscriber gets it twice."""
+        resend is routed afresh and no QoS 2 subscriber gets it twice.
+        Likewise each group of indices in `together` (the copies of one QoS
+        1/2 PUBLISH) is stored all or nothing: a copy refused for one full
+        queue refuses every copy of the group (all in `refused`), so the
+        publisher, answered "quota exceeded", resends to nobody twice."""
         ...
 
     async def pending(self, client_id: str, epoch: int) -> list[Inflight]:

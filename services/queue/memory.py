@@ -84,6 +84,8 @@ class MemoryQueueStore:
             st.qos0.append(st.seq)
         if len(st.queue) <= self._limit:
             return 1, 0
+        if not st.qos0 and self._refuse:
+            return 1, 0  # never drop an acknowledged QoS 1/2 message (bound lowered)
         victim = st.qos0.popleft() if st.qos0 else next(iter(st.queue))
         del st.queue[victim]
         st.drops += 1
@@ -94,6 +96,7 @@ class MemoryQueueStore:
         items: Sequence[tuple[str, Message]],
         takers: Mapping[str, tuple[int, int]],
         marks: Mapping[IncomingMark, Sequence[int]] | None = None,
+        together: Sequence[Sequence[int]] = (),
     ) -> TakeResult:
         """A taker drains its queue, then each new message is appended and
         taken at once, so the bound applies only to what its window cannot take.
@@ -105,6 +108,8 @@ class MemoryQueueStore:
         refused: set[int] = set()
         if self._refuse:
             refused = self._full(items, takers, left_out)
+            refused.update(i for group in together if refused.intersection(group) for i in group)
+            refused -= left_out
             for mark in [m for m, ix in live.items() if refused.intersection(ix)]:
                 refused.update(live.pop(mark))  # a refused copy refuses its mark
             left_out |= refused

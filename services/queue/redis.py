@@ -166,8 +166,10 @@ class RedisQueueStore:
         items: Sequence[tuple[str, Message]],
         takers: Mapping[str, tuple[int, int]],
         marks: Mapping[IncomingMark, Sequence[int]] | None = None,
+        together: Sequence[Sequence[int]] = (),
     ) -> TakeResult:
         left = dict(marks or {})
+        groups = [list(g) for g in together if g]
         duplicate: set[IncomingMark] = set()
         fenced: set[IncomingMark] = set()
         refused: set[int] = set()
@@ -197,6 +199,9 @@ class RedisQueueStore:
                 for indices, fit in zip(group_items, flat[1:], strict=True):
                     if int(fit) >= 0:
                         left_out.update(beyond_fit(items, indices, int(fit)))
+                for group in groups:  # one publish's copies: all or none
+                    if left_out.intersection(group):
+                        left_out.update(group)
                 for mark in [m for m, ix in left.items() if left_out.intersection(ix)]:
                     left_out.update(left.pop(mark))  # a refused copy refuses its mark
                 refused.update(alive[i] for i in left_out)
@@ -209,6 +214,7 @@ class RedisQueueStore:
             alive = [orig for i, orig in enumerate(alive) if i not in left_out]
             items = [item for i, item in enumerate(items) if i not in left_out]
             left = {m: shifted(ix, left_out) for m, ix in left.items()}
+            groups = [kept for g in groups if (kept := shifted(g, left_out))]
 
     @staticmethod
     def _parse_take(flat: list[Any], order: list[str]) -> TakeResult:

@@ -171,6 +171,39 @@ async def test_full_queue_refuses_qos12_and_never_drops_what_it_took(stores: Sto
     assert (plain.accepted, plain.dropped, plain.refused) == (2, 0, 0)
 
 
+async def test_a_lowered_bound_never_drops_acknowledged_messages(stores: Stores) -> None:
+    """The bound lowered on a live store (a restart with a smaller --queue-limit):
+    a batch of QoS 0 only drops QoS 0 messages, its own included, never the
+    queued QoS 1/2 ones (before: the full-queue check was skipped for a batch
+    with no QoS 1/2, and the overflow dropped the oldest acknowledged ones)."""
+    epoch = await stores.claim("c")
+    r = await stores.make_queue(5).enqueue([("c", msg(i, 1)) for i in range(4)])
+    assert (r.accepted, r.dropped) == (4, 0)
+    lowered = stores.make_queue(2)
+    r = await lowered.enqueue([("c", msg(8, 0)), ("c", msg(9, 0))])
+    assert (r.accepted, r.dropped, r.refused) == (2, 2, 0)  # the two QoS 0 went
+    assert (await lowered.enqueue([("c", msg(10, 1))])).refused == 1
+    assert await lowered.drops("c") == 2
+    assert payloads(await lowered.take("c", epoch, 10)) == [b"0", b"1", b"2", b"3"]
+
+
+async def test_full_queue_refuses_every_copy_of_a_publish(stores: Stores) -> None:
+    """The copies of one QoS 1 PUBLISH (`together`) are stored all or none: a
+    copy refused for one full queue refuses the others, so the publisher's
+    resend after "quota exceeded" reaches nobody twice (before: the other
+    subscribers kept their copy, and got the resend too)."""
+    q = stores.make_queue(2)
+    full = await stores.claim("full")
+    room = await stores.claim("room")
+    await q.enqueue([("full", msg(0)), ("full", msg(1))])
+    items = [("room", msg(5)), ("full", msg(5)), ("room", msg(6, 0)), ("room", msg(7))]
+    r = await q.enqueue_and_take(items, {}, None, [[0, 1, 2], [3]])
+    assert r.refused == frozenset({0, 1, 2})  # the QoS 0 copy of the same publish too
+    assert r.accepted == 1
+    assert payloads(await q.take("room", room, 10)) == [b"7"]
+    assert payloads(await q.take("full", full, 10)) == [b"0", b"1"]
+
+
 async def test_full_queue_counts_a_takers_window_as_room(stores: Stores) -> None:
     q = stores.make_queue(2)
     epoch = await stores.claim("c")

@@ -36,8 +36,12 @@
 -- an online subscriber); the rest is queued. Delivery order is queue order:
 -- taking stops at the first QoS > 0 message that finds the window full.
 -- Expired messages are removed on the way. Overflow of the bound drops the
--- oldest queued QoS 0 messages, then the oldest messages, counted in s.drops;
--- per batch this equals appending and dropping one message at a time.
+-- oldest queued QoS 0 messages, then (ARGV 2 = "0" only) the oldest messages,
+-- counted in s.drops; per batch this equals appending and dropping one
+-- message at a time. Under refuse a queued QoS 1/2 message is never dropped:
+-- its publisher was acknowledged. A queue already over the bound (the bound
+-- was lowered on a live store) then stays over it until taken: a batch of
+-- QoS 0 messages only drops QoS 0 messages, its own included.
 -- Keys of an offline (expiring) session copy the session's TTL.
 local limit = tonumber(ARGV[1])
 local t = redis.call('TIME')
@@ -123,12 +127,13 @@ local function enqueue(s, q, o, z, first, last, base)
       bulk('HDEL', q, victims)
     end
     local rest = excess - #victims
-    if rest > 0 then
+    if rest > 0 and ARGV[2] ~= '1' then
       local oldest = redis.call('ZRANGE', o, 0, rest - 1)
       bulk('ZREM', o, oldest)
       bulk('HDEL', q, oldest)
     end
-    redis.call('HINCRBY', s, 'drops', excess)
+    if ARGV[2] == '1' then excess = #victims end
+    if excess > 0 then redis.call('HINCRBY', s, 'drops', excess) end
   else
     excess = 0
   end

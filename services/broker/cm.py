@@ -34,6 +34,7 @@ from services.broker.ports import ConnectionPort, Expiries, Session, SubOptions,
 from services.broker.remote import Remote
 from services.broker.routes import Routes
 from services.broker.seams import Seams
+from services.broker.shared import hand_over_left
 from services.broker.wills import Wills
 from services.event.api import EventLogError
 from services.event.schema import Event, SessionClosed, SessionOpened
@@ -455,12 +456,9 @@ class ConnectionManager:
 
     async def _redistribute_shared(self, session: Session) -> None:
         """A leaving clean member's unacknowledged shared copies go to other members."""
-        try:
-            items = await self.queue.pending(session.client_id, session.epoch)
-            items += await self.queue.take(session.client_id, session.epoch, 1 << 16)
-        except SessionError:
-            return
-        self.dispatch.shared.hand_over(items, session.client_id)
+        await hand_over_left(
+            self.dispatch.shared, self.queue, session.client_id, session.epoch, self.seams.metrics
+        )
 
     def acked(self, conn: ConnectionPort, packet_id: int) -> None:
         session = conn.session

@@ -32,16 +32,24 @@ for it), its node told to take it (`Remote.enqueue`). Every forwarded copy
 and every QoS 1/2 copy carries `Message.share`, so the link and the queue
 keep which group it was for.
 
-Redispatch (as EMQX's): the unacknowledged QoS 1/2 copies of a member that
-leaves (`unacked` sorts them per group) go to `redispatch(group, filter,
-messages)` (`hand_over` does both): each to one other candidate, once, as a
-new delivery there (DUP 0); with no candidate left it is dropped and counted. A forwarded copy whose
-member is gone by the time it arrives is redispatched by the receiving node.
+Redispatch (as EMQX's): the unacknowledged QoS 1/2 copies of a member whose
+session ends on its node (`hand_over_left`; `unacked` sorts them per group)
+go to `redispatch(group, filter, messages)` (`hand_over` does both): each
+to one other candidate, once, as a new delivery there (DUP 0); with no
+candidate left it is dropped and counted. A forwarded copy whose member is
+gone by the time it arrives is redispatched by the receiving node.
+A store that cannot be read then is logged and counted
+(`shared.redispatch_failed`): those copies are lost with the session. Not
+yet handed over (issue 23): a persistent member's copies when it expires
+(the store's own TTL removes them at the moment the expiry timer fires, so
+they need a grace period in the store first), and a clean member's on a node
+that dies (they were in that node's memory).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import zlib
 from collections.abc import Callable, Iterable, Sequence
@@ -52,9 +60,13 @@ from services.broker.delivery import Delivery
 from services.broker.ports import Session, SubOptions, now_ms
 from services.broker.remote import Remote
 from services.broker.routes import Routes, for_subscriber
+from services.metrics.api import Recorder
 from services.mqtt.packets import Message
-from services.queue.api import Inflight
+from services.queue.api import Inflight, QueueStore
+from services.session.api import Fenced, SessionError
 from services.state.view import SessionEntry
+
+log = logging.getLogger("weir.shared")
 
 PICK_STATE_LIMIT = 65_536  # round-robin counters and sticky picks kept; cleared when full
 #   (a key per publisher and group: bounded so a churn of publishers cannot grow it)
@@ -242,3 +254,21 @@ class Shared:
         self.redispatched += sent
         self.dropped += len(live) - sent
         return sent
+
+
+async def hand_over_left(
+    shared: Shared, queue: QueueStore, client_id: str, epoch: int, metrics: Recorder
+) -> None:
+    """A member's session ends under `epoch`: its inflight and queued shared
+    copies go to other members (`Shared.hand_over`). Fenced: a newer owner has
+    them. A store that fails is logged and counted, never swallowed."""
+    try:
+        items = await queue.pending(client_id, epoch)
+        items += await queue.take(client_id, epoch, 1 << 16)
+    except Fenced:
+        return
+    except SessionError as exc:
+        metrics.inc("shared.redispatch_failed")
+        log.warning("shared copies of %s not redispatched (lost): %s", client_id, exc)
+        return
+    shared.hand_over(items, client_id)

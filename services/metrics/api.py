@@ -22,6 +22,7 @@ COUNTERS: Final = (
     "sessions.expired",
     "messages.refused",  # QoS 1/2 copies a full queue refused (publisher not acknowledged)
     "messages.dropped",  # by a queue's overflow policy (QoS 0 first)
+    "shared.redispatch_failed",  # a leaving shared member's copies the store could not give
     "messages.qos0_dropped",  # QoS 0 to a subscriber that could not keep up
     "authentication.denied",  # CONNECTs the authentication chain (or its hook) refused
     "authorization.publish_denied",  # publishes and wills the authorizer refused

@@ -154,3 +154,23 @@ async def test_persistent_member_of_a_dead_node_keeps_getting_its_copies() -> No
 
     await wait_for(stored, "the copy in p's queue")
     assert [(i.message.payload, i.message.share) for i in taken] == [(b"kept", ("g", "t"))]
+
+
+async def test_a_store_failure_at_a_members_leaving_is_logged_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: the store's error was swallowed, neither logged nor counted."""
+    from services.broker.shared import hand_over_left
+    from services.metrics.api import MemoryRecorder
+    from services.session.api import StoreUnavailable
+
+    class Down:
+        async def pending(self, client_id: str, epoch: int) -> list[Inflight]:
+            raise StoreUnavailable("redis did not answer: test")
+
+    harness = await make_harness(settings())
+    metrics = MemoryRecorder()
+    shared_part = harness.broker.dispatch.shared
+    await hand_over_left(shared_part, Down(), "m", 1, metrics)  # type: ignore[arg-type]
+    assert metrics.counters["shared.redispatch_failed"] == 1
+    assert "shared copies of m not redispatched" in caplog.text

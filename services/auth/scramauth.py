@@ -14,6 +14,8 @@ Two steps:
 2. the client-final-message: a proof that holds ends it allowed, with the
    server-final-message and the user name (which the node gives the
    connection: ACL, bans and the session's events see it).
+Every store is asked for every user (concurrently), so the first step takes
+as long for a user early in the chain as for one nobody knows.
 Every refusal is 0x86 bad user name or password: a wrong proof, an unknown
 user (found out only at the proof, see `scram`), a malformed message, a
 user other than the CONNECT's. Its decision says why, for the log line.
@@ -21,6 +23,7 @@ user other than the CONNECT's. Its decision says why, for the log line.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Final, Protocol, runtime_checkable
 
@@ -76,9 +79,12 @@ class Scram:
             return _refused(str(exc))
         if client.username is not None and first.user != client.username:
             return _refused(f"user {first.user!r} is not the connection's {client.username!r}")
+        # Every store is asked, at once, whoever the user is: stopping at the
+        # first that knows it would answer sooner for users early in the chain
+        # than for unknown ones, and the time would tell who exists.
+        answers = await asyncio.gather(*(s.scram_credentials(first.user) for s in self.stores))
         found: ScramCredentials | None = None
-        for store in self.stores:
-            answer = await store.scram_credentials(first.user)
+        for answer in answers:
             if isinstance(answer, Decision):
                 return AuthAnswer(answer)
             if answer is not None:

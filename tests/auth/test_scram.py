@@ -164,3 +164,21 @@ def test_scram_authenticator_steps() -> None:
     assert down == Decision(False, 0x88, "down")
     assert scram.claimed_user("SCRAM-SHA-256", b"n,,n=carol,r=x") == "carol"
     assert scram.claimed_user("SCRAM-SHA-256", b"junk") is None
+
+
+def test_every_store_is_asked_whoever_the_user_is() -> None:
+    """Before: the lookup stopped at the first store that knew the user, so a
+    user of the first store was answered sooner than an unknown one."""
+    asked: list[str] = []
+
+    class Counting(Store):
+        async def scram_credentials(self, user: str) -> ScramCredentials | Decision | None:
+            asked.append(user)
+            return await super().scram_credentials(user)
+
+    alice = ScramCredentials.from_password("alice-pw")
+    scram = Scram([Counting({"alice": alice}), Counting({})])
+    assert login(scram, None, "alice", "alice-pw").username == "alice"
+    assert asked == ["alice", "alice"]
+    login(scram, None, "nobody", "x")
+    assert asked[2:] == ["nobody", "nobody"]

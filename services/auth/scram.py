@@ -16,9 +16,11 @@ channel binding and authorization identities other than the user are not
 offered); `server_first` answers it, and its `Conversation` is what the
 server keeps until `client_final` checks the proof: H(proof XOR
 HMAC(StoredKey, AuthMessage)) must equal StoredKey (`hmac.compare_digest`).
-A user nobody knows gets a made-up salt (HMAC of a per-process secret and the
-name, so asking twice gives the same one) and fails only at the proof, as
-RFC 5802 5.1 advises: the exchange does not say which users exist.
+A user nobody knows gets a made-up salt (HMAC of a secret the cluster shares,
+`services.auth.scramkey`, and the name, so asking twice, through any worker
+or node or after a restart, gives the same one) and the iteration count
+every user made here gets (DEFAULT_ITERATIONS), and fails only at the
+proof, as RFC 5802 5.1 advises: the exchange does not say which users exist.
 Server nonces come from `secrets`. The standard library does all of it.
 Passwords are prepared with a SASLprep subset (RFC 4013: non-ASCII spaces
 to a space, "mapped to nothing" characters dropped, NFKC); ASCII passwords
@@ -41,7 +43,6 @@ METHOD: Final = "SCRAM-SHA-256"
 DEFAULT_ITERATIONS: Final = 4096  # RFC 7677's minimum; the cost is the client's, once a login
 SALT_BYTES: Final = 16
 NONCE_BYTES: Final = 18  # 24 base64url characters (RFC 5802 leaves the length to us)
-_MOCK_KEY: Final = secrets.token_bytes(32)  # made-up salts for unknown users
 
 
 class ScramError(ValueError):
@@ -166,12 +167,16 @@ def client_first(data: bytes | None) -> ClientFirst:
 
 
 def server_first(
-    client: ClientFirst, credentials: ScramCredentials | None, server_nonce: str | None = None
+    client: ClientFirst,
+    credentials: ScramCredentials | None,
+    mock_secret: bytes,
+    server_nonce: str | None = None,
 ) -> Conversation:
-    """The server-first-message for `client` (`credentials` None: an unknown user)."""
+    """The server-first-message for `client` (`credentials` None: an unknown
+    user, whose salt is made from `mock_secret`, the cluster's)."""
     nonce = client.nonce + (server_nonce or secrets.token_urlsafe(NONCE_BYTES))
     if credentials is None:
-        salt = _hmac(_MOCK_KEY, client.user.encode("utf-8"))[:SALT_BYTES]
+        salt = _hmac(mock_secret, client.user.encode("utf-8"))[:SALT_BYTES]
         iterations = DEFAULT_ITERATIONS
     else:
         salt, iterations = credentials.salt, credentials.iterations

@@ -15,7 +15,10 @@ Two steps:
    server-final-message and the user name (which the node gives the
    connection: ACL, bans and the session's events see it).
 Every store is asked for every user (concurrently), so the first step takes
-as long for a user early in the chain as for one nobody knows.
+as long for a user early in the chain as for one nobody knows; an unknown
+user's made-up salt comes from a secret the cluster shares
+(`services.auth.scramkey`: in Redis, or in the data directory), refused
+0x88 while it cannot be read.
 Every refusal is 0x86 bad user name or password: a wrong proof, an unknown
 user (found out only at the proof, see `scram`), a malformed message, a
 user other than the CONNECT's. Its decision says why, for the log line.
@@ -37,9 +40,11 @@ from services.auth.scram import (
     client_first,
     server_first,
 )
+from services.auth.scramkey import MockSecret, ProcessSecret
 
 NAME: Final = "scram"
 BAD: Final = 0x86  # bad user name or password
+UNAVAILABLE: Final = 0x88  # server unavailable
 
 
 @runtime_checkable
@@ -59,8 +64,9 @@ def _refused(why: str) -> AuthAnswer:
 class Scram:
     methods: frozenset[str] = frozenset({METHOD})
 
-    def __init__(self, stores: Sequence[ScramStore]) -> None:
+    def __init__(self, stores: Sequence[ScramStore], mock: MockSecret | None = None) -> None:
         self.stores = tuple(stores)
+        self.mock = mock if mock is not None else ProcessSecret()
 
     def claimed_user(self, method: str, data: bytes | None) -> str | None:
         try:
@@ -83,6 +89,10 @@ class Scram:
         # first that knows it would answer sooner for users early in the chain
         # than for unknown ones, and the time would tell who exists.
         answers = await asyncio.gather(*(s.scram_credentials(first.user) for s in self.stores))
+        mock = await self.mock.secret()  # asked for every user too, known or not
+        if mock is None:
+            why = f"{NAME}: the made-up salts' secret cannot be read now"
+            return AuthAnswer(Decision(False, UNAVAILABLE, why))
         found: ScramCredentials | None = None
         for answer in answers:
             if isinstance(answer, Decision):
@@ -90,7 +100,7 @@ class Scram:
             if answer is not None:
                 found = answer
                 break
-        conversation = server_first(first, found)
+        conversation = server_first(first, found, mock)
         return AuthAnswer(None, conversation.server_first.encode(), conversation)
 
     def _final(self, conversation: Conversation, data: bytes | None) -> AuthAnswer:

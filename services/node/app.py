@@ -130,6 +130,7 @@ def seams_for(settings: Settings, redis: Any = None) -> Seams:
     from services.auth.acl import Acl
     from services.auth.aclfile import AclFileError
     from services.auth.aclredis import RedisAcl
+    from services.auth.scramkey import FileSecret, RedisSecret
     from services.broker.seams import Seams
     from services.node.authn import authenticator, enhanced
 
@@ -139,7 +140,10 @@ def seams_for(settings: Settings, redis: Any = None) -> Seams:
     except AclFileError as exc:
         raise SettingsError(str(exc)) from None
     authn = authenticator(settings, redis)
-    return Seams(authenticator=authn, authorizer=acl, enhanced=enhanced(authn))
+    # Unknown SCRAM users' salts: from a secret every worker and node shares
+    # (read lazily: a settings check creates nothing).
+    mock = RedisSecret(redis) if redis is not None else FileSecret(settings.data_dir)
+    return Seams(authenticator=authn, authorizer=acl, enhanced=enhanced(authn, mock))
 
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")

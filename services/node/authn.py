@@ -15,7 +15,8 @@ password file that cannot be used is a SettingsError (one line, exit 2).
 
 `enhanced(chain)`: MQTT 5 enhanced authentication with SCRAM-SHA-256 over
 the chain's backends that hold SCRAM credentials (the password file, the
-Redis users), or None (every Authentication Method refused 0x8C).
+Redis users), or None (every Authentication Method refused 0x8C); the
+secret behind unknown users' salts is the cluster's (`services.auth.scramkey`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from services.auth.chain import Backend, Chain
 from services.auth.jwtauth import Jwt, JwtError
 from services.auth.passwd import PasswordFile, PasswordFileError
 from services.auth.scramauth import Scram, ScramStore
+from services.auth.scramkey import MockSecret
 from services.config import Settings, SettingsError, is_loopback
 from services.config.auth import AuthBackend
 
@@ -49,10 +51,12 @@ def authenticator(settings: Settings, redis: Any = None) -> Authenticator:
     return Chain(backends, settings.allow_anonymous, listeners)
 
 
-def enhanced(authn: Authenticator) -> EnhancedAuthenticator | None:
+def enhanced(authn: Authenticator, mock: MockSecret | None = None) -> EnhancedAuthenticator | None:
+    """SCRAM over the chain's SCRAM stores; `mock`: the cluster's secret for
+    unknown users' salts (None: this process's own, for tests)."""
     backends = authn.backends if isinstance(authn, Chain) else ()
     stores = [backend for backend in backends if isinstance(backend, ScramStore)]
-    return Scram(stores) if stores else None
+    return Scram(stores, mock) if stores else None
 
 
 def _backend(config: AuthBackend, redis: Any) -> Backend | None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from pathlib import Path
 
 import pytest
 
 from services.auth.api import AuthAnswer, ClientInfo, Decision
 from services.auth.scram import (
+    METHOD,
     ScramCredentials,
     ScramError,
     client_final,
@@ -19,6 +21,8 @@ from services.auth.scram import (
     server_first,
 )
 from services.auth.scramauth import Scram
+from services.auth.scramkey import FileSecret, RedisSecret
+from services.store.redis import connect
 from tests.support.scramclient import ScramClient
 
 # RFC 7677 section 3
@@ -34,10 +38,11 @@ CLIENT_FINAL = (
 SERVER_FINAL = b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
 SALT = base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ==")
 PENCIL = ScramCredentials.from_password("pencil", 4096, SALT)
+SECRET = b"s" * 32  # the cluster's secret behind unknown users' salts
 
 
 def test_rfc7677_vector_server_side() -> None:
-    conversation = server_first(client_first(CLIENT_FIRST), PENCIL, SERVER_NONCE)
+    conversation = server_first(client_first(CLIENT_FIRST), PENCIL, SECRET, SERVER_NONCE)
     assert conversation.server_first == SERVER_FIRST
     assert client_final(conversation, CLIENT_FINAL) == SERVER_FINAL
 
@@ -51,7 +56,7 @@ def test_rfc7677_vector_test_client() -> None:
 
 def test_wrong_password_proof_is_refused() -> None:
     client = ScramClient("user", "pen", nonce="abc")
-    conversation = server_first(client_first(client.first()), PENCIL)
+    conversation = server_first(client_first(client.first()), PENCIL, SECRET)
     assert client_final(conversation, client.final(conversation.server_first.encode())) is None
 
 
@@ -95,19 +100,20 @@ def test_malformed_client_first(data: bytes | None) -> None:
      b"c=biws,r=NONCE", b"c=biws,r=NONCE,p=!!"],
 )  # fmt: skip
 def test_malformed_client_final(data: bytes) -> None:
-    conversation = server_first(client_first(b"n,,n=user,r=NON"), PENCIL, "CE")
+    conversation = server_first(client_first(b"n,,n=user,r=NON"), PENCIL, SECRET, "CE")
     with pytest.raises(ScramError):
         client_final(conversation, data)
 
 
 def test_unknown_user_gets_a_stable_made_up_salt_and_fails_at_the_proof() -> None:
     first = client_first(b"n,,n=nobody,r=abc")
-    one, two = server_first(first, None), server_first(first, None)
+    one, two = server_first(first, None, SECRET), server_first(first, None, SECRET)
     salt = one.server_first.split(",")[1]
     assert salt == two.server_first.split(",")[1], "the same made-up salt each time"
     assert len(base64.b64decode(salt.removeprefix("s="))) == 16
     assert client_first(b"n,,n=other,r=abc").user == "other"
-    assert server_first(client_first(b"n,,n=other,r=abc"), None).server_first.split(",")[1] != salt
+    other = server_first(client_first(b"n,,n=other,r=abc"), None, SECRET)
+    assert other.server_first.split(",")[1] != salt
     client = ScramClient("nobody", "anything", nonce="abc")
     client.first()
     assert client_final(one, client.final(one.server_first.encode())) is None
@@ -182,3 +188,60 @@ def test_every_store_is_asked_whoever_the_user_is() -> None:
     assert asked == ["alice", "alice"]
     login(scram, None, "nobody", "x")
     assert asked[2:] == ["nobody", "nobody"]
+
+
+def first_answer(scram: Scram, user: str) -> str:
+    """The salt and iteration count `scram` answers `user`'s first step with."""
+    client = ScramClient(user, "x", nonce="abc")
+    info = ClientInfo("c1", None, "127.0.0.1:1", 5)
+    answer = asyncio.run(scram.step(info, METHOD, client.first(), None))
+    assert answer.data is not None, answer.decision
+    return ",".join(answer.data.decode().split(",")[1:])
+
+
+def test_an_unknown_users_salt_is_the_same_in_every_process(tmp_path: Path) -> None:
+    """Two processes (workers, nodes, a restart) answer an unknown user alike, as
+    they do a known one (before: each process made its own secret, so a salt
+    that changed between two asks showed the user did not exist)."""
+    alice = ScramCredentials.from_password("alice-pw")
+    one = Scram([Store({"alice": alice})], FileSecret(tmp_path))
+    two = Scram([Store({"alice": alice})], FileSecret(tmp_path))
+    assert first_answer(one, "nobody") == first_answer(two, "nobody")
+    assert first_answer(one, "alice") == first_answer(two, "alice")
+    assert first_answer(one, "nobody").endswith(f"i={alice.iterations}")  # as a real user
+    assert (tmp_path / "scram-mock-key").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.redis
+def test_an_unknown_users_salt_is_the_cluster_s_with_redis(redis_url: str) -> None:
+    async def answers() -> tuple[str, str]:
+        a, b = connect(redis_url), connect(redis_url)
+        try:
+            one = await Scram([Store({})], RedisSecret(a)).step(
+                ClientInfo("c1", None, "x:1", 5), METHOD, b"n,,n=nobody,r=abc", None
+            )
+            two = await Scram([Store({})], RedisSecret(b)).step(
+                ClientInfo("c2", None, "x:2", 5), METHOD, b"n,,n=nobody,r=abc", None
+            )
+        finally:
+            await a.aclose()
+            await b.aclose()
+        assert one.data is not None and two.data is not None
+        return one.data.decode().split(",")[1], two.data.decode().split(",")[1]
+
+    salt_one, salt_two = asyncio.run(answers())
+    assert salt_one == salt_two
+
+
+def test_no_secret_refuses_the_first_step_for_everyone() -> None:
+    class Down:
+        async def secret(self) -> bytes | None:
+            return None
+
+    alice = ScramCredentials.from_password("alice-pw")
+    scram = Scram([Store({"alice": alice})], Down())
+    for user in ("alice", "nobody"):
+        answer = asyncio.run(
+            scram.step(ClientInfo("c1", None, "x:1", 5), METHOD, f"n,,n={user},r=a".encode(), None)
+        )
+        assert answer.decision is not None and answer.decision.reason_code == 0x88

@@ -210,8 +210,10 @@ async def open_backends(
         closers.append(events.close)
         tiers = Tiers()
         memory_sessions = MemorySessionStore()
-        sessions = TieredSessionStore(memory_sessions, RedisSessionStore(client), tiers)
-        wills = RedisWillStore(client)
+        node = settings.node_id  # the stores keep this node's indexes of what it owns
+        durable = RedisSessionStore(client, node=node)
+        sessions = TieredSessionStore(memory_sessions, durable, tiers)
+        wills = RedisWillStore(client, node=node)
         queue = TieredQueueStore(
             # Clean sessions die with their connection anyway: drop the oldest.
             MemoryQueueStore(memory_sessions, limit=settings.limits.queue_limit, full=DROP_OLDEST),

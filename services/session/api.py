@@ -92,7 +92,8 @@ class SessionStore(Protocol):
         ...
 
     async def orphans(self, node: str) -> list[str]:
-        """The clients whose session `node` holds online (a scan: for node death)."""
+        """The clients whose session `node` holds online (for node death: the
+        work is proportional to that node's clients, not to all)."""
         ...
 
     async def adopt(self, client_id: str, dead: str) -> Adopted | None:
@@ -152,7 +153,8 @@ class WillStore(Protocol):
         ...
 
     async def orphans(self, node: str) -> list[str]:
-        """The clients whose will `node` is to publish (a scan: for node death)."""
+        """The clients whose will `node` is to publish (for node death, as
+        `SessionStore.orphans`)."""
         ...
 
     async def adopt(

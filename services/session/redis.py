@@ -5,6 +5,23 @@ The client's keys, bounded calls and scripts come from `services.store.redis`
 and a failure to answer becomes `StoreUnavailable`.
 
 Expiry: `release` PEXPIREs every key of the client; `claim` PERSISTs them.
+
+Node indexes: a dead node's sessions and wills are found through a set per
+node of the client ids it owns (`{n:<node>}:s`, `{n:<node>}:w`), kept by
+the scripts that change ownership, in the same call: claim and will_put
+add, adopt and will_adopt move, release and will_take remove (for the
+store's own node: `node`). So a node's death costs work proportional to
+its clients, not a SCAN of the keyspace. An index may list a client that
+left it in a way its scripts cannot see (taken over by another node: its
+key is not known to the taking script); such a stale entry is harmless,
+since `orphans` checks every entry against the client's own hash, and
+pruned there (unindex.lua) or by the node's next release of that client.
+
+Redis Cluster: a node index is its own hash slot, so these scripts touch
+two slots and are valid on a single Redis (and its replicas) only, as the
+queue's batch script is. On a cluster the index calls would be split out
+(SADD before the claim, SREM after release / adopt: the index then stays a
+superset of the truth, which `orphans` already tolerates).
 """
 
 from __future__ import annotations
@@ -38,7 +55,6 @@ __all__ = [
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry interval meaning "never"
 TOPIC_VERSION_TTL_MS = 86_400_000  # versions are clocks, so the key may be forgotten
-SCAN_COUNT = 2000  # keys per SCAN step of an orphan search (node death: rare, so a scan)
 
 
 class _ScriptStore:
@@ -59,9 +75,20 @@ class _ScriptStore:
         await self._client.aclose()
 
 
+def node_index(node: str, kind: str) -> bytes:
+    """The set of client ids `node` owns: kind "s" sessions online there, "w" wills."""
+    return ("{n:" + node + "}:" + kind).encode()
+
+
 class RedisSessionStore(_ScriptStore):
-    def __init__(self, client: aioredis.Redis, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, client: aioredis.Redis, timeout: float = DEFAULT_TIMEOUT_S, node: str | None = None
+    ) -> None:
         super().__init__(client, timeout)
+        # Whose index `release` keeps: this node's; None given, the node that
+        # last claimed through this store (tests that play several nodes).
+        self._owner, self._fixed = node, node is not None
+        self._unindex = load_script(client, "services.session", "unindex.lua")
         self._claim = load_script(client, "services.session", "claim.lua")
         self._release = load_script(client, "services.session", "release.lua")
         self._version = load_script(client, "services.session", "version.lua")
@@ -69,14 +96,22 @@ class RedisSessionStore(_ScriptStore):
         self._adopt = load_script(client, "services.session", "adopt.lua")
 
     async def claim(self, client_id: str, node: str, clean_start: bool, expiry_s: int) -> Claim:
+        keys = [*client_keys(client_id), node_index(node, "s")]
         epoch, present, previous = await self._run(
-            self._claim, client_keys(client_id), [node, int(clean_start), expiry_s]
+            self._claim, keys, [node, int(clean_start), expiry_s, client_id]
         )
+        if not self._fixed:
+            self._owner = node
         return Claim(client_id, int(epoch), bool(present), previous.decode() if previous else None)
 
     async def release(self, client_id: str, epoch: int, expiry_s: int) -> None:
-        args = [epoch, max(expiry_s, 0), NEVER_EXPIRES]
-        if await self._run(self._release, client_keys(client_id), args) == FENCED:
+        keys = list(client_keys(client_id))
+        args: list[Any] = [epoch, max(expiry_s, 0), NEVER_EXPIRES]
+        owner = self._owner
+        if owner is not None:
+            keys.append(node_index(owner, "s"))
+            args += [owner, client_id]
+        if await self._run(self._release, keys, args) == FENCED:
             raise Fenced(client_id)
 
     async def next_version(self, client_id: str, epoch: int) -> int:
@@ -99,12 +134,18 @@ class RedisSessionStore(_ScriptStore):
         return SessionInfo(client_id, owner, int(epoch), int(expiry or 0), is_online)
 
     async def orphans(self, node: str) -> list[str]:
-        fields = await _scan(self._client, b"{c:*}:s", ("node", "online"), self._timeout)
-        return [cid for cid, (owner, online) in fields if owner == node.encode() and online == b"1"]
+        fields = await _indexed(
+            self._client, node_index(node, "s"), "s", ("node", "online"), self._timeout
+        )
+        mine = node.encode()
+        owned = [cid for cid, (owner, online) in fields if owner == mine and online == b"1"]
+        stale = [cid for cid, _ in fields if cid not in set(owned)]
+        await _prune(self._client, self._unindex, node, "s", stale, self._timeout)
+        return owned
 
     async def adopt(self, client_id: str, dead: str) -> Adopted | None:
-        keys = client_keys(client_id)
-        got = await self._run(self._adopt, keys, [dead, NEVER_EXPIRES])
+        keys = [*client_keys(client_id), node_index(dead, "s")]
+        got = await self._run(self._adopt, keys, [dead, NEVER_EXPIRES, client_id])
         if not got:
             return None
         epoch, version, expiry = got
@@ -114,31 +155,49 @@ class RedisSessionStore(_ScriptStore):
         return None  # one tier: nothing to choose
 
 
-async def _scan(
-    client: aioredis.Redis, pattern: bytes, fields: tuple[str, ...], limit_s: float
+async def _indexed(
+    client: aioredis.Redis, index: bytes, kind: str, fields: tuple[str, ...], limit_s: float
 ) -> list[tuple[str, list[Any]]]:
-    """(client id, the hash fields) for every `{c:<id>}:<suffix>` key matching pattern."""
-    out: list[tuple[str, list[Any]]] = []
-    cursor = 0
-    while True:
-        cursor, keys = await bounded(client.scan(cursor, match=pattern, count=SCAN_COUNT), limit_s)
-        if keys:
-            pipe = client.pipeline(transaction=False)
-            for key in keys:
-                pipe.hmget(key, list(fields))
-            values = await bounded(pipe.execute(), limit_s)
-            for key, got in zip(keys, values, strict=True):
-                raw = key if isinstance(key, bytes) else key.encode()
-                out.append((raw[3 : raw.rindex(b"}")].decode(), got))
-        if cursor == 0:
-            return out
+    """(client id, the hash fields of `{c:<id>}:<kind>`) for every id in `index`,
+    in one round trip for the index and one for the hashes."""
+    members = await bounded(client.smembers(index), limit_s)
+    ids = sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
+    if not ids:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for cid in ids:
+        pipe.hmget(("{c:" + cid + "}:" + kind).encode(), list(fields))
+    values = await bounded(pipe.execute(), limit_s)
+    return list(zip(ids, values, strict=True))
+
+
+async def _prune(
+    client: aioredis.Redis, unindex: AsyncScript, node: str, kind: str, stale: list[str],
+    limit_s: float,
+) -> None:  # fmt: skip
+    """Remove a node's index entries that no longer hold, each checked again in
+    Lua (the client may have come back to the node since it was read)."""
+    if not stale:
+        return
+    index = node_index(node, kind)
+    field, online = ("node", 1) if kind == "s" else ("n", 0)
+    pipe = client.pipeline(transaction=False)
+    for cid in stale:
+        keys = [index, ("{c:" + cid + "}:" + kind).encode()]
+        await unindex(keys=keys, args=[node, cid, field, online], client=pipe)
+    await bounded(pipe.execute(), limit_s)
 
 
 class RedisWillStore(_ScriptStore):
-    """Wills in Redis: one hash `{c:<id>}:w` per client, changed only by Lua."""
+    """Wills in Redis: one hash `{c:<id>}:w` per client, changed only by Lua,
+    and an index per node of the wills it is to publish (`node_index`)."""
 
-    def __init__(self, client: aioredis.Redis, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, client: aioredis.Redis, timeout: float = DEFAULT_TIMEOUT_S, node: str | None = None
+    ) -> None:
         super().__init__(client, timeout)
+        self._owner, self._fixed = node, node is not None  # whose index `take` keeps
+        self._unindex = load_script(client, "services.session", "unindex.lua")
         self._put = load_script(client, "services.session", "will_put.lua")
         self._arm = load_script(client, "services.session", "will_arm.lua")
         self._take = load_script(client, "services.session", "will_take.lua")
@@ -159,8 +218,11 @@ class RedisWillStore(_ScriptStore):
         peer: str = "",
     ) -> StoredWill | None:
         named = username is not None
-        args = [node, token, message or b"", delay_s, int(named), username or "", peer]
-        old = await self._run(self._put, self._key(client_id), args)
+        args = [node, token, message or b"", delay_s, int(named), username or "", peer, client_id]
+        keys = [*self._key(client_id), node_index(node, "w")]
+        if not self._fixed:
+            self._owner = node
+        old = await self._run(self._put, keys, args)
         if not old:
             return None
         blob, delay, owner, due, user, at = old
@@ -173,17 +235,27 @@ class RedisWillStore(_ScriptStore):
         return bool(await self._run(self._arm, self._key(client_id), [token, due_ms]))
 
     async def take(self, client_id: str, token: str) -> bytes | None:
-        got = await self._run(self._take, self._key(client_id), [token])
+        keys = self._key(client_id)
+        args: list[Any] = [token]
+        owner = self._owner
+        if owner is not None:
+            keys.append(node_index(owner, "w"))
+            args += [owner, client_id]
+        got = await self._run(self._take, keys, args)
         return bytes(got) if got else None
 
     async def orphans(self, node: str) -> list[str]:
-        fields = await _scan(self._client, b"{c:*}:w", ("n",), self._timeout)
-        return [cid for cid, (owner,) in fields if owner == node.encode()]
+        fields = await _indexed(self._client, node_index(node, "w"), "w", ("n",), self._timeout)
+        owned = [cid for cid, (owner,) in fields if owner == node.encode()]
+        stale = [cid for cid, _ in fields if cid not in set(owned)]
+        await _prune(self._client, self._unindex, node, "w", stale, self._timeout)
+        return owned
 
     async def adopt(
         self, client_id: str, dead: str, node: str, token: str, now_ms: int
     ) -> StoredWill | None:
-        got = await self._run(self._adopt, self._key(client_id), [dead, node, token, now_ms])
+        keys = [*self._key(client_id), node_index(dead, "w"), node_index(node, "w")]
+        got = await self._run(self._adopt, keys, [dead, node, token, now_ms, client_id])
         if not got:
             return None
         blob, delay, due, user, at = got

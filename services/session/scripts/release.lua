@@ -1,18 +1,25 @@
 -- The owner's connection ended: mark the session offline and let it expire.
--- KEYS: 1 {c:id}:s session hash, 2-8 the client's message-state keys (see claim.lua)
+-- KEYS: 1 {c:id}:s session hash, 2-8 the client's message-state keys (see claim.lua),
+--       9 (optional) {n:node}:s the releasing node's index of its sessions
 -- ARGV: 1 epoch, 2 session expiry seconds (0: delete now; >= ARGV 3: never expires),
---       3 the "never expires" value (4294967295)
+--       3 the "never expires" value (4294967295), 4 the releasing node, 5 client id
 -- Returns: 1, or -1 if the epoch is not current (fenced)
 -- Expiry is Redis's own: PEXPIRE on every key of the client, so nothing
 -- needs to sweep. Keys created later while offline (enqueue) copy the TTL.
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
+-- The node's index loses the client unless the session is (again) online
+-- there: a fenced release is the old owner's after a takeover elsewhere.
+local cur = redis.call('HMGET', KEYS[1], 'epoch', 'node', 'online')
+if KEYS[9] and not (cur[3] == '1' and cur[2] == ARGV[4] and cur[1] ~= ARGV[1]) then
+  redis.call('SREM', KEYS[9], ARGV[5])
+end
+if cur[1] ~= ARGV[1] then return -1 end
 local expiry = tonumber(ARGV[2])
 if expiry <= 0 then
-  redis.call('DEL', unpack(KEYS))
+  redis.call('DEL', unpack(KEYS, 1, 8))
   return 1
 end
 redis.call('HSET', KEYS[1], 'online', '0', 'node', '', 'expiry', ARGV[2])
 if expiry < tonumber(ARGV[3]) then
-  for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], expiry * 1000) end
+  for i = 1, 8 do redis.call('PEXPIRE', KEYS[i], expiry * 1000) end
 end
 return 1

@@ -203,6 +203,7 @@ class Broker:
             spawn=spawn,
             seams=seams,
             dead=self.orphans.dead,
+            shared=dispatch.shared,
         )
         self.cm = ConnectionManager(
             node_id=node_id,

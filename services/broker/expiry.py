@@ -8,7 +8,10 @@ the same epoch, it leaves the routing table at once (`_expire`), and its
 expiry is logged exactly once (`_expired`): by the node it was last on (the
 others only drop it; a dead node's: every survivor's), only if nobody
 claimed it again, and retried until the session store and the log have
-taken it.
+taken it. A shared member's unacknowledged copies then go to the other
+members of their groups: read before its state is discarded, or, if the
+store's own expiry came first, from what the store keeps of an expired
+session for a grace period (`QueueStore.leftovers`, taken once).
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from services.broker.logstate import LogState
 from services.broker.ports import Expiries, Session, now_ms
 from services.broker.routes import Routes
 from services.broker.seams import Seams
+from services.broker.shared import Shared, hand_over_left
 from services.event.api import EventLogError
 from services.event.schema import SessionExpired
+from services.mqtt.packets import Message
 from services.queue.api import QueueStore
 from services.session.api import Fenced, SessionError, SessionStore
 
@@ -47,6 +52,7 @@ class Expiry:
         spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
         seams: Seams,
         dead: Set[str],
+        shared: Shared,
     ) -> None:
         self.node_id = node_id
         self.routes = routes
@@ -56,6 +62,7 @@ class Expiry:
         self.loop = loop
         self.spawn = spawn
         self.seams = seams
+        self.shared = shared  # an expiring member's shared copies go to the others
         self.dead = dead  # nodes seen dead (`orphans`): their sessions' expiry is ours too
         expiries.serve(self._expire)
 
@@ -94,6 +101,22 @@ class Expiry:
                 EXPIRY_RETRY_S, lambda: self.spawn(self._expired(client_id, epoch))
             )
 
+    async def _hand_over_leftovers(self, client_id: str) -> None:
+        """What the store kept of an expired session (its grace): the shared
+        copies to other members, once (whoever takes them first)."""
+        try:
+            left = await self.queue.leftovers(client_id)
+        except SessionError as exc:
+            self.seams.metrics.inc("shared.redispatch_failed")
+            log.warning("shared copies of expired %s not redispatched (lost): %s", client_id, exc)
+            return
+        by_group: dict[tuple[str, str], list[Message]] = {}
+        for message in left:
+            if message.share is not None:
+                by_group.setdefault(message.share, []).append(message)
+        for (group, topic_filter), messages in by_group.items():
+            self.shared.redispatch(group, topic_filter, messages, client_id)
+
     async def _expiry_version(self, client_id: str, epoch: int, logged: int) -> int | None:
         """The SessionExpired event's version, ending the session in the store;
         None if someone claimed it again. Redis expires the keys itself at the
@@ -102,10 +125,13 @@ class Expiry:
             info = await self.store.get(client_id)
             if info is not None and (info.online or (epoch and info.epoch != epoch)):
                 return None
-            if info is None:  # Redis's own expiry came first: the keys are gone
+            if info is None:  # the store's own expiry came first: its leftovers
+                await self._hand_over_leftovers(client_id)
                 return max(logged + 1, time.time_ns() // 1000)
             try:
                 version = await self.store.next_version(client_id, info.epoch)
+                metrics = self.seams.metrics
+                await hand_over_left(self.shared, self.queue, client_id, info.epoch, metrics)
                 await self.queue.discard(client_id, info.epoch)
             except Fenced:
                 continue  # expired by Redis, or claimed, between the read and the write

@@ -39,11 +39,11 @@ to one other candidate, once, as a new delivery there (DUP 0); with no
 candidate left it is dropped and counted. A forwarded copy whose member is
 gone by the time it arrives is redispatched by the receiving node.
 A store that cannot be read then is logged and counted
-(`shared.redispatch_failed`): those copies are lost with the session. Not
-yet handed over (issue 23): a persistent member's copies when it expires
-(the store's own TTL removes them at the moment the expiry timer fires, so
-they need a grace period in the store first), and a clean member's on a node
-that dies (they were in that node's memory).
+(`shared.redispatch_failed`): those copies are lost with the session. A
+persistent member's copies go over when it expires (`expiry`, on the node
+that logs the expiry: a dead node's survivor too). A clean member's copies
+on a node that dies were in that node's memory and die with it, as its
+subscription does (a persistent member there keeps them in its queue).
 """
 
 from __future__ import annotations

@@ -315,6 +315,10 @@ class TieredQueueStore:
     async def drops(self, client_id: str) -> int:
         return await self._of(client_id).drops(client_id)
 
+    async def leftovers(self, client_id: str) -> list[Message]:
+        """From either tier: an expired session's tier is no longer known."""
+        return [*await self.durable.leftovers(client_id), *await self.memory.leftovers(client_id)]
+
     async def discard(self, client_id: str, epoch: int | None = None) -> None:
         await self._of(client_id).discard(client_id, epoch)
 

@@ -168,6 +168,15 @@ class QueueStore(Protocol):
         """Messages dropped for this client by the overflow policy, ever."""
         ...
 
+    async def leftovers(self, client_id: str) -> list[Message]:
+        """The shared QoS 1/2 copies (`Message.share`) an expired session left
+        unacknowledged, inflight (not yet PUBREC'd) then queued, removed as they
+        are returned: once, to one caller. A session's message state outlives
+        it by LEFTOVER_GRACE (services.store), so the node that logs its expiry
+        can hand them to other members; empty after that, or if the client
+        has a session again."""
+        ...
+
     async def discard(self, client_id: str, epoch: int | None = None) -> None:
         """Forget every message and id of this client (session ended). With
         `epoch`, only if it is still current: a node cleaning up after its own

@@ -267,6 +267,13 @@ class MemoryQueueStore:
             return 0
         return _state(rec).drops
 
+    async def leftovers(self, client_id: str) -> list[Message]:
+        st = self._sessions.leftover(client_id)
+        if not isinstance(st, _State):
+            return []
+        inflight = [e.message for e in st.inflight.values() if not e.released]
+        return [m for m in (*inflight, *st.queue.values()) if m.share is not None and m.qos > 0]
+
     async def discard(self, client_id: str, epoch: int | None = None) -> None:
         rec = self._sessions.record(client_id)
         if rec is not None and (epoch is None or rec.epoch == epoch):

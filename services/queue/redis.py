@@ -92,6 +92,7 @@ class RedisQueueStore:
         self._incoming_release = script("incoming_release.lua")
         self._incoming_ids = script("incoming_ids.lua")
         self._discard = script("discard.lua")
+        self._leftovers = script("leftovers.lua")
 
     @classmethod
     def from_url(
@@ -295,6 +296,10 @@ class RedisQueueStore:
 
     async def discard(self, client_id: str, epoch: int | None = None) -> None:
         await self._run(self._discard, client_keys(client_id), ["-" if epoch is None else epoch])
+
+    async def leftovers(self, client_id: str) -> list[Message]:
+        blobs = await self._run(self._leftovers, client_keys(client_id), [])
+        return [loads(blob) for blob in blobs]
 
     async def close(self) -> None:
         await self._client.aclose()

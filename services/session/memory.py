@@ -38,6 +38,7 @@ class MemorySessionStore(ClientRecords):
         if rec is None:
             rec = ClientRecord()
             self._clients[client_id] = rec
+            self._leftovers.pop(client_id, None)  # a new session: an expired one's state goes
         elif clean_start:
             rec.queue = None
         rec.epoch = hlc_next(rec.epoch, self._wall_us())

@@ -37,6 +37,7 @@ from services.store.redis import (
     DEFAULT_TIMEOUT_S,
     FENCED,
     KEY_SUFFIXES,
+    LEFTOVER_GRACE_MS,
     bounded,
     client_keys,
     connect,
@@ -106,7 +107,7 @@ class RedisSessionStore(_ScriptStore):
 
     async def release(self, client_id: str, epoch: int, expiry_s: int) -> None:
         keys = list(client_keys(client_id))
-        args: list[Any] = [epoch, max(expiry_s, 0), NEVER_EXPIRES]
+        args: list[Any] = [epoch, max(expiry_s, 0), NEVER_EXPIRES, LEFTOVER_GRACE_MS]
         owner = self._owner
         if owner is not None:
             keys.append(node_index(owner, "s"))
@@ -145,7 +146,8 @@ class RedisSessionStore(_ScriptStore):
 
     async def adopt(self, client_id: str, dead: str) -> Adopted | None:
         keys = [*client_keys(client_id), node_index(dead, "s")]
-        got = await self._run(self._adopt, keys, [dead, NEVER_EXPIRES, client_id])
+        args = [dead, NEVER_EXPIRES, client_id, LEFTOVER_GRACE_MS]
+        got = await self._run(self._adopt, keys, args)
         if not got:
             return None
         epoch, version, expiry = got

@@ -34,6 +34,10 @@ from services.store.errors import StoreUnavailable
 POOL_CONNECTIONS = 64  # concurrent calls per process; more only queue on one Redis thread
 DEFAULT_TIMEOUT_S = 2.0  # per call; a healthy local Redis answers in well under 1 ms
 FENCED = -1
+# An expired session's message-state keys outlive its session hash this long,
+# so the node that logs the expiry can hand a shared member's copies over
+# (services/queue/scripts/leftovers.lua); enqueue_take.lua has the same figure.
+LEFTOVER_GRACE_MS = 60_000
 
 T = TypeVar("T")
 

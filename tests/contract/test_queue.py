@@ -442,6 +442,48 @@ async def test_state_expires_with_the_session(stores: Stores) -> None:
     assert await q.take("c", again, 10) == []
 
 
+async def test_an_expired_sessions_shared_copies_are_left_once(stores: Stores) -> None:
+    """The node that logs an expiry takes the expired member's unacknowledged
+    shared copies (inflight not PUBREC'd, then queued), once; a new session of
+    the client drops them (before: they went with the session's keys)."""
+    q = stores.queue
+    epoch = await stores.claim("c", expiry_s=1)
+    share = ("g", "t/#")
+    await q.enqueue([
+        ("c", msg(0, share=share)), ("c", msg(1, share=share)), ("c", msg(2)),
+        ("c", msg(3, 0, share=share)), ("c", msg(4, 2, share=share)),
+    ])  # fmt: skip
+    await q.take("c", epoch, 2)  # 0 and 1 inflight; 1 received (PUBREC): its own
+    assert await q.received("c", epoch, 2)
+    await stores.sessions.release("c", epoch, 1)
+
+    async def expired() -> bool:
+        return await stores.sessions.get("c") is None
+
+    await until(expired, "the session to expire")
+    assert payloads_of(await q.leftovers("c")) == [b"0", b"4"]
+    assert await q.leftovers("c") == []  # once
+    again = await stores.claim("c", expiry_s=1)
+    await q.enqueue([("c", msg(5, share=share))])
+    await stores.sessions.release("c", again, 1)
+    await until(expired, "the session to expire")
+    await stores.claim("c")  # a new session: the last one's leftovers are gone
+    assert await q.leftovers("c") == []
+
+
+def payloads_of(messages: list[Message]) -> list[bytes]:
+    return [m.payload for m in messages]
+
+
+def test_the_scripts_grace_is_the_stores() -> None:
+    from importlib import resources
+
+    from services.store.redis import LEFTOVER_GRACE_MS
+
+    lua = resources.files("services.queue").joinpath("scripts", "enqueue_take.lua").read_text()
+    assert f"local LEFTOVER_GRACE_MS = {LEFTOVER_GRACE_MS}" in lua
+
+
 async def test_release_keeps_offline_queue_for_resume(stores: Stores) -> None:
     q = stores.queue
     epoch = await stores.claim("c", expiry_s=60)

@@ -174,3 +174,26 @@ async def test_a_store_failure_at_a_members_leaving_is_logged_and_counted(
     await hand_over_left(shared_part, Down(), "m", 1, metrics)  # type: ignore[arg-type]
     assert metrics.counters["shared.redispatch_failed"] == 1
     assert "shared copies of m not redispatched" in caplog.text
+
+
+async def test_an_expiring_persistent_member_hands_its_queued_copies_over() -> None:
+    """A persistent member offline until its session expires: the copies queued
+    for it go to another member (before: only a clean member leaving its own
+    node handed its copies over; an expiring one's were dropped with its state)."""
+    from services.mqtt.packets import Connack, Connect, Disconnect, Properties
+
+    harness = await make_harness(settings())
+    p, p_t = harness.open()
+    props = Properties(session_expiry_interval=1)
+    p.data_received(codec.encode(Connect("p", protocol_level=5, properties=props), 5))
+    await wait_for(lambda: any(isinstance(x, Connack) for x in p_t.packets(5)), "connack")
+    p.data_received(codec.encode(Subscribe(1, (Subscription("$share/g/t", 1),)), 5))
+    await wait_for(lambda: any(isinstance(x, Suback) for x in p_t.packets(5)), "suback")
+    p.data_received(codec.encode(Disconnect(), 5))
+    await wait_for(lambda: "p" not in harness.broker.cm._ending, "p offline")
+    pub, _ = await harness.connected("pub", level=5)
+    pub.data_received(codec.encode(Publish("t", b"kept", qos=1, packet_id=1), 5))
+    await wait_for(lambda: harness.broker.delivery.idle, "queued for p")
+    _, b_t = await join(harness, "b", 1)
+    await wait_for(lambda: bool(publishes(b_t)), "p's copy, handed to b at its expiry")
+    assert [(x.payload, x.dup) for x in publishes(b_t)] == [(b"kept", False)]

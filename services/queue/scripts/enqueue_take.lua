@@ -42,8 +42,10 @@
 -- its publisher was acknowledged. A queue already over the bound (the bound
 -- was lowered on a live store) then stays over it until taken: a batch of
 -- QoS 0 messages only drops QoS 0 messages, its own included.
--- Keys of an offline (expiring) session copy the session's TTL.
+-- Keys of an offline (expiring) session copy the session's TTL plus the
+-- grace by which message state outlives it (release.lua).
 local limit = tonumber(ARGV[1])
+local LEFTOVER_GRACE_MS = 60000 -- services/store/redis.py LEFTOVER_GRACE_MS (a test checks)
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local CHUNK = 1000 -- arguments per multi-key command (Lua's unpack limit)
@@ -138,10 +140,10 @@ local function enqueue(s, q, o, z, first, last, base)
     excess = 0
   end
   local ttl = redis.call('PTTL', s)
-  if ttl > 0 then
-    redis.call('PEXPIRE', q, ttl)
-    redis.call('PEXPIRE', o, ttl)
-    redis.call('PEXPIRE', z, ttl)
+  if ttl > 0 then -- the session's, plus the grace of its message state (release.lua)
+    redis.call('PEXPIRE', q, ttl + LEFTOVER_GRACE_MS)
+    redis.call('PEXPIRE', o, ttl + LEFTOVER_GRACE_MS)
+    redis.call('PEXPIRE', z, ttl + LEFTOVER_GRACE_MS)
   end
   return excess
 end

@@ -2,7 +2,8 @@
 -- under a new epoch (so a late write of the dead node fails), exactly once.
 -- KEYS: 1 {c:id}:s session hash, 2-8 the client's message-state keys (see claim.lua),
 --       9 {n:dead}:s the dead node's index of its sessions
--- ARGV: 1 the dead node, 2 the "never expires" value (4294967295), 3 client id
+-- ARGV: 1 the dead node, 2 the "never expires" value (4294967295), 3 client id,
+--       4 the message state's grace (ms, see release.lua)
 -- Returns: {epoch, version, expiry}, or false if the dead node no longer has
 -- it online (resumed elsewhere, ended, or adopted by another survivor).
 -- Expiry 0 discards the session's keys now; otherwise they expire as after
@@ -24,7 +25,8 @@ else
   redis.call('HSET', s, 'epoch', string.format('%.0f', epoch), 'online', '0', 'node', '',
     'ver', string.format('%.0f', version))
   if expiry < tonumber(ARGV[2]) then
-    for i = 1, 8 do redis.call('PEXPIRE', KEYS[i], expiry * 1000) end
+    redis.call('PEXPIRE', KEYS[1], expiry * 1000)
+    for i = 2, 8 do redis.call('PEXPIRE', KEYS[i], expiry * 1000 + tonumber(ARGV[4])) end
   end
 end
 return {string.format('%.0f', epoch), string.format('%.0f', version), expiry}

@@ -7,7 +7,8 @@
 -- Returns: {epoch, session_present (1/0), previous node if it was online or false}
 -- The epoch is a hybrid logical clock, max(previous + 1, Redis time in us),
 -- so it grows even across a session that was deleted and created again.
--- Clean start drops all message state in this same step. Claiming makes
+-- Clean start drops all message state in this same step, and so does a new
+-- session (what an expired one left for its grace period, see release.lua). Claiming makes
 -- every key persistent again (a release may have set a TTL).
 local s = KEYS[1]
 local existed = redis.call('EXISTS', s) == 1
@@ -18,9 +19,9 @@ local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local epoch = math.max(tonumber(prev[1] or '0') + 1, now_us)
 local previous = false
 if prev[3] == '1' and prev[2] and prev[2] ~= '' then previous = prev[2] end
-if clean and existed then
+if clean or not existed then -- a new session: an expired one's leftovers go too
   redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
-  redis.call('HDEL', s, 'qseq', 'pid', 'drops')
+  if existed then redis.call('HDEL', s, 'qseq', 'pid', 'drops') end
 end
 redis.call('HSET', s, 'epoch', string.format('%.0f', epoch), 'node', ARGV[1],
   'online', '1', 'expiry', ARGV[3])

@@ -353,6 +353,9 @@ class Broker:
     def node_died(self, node_id: str) -> None:
         self.orphans.node_died(node_id)
 
+    def fenced(self, fenced: bool) -> None:
+        self.cm.fence(fenced)
+
     # -- shutdown -------------------------------------------------------------------------
 
     async def wait_no_connections(self, timeout_s: float) -> bool:

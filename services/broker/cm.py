@@ -62,6 +62,11 @@ class Refused(Exception):
         self.undo = undo
 
 
+class NodeFenced(Exception):
+    def __init__(self) -> None:
+        super().__init__("this node is fenced: its cluster heartbeat is not being stored")
+
+
 class ConnectionManager:
     def __init__(
         self,
@@ -104,6 +109,7 @@ class ConnectionManager:
         self._resend: dict[ConnectionPort, list[Inflight]] = {}  # newest last: pop() is next
         self._resending: set[ConnectionPort] = set()
         self._ending: dict[str, asyncio.Task[Any]] = {}  # client -> its session's end_session
+        self.fenced = False  # the cluster fenced this node (`fence`): no session opens
 
     def mark_dirty(self, conn: ConnectionPort) -> None:
         self._dirty.append(conn)
@@ -159,6 +165,8 @@ class ConnectionManager:
         """The steps of a session's opening (see the module docstring); a step
         that cannot be taken raises `Refused`."""
         client_id = action.client_id
+        if self.fenced:
+            raise Refused("session of %s not opened: %s", NodeFenced())
         conn.max_outgoing_packet = action.connect.properties.maximum_packet_size
         ending = self._ending.get(client_id)
         if ending is not None:  # the previous connection's end comes first
@@ -499,6 +507,16 @@ class ConnectionManager:
             self.delivery.released(conn.session, packet_id)
 
     # -- shutdown -----------------------------------------------------------------
+
+    def fence(self, fenced: bool) -> None:
+        """The cluster fenced this node (its heartbeat is not being stored): every
+        client is disconnected and CONNECTs are refused 0x88 (server
+        unavailable) until it is unfenced, so nothing is acknowledged that a
+        survivor may take over meanwhile. DISCONNECT has no 0x88: a 5.0 client
+        gets 0x9C use another server (another node of the cluster)."""
+        self.fenced = fenced
+        if fenced:
+            self.disconnect_all(ReasonCode.USE_ANOTHER_SERVER)
 
     def disconnect_all(self, reason_code: int, reference: str | None = None) -> None:
         for conn in list(self.connections):

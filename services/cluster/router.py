@@ -39,13 +39,13 @@ from services.cluster.api import (
 )
 from services.cluster.frames import LinkHandler, forward_frame_serialized
 from services.cluster.links import DEFAULT_BUFFER_LIMIT, Links, PeerStats
-from services.cluster.membership import beat_interval
 from services.mqtt.packets import Message
 from services.store import serial
 from services.tasks import cancel_and_wait
 
 log = logging.getLogger("weir.cluster.router")
 
+BEATS_PER_FENCE = 3  # heartbeats sent in each half TTL: two late ones do not fence the node
 POLL_INTERVAL_S = 0.5  # membership polls: one SCAN of a few keys, cheap; joins seen this fast
 
 
@@ -79,6 +79,13 @@ class LocalNode(Protocol):
         what it held (DESIGN 5). Its link is already gone."""
         ...
 
+    def fenced(self, fenced: bool) -> None:
+        """True: this node could not renew its heartbeat for half the cluster
+        TTL, so the others may soon take over what it holds: it must stop
+        acknowledging anything (its clients are disconnected, 5.0 with 0x9C use
+        another server, and CONNECTs refused 0x88). False: a heartbeat went through again."""
+        ...
+
 
 class _Ignore:
     def deliver_forwarded(self, message: Message, client_ids: Sequence[str]) -> None:
@@ -97,6 +104,9 @@ class _Ignore:
         pass
 
     def node_died(self, node_id: str) -> None:
+        pass
+
+    def fenced(self, fenced: bool) -> None:
         pass
 
 
@@ -125,15 +135,16 @@ class ClusterRouter(LinkHandler):
             on_unknown=self._unknown,
             on_drained=self._drained,
         )
-        self.poll_interval_s = poll_interval_s or min(
-            POLL_INTERVAL_S, beat_interval(membership.ttl_s)
-        )
+        self.beat_every_s = membership.ttl_s / 2 / BEATS_PER_FENCE
+        self.poll_interval_s = poll_interval_s or min(POLL_INTERVAL_S, self.beat_every_s)
         self._held_since: dict[str, float] = {}  # node id -> when we first held frames for it
         self._wake = asyncio.Event()
         self._notify: dict[str, dict[str, None]] = {}
         self._notify_scheduled = False
         self._watch: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()  # set and replaced on every membership change
+        self.fenced = False  # the last heartbeat that went through is too old (see _beat)
+        self._fence_at: asyncio.TimerHandle | None = None
 
     @property
     def address(self) -> str:
@@ -143,13 +154,15 @@ class ClusterRouter(LinkHandler):
         """Listen, join the membership, dial the live peers, then keep watching."""
         self.local = local
         await self.links.start()
+        sent = asyncio.get_running_loop().time()
         await self.membership.join(Member(self.node_id, self.links.address))
+        self._beat_went_through(sent)
         await self._apply(await self.membership.poll())
         self._watch = asyncio.get_running_loop().create_task(self._run_watch())
 
     async def _run_watch(self) -> None:
         loop = asyncio.get_running_loop()
-        beat_every = beat_interval(self.membership.ttl_s)
+        beat_every = self.beat_every_s
         next_beat = loop.time() + beat_every
         while True:
             with contextlib.suppress(TimeoutError):
@@ -157,9 +170,11 @@ class ClusterRouter(LinkHandler):
                     await self._wake.wait()
             self._wake.clear()
             try:
-                if loop.time() >= next_beat:
-                    next_beat = loop.time() + beat_every
+                if loop.time() >= next_beat or self.fenced:  # fenced: try every turn
+                    next_beat = sent = loop.time()
+                    next_beat += beat_every
                     await self.membership.beat()
+                    self._beat_went_through(sent)
                 change = await self.membership.poll()
             except MembershipUnavailable as exc:
                 log.warning("membership: %s", exc)
@@ -167,6 +182,33 @@ class ClusterRouter(LinkHandler):
             if change:
                 await self._apply(change)
             await self._expire_held(loop.time())
+
+    def _beat_went_through(self, sent: float) -> None:
+        """A heartbeat sent at loop time `sent` was stored. Self-fencing: our
+        record lives until at least sent + ttl (Redis set it no earlier than we
+        sent it), and no peer acts on our death before it lapses; so if no
+        later beat goes through by sent + ttl / 2, we fence ourselves, with
+        half the TTL to spare for a late timer and clock drift
+        (docs/architecture.md 5)."""
+        loop = asyncio.get_running_loop()
+        if self._fence_at is not None:
+            self._fence_at.cancel()
+        self._fence_at = loop.call_at(sent + self.membership.ttl_s / 2, self._fence)
+        if self.fenced:
+            self.fenced = False
+            log.warning("heartbeat stored again: node %s takes clients again", self.node_id)
+            self.local.fenced(False)
+
+    def _fence(self) -> None:
+        self._fence_at = None
+        if not self.fenced:
+            self.fenced = True
+            log.error(
+                "no heartbeat stored for %.1f s (half the cluster TTL): node %s fences "
+                "itself (clients disconnected 0x9C, CONNECTs refused 0x88) until one is",
+                self.membership.ttl_s / 2, self.node_id,
+            )  # fmt: skip
+            self.local.fenced(True)
 
     def _drained(self, node_id: str) -> None:
         self.local.peer_drained(node_id)
@@ -277,6 +319,9 @@ class ClusterRouter(LinkHandler):
         """Leave (peers see it on their next poll), then close the links."""
         task, self._watch = self._watch, None
         await cancel_and_wait(task)
+        if self._fence_at is not None:
+            self._fence_at.cancel()
+            self._fence_at = None
         if self._notify:
             self._flush_notify()
         with contextlib.suppress(MembershipUnavailable):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from services.config import Settings
 from services.embedded.redis_server import RedisServer
 from tests.integration.conftest import Paho
 from tests.support.backend_node import backend_settings, start_node
@@ -13,6 +15,13 @@ from tests.support.wait import wait_until
 # paho reports a 3.x CONNACK return code 3 ("server unavailable") as ReasonCode 0x88
 V3_SERVER_UNAVAILABLE = 0x88
 V5_SERVER_UNAVAILABLE = 0x88
+
+
+def long_ttl(settings: Settings) -> Settings:
+    """A cluster TTL these tests outlast: a node fences itself half a TTL after
+    its last stored heartbeat (tests/integration/test_self_fencing.py), and
+    here Redis is down for a few seconds on purpose."""
+    return replace(settings, cluster_ttl_s=120.0)
 
 
 def connect_code(port: int, client_id: str, v5: bool) -> int:
@@ -35,7 +44,8 @@ def test_redis_down_refuses_persistent_keeps_clean(
     node = None
     clients: list[Paho] = []
     try:
-        node = start_node(backend_settings(redis.url, kafka_bootstrap, kafka_topic_prefix))
+        settings = backend_settings(redis.url, kafka_bootstrap, kafka_topic_prefix)
+        node = start_node(long_ttl(settings))
         assert connect_code(node.mqtt_port, "p-before", v5=False) == 0
         sub = Paho(node.mqtt_port, "c-sub")
         pub = Paho(node.mqtt_port, "c-pub", v5=True)
@@ -78,7 +88,8 @@ def test_redis_down_fails_publishes_to_persistent_subscribers(
     node = None
     clients: list[Paho] = []
     try:
-        node = start_node(backend_settings(redis.url, kafka_bootstrap, kafka_topic_prefix))
+        settings = backend_settings(redis.url, kafka_bootstrap, kafka_topic_prefix)
+        node = start_node(long_ttl(settings))
         sub = Paho(node.mqtt_port, "d-sub", clean=False)
         v5 = Paho(node.mqtt_port, "d-pub5", v5=True)
         v3 = Paho(node.mqtt_port, "d-pub3")

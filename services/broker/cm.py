@@ -41,11 +41,12 @@ from services.event.schema import Event, SessionClosed, SessionOpened
 from services.mqtt.actions import OpenSession
 from services.mqtt.packets import ReasonCode, Will
 from services.queue.api import Inflight, QueueStore
-from services.session.api import Claim, Fenced, SessionError, SessionStore
+from services.session.api import Claim, Fenced, SessionError, SessionStore, StoreUnavailable
 
 log = logging.getLogger("weir.cm")
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry meaning "never"
+FENCED = "this node is fenced: its cluster heartbeat is not being stored"
 ENDING_WAIT_S = 5.0  # a reconnect waits this long at most for its previous connection's end
 
 
@@ -60,11 +61,6 @@ class Refused(Exception):
         self.line = line
         self.cause = cause
         self.undo = undo
-
-
-class NodeFenced(Exception):
-    def __init__(self) -> None:
-        super().__init__("this node is fenced: its cluster heartbeat is not being stored")
 
 
 class ConnectionManager:
@@ -166,7 +162,7 @@ class ConnectionManager:
         that cannot be taken raises `Refused`."""
         client_id = action.client_id
         if self.fenced:
-            raise Refused("session of %s not opened: %s", NodeFenced())
+            raise Refused("session of %s not opened: %s", StoreUnavailable(FENCED))
         conn.max_outgoing_packet = action.connect.properties.maximum_packet_size
         ending = self._ending.get(client_id)
         if ending is not None:  # the previous connection's end comes first
@@ -188,7 +184,11 @@ class ConnectionManager:
             self.recheck(conn, session)
         incoming = await self._incoming(conn, session, claim)
         may_have_will = known or claim.session_present or claim.previous_node is not None
-        await self._open_will(conn, session, action, fresh, may_have_will)
+        try:  # a will that cannot be stored refuses the CONNECT
+            token = await self.wills.connection_opened(conn, action, fresh, may_have_will)
+        except SessionError as exc:
+            raise Refused("will of %s not stored: %s", exc, self._unopen(conn, session)) from None
+        conn.will_token = token
         self._connack(conn, client_id, claim.session_present, incoming)
         await self._resume(conn, session, claim.epoch)
 
@@ -285,32 +285,6 @@ class ConnectionManager:
 
         return undo
 
-    async def _open_will(
-        self,
-        conn: ConnectionPort,
-        session: Session,
-        action: OpenSession,
-        fresh: bool,
-        may_have_will: bool,
-    ) -> None:
-        """The CONNECT's will, stored with the session (`may_have_will`: one may
-        be stored) and who set it; one that cannot be stored refuses the CONNECT."""
-        will = action.connect.will
-        will_delay_s = 0 if will is None else will.properties.will_delay_interval or 0
-        token = self.wills.token()
-        delay_s = min(will_delay_s, action.session_expiry_s)
-        client = conn.client
-        username = client.username if client is not None else action.connect.username
-        peer = client.peer if client is not None else conn.peer
-        try:
-            await self.wills.opened(
-                action.client_id, token, will, delay_s, fresh, may_have_will, username, peer
-            )
-        except SessionError as exc:
-            raise Refused("will of %s not stored: %s", exc, self._unopen(conn, session)) from None
-        if will is not None:  # without one, nothing is stored under the token
-            conn.will_token = token
-
     def _connack(
         self, conn: ConnectionPort, client_id: str, present: bool, incoming: set[int]
     ) -> None:
@@ -360,7 +334,7 @@ class ConnectionManager:
     ) -> None:
         """The connection closed (normally, by error, or taken over). `will` None:
         a normal DISCONNECT, whose will is discarded before the session ends
-        (`_end_after_discard`), so no survivor can publish it."""
+        (`Wills.discard_before`), so no survivor can publish it."""
         self._resend.pop(conn, None)
         self.seams.hooks.run("client.disconnected", conn.channel.client_id, conn.client)
         session = conn.session
@@ -376,7 +350,7 @@ class ConnectionManager:
             expiry_s = session.expiry_s
             end = self.end_session(session, session.epoch, conn_gone=True)
             if discard and token is not None:
-                end = self._end_after_discard(session.client_id, token, end)
+                end = self.wills.discard_before(session.client_id, token, end)
                 discard = False
             self._end(session, end)
         elif session is not None:
@@ -389,17 +363,6 @@ class ConnectionManager:
             self.spawn(self.wills.discard(client_id, token))
         elif will is not None:
             self.wills.ended(client_id, token, min(will_delay_s, expiry_s))
-
-    async def _end_after_discard(
-        self, client_id: str, token: str, end: Coroutine[Any, Any, None]
-    ) -> None:
-        """A normal DISCONNECT's session end: its will leaves the store first.
-        Until then the session is online here, so if this node dies before,
-        a survivor adopts both, as if the DISCONNECT had never arrived."""
-        try:
-            await self.wills.discard(client_id, token)
-        finally:
-            await end
 
     def _end(self, session: Session, end: Coroutine[Any, Any, None]) -> None:
         """Run a session's end; a reconnect of its client waits for it."""

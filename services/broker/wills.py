@@ -36,7 +36,8 @@ import secrets
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from services.broker.ports import now_ms
+from services.broker.ports import ConnectionPort, now_ms
+from services.mqtt.actions import OpenSession
 from services.mqtt.packets import NO_PROPERTIES, Message, Will
 from services.session.api import SessionError, StoredWill, WillStore
 from services.store import serial
@@ -81,6 +82,24 @@ class Wills:
     def token() -> str:
         return secrets.token_hex(8)
 
+    async def connection_opened(
+        self, conn: ConnectionPort, action: OpenSession, fresh: bool, known: bool
+    ) -> str | None:
+        """`opened` for the CONNECT `action` of `conn` (its user name and address
+        kept with the will); the token its will is stored under, None without
+        one. Raises SessionError if the will cannot be stored."""
+        will = action.connect.will
+        delay_s = 0 if will is None else will.properties.will_delay_interval or 0
+        client = conn.client
+        username = client.username if client is not None else action.connect.username
+        peer = client.peer if client is not None else conn.peer
+        token = self.token()
+        await self.opened(
+            action.client_id, token, will, min(delay_s, action.session_expiry_s), fresh, known,
+            username, peer,
+        )  # fmt: skip
+        return token if will is not None else None
+
     async def opened(
         self, client_id: str, token: str, will: Will | None, delay_s: int, fresh: bool,
         known: bool, username: str | None = None, peer: str = "",
@@ -120,6 +139,17 @@ class Wills:
         """Connection `token` ended with a normal DISCONNECT: its will is
         removed from the store when this returns (or the store failed: logged)."""
         await self._take(client_id, token, publish=False)
+
+    async def discard_before(
+        self, client_id: str, token: str, end: Coroutine[Any, Any, None]
+    ) -> None:
+        """A normal DISCONNECT's session end (`end`): its will leaves the store
+        first. Until then the session is online here, so if this node dies
+        before, a survivor adopts both, as if the DISCONNECT never arrived."""
+        try:
+            await self.discard(client_id, token)
+        finally:
+            await end
 
     async def adopt_from(self, dead: str) -> int:
         """Take over the wills the dead node `dead` was to publish; how many.

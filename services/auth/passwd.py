@@ -163,6 +163,8 @@ def passwd(names: tuple[str, ...], delete: bool, password_stdin: bool, scram: bo
     redis_url = given(flags).get("redis_url")
     if redis_url is not None and "://" not in redis_url and not names:
         # `--redis USER`: the Redis of the weir up running on the data dir
+        if redis_url.startswith("-"):  # `--redis --password-stdin`: an option, not a user
+            fail("give --redis URL USER, or --redis USER for the running weir up")
         names, redis_url = (redis_url,), _running_redis(given(flags).get("data_dir"))
     if redis_url is not None:
         redis_url = load({"redis_url": redis_url}, env={}).redis_url  # checked as weir up does

@@ -51,6 +51,13 @@ class EventLog(Protocol):
         """Connect now (topics, producer) instead of at the first append."""
         ...
 
+    async def warm(self) -> None:
+        """After `start`: return once an append would not wait for the log's
+        connection or producer id (Kafka: the idempotent producer's id comes
+        about 0.5 s after it is made). Bounded by `append_timeout_s`; a log
+        still cold then is only slower at its first append, so this never raises."""
+        ...
+
     async def append(self, event: Event) -> None:
         """Return once the log has durably acknowledged the event
         (Kafka: acks=all). Raises EventLogUnavailable after a bounded wait,

@@ -14,6 +14,15 @@ instead of growing memory. A fatal producer error (an idempotent producer
 that lost its broker's state, e.g. an embedded broker restart) fails the
 waiting appends and the next append builds a new producer.
 
+Warm-up (`warm`, before the node opens its listeners): an idempotent
+producer sends nothing until the broker has given it a producer id, which
+librdkafka asks for on a 500 ms timer once a broker connection is up, so a
+producer made at start gets its id about 0.5 s later and the first CONNACK
+used to wait for it. librdkafka says when the id is there only in its
+statistics (`eos.idemp_state`), so the producer reports them every
+STATS_INTERVAL_MS and `warm` waits for "Assigned"; then it asks for the
+three topics' metadata through the producer. Nothing is written to the log.
+
 Replay and tail: one consumer with `assign` (no group), each partition of
 the three topics from the beginning or from given offsets, consumed in
 batches on one worker thread and decoded there; the handler runs on the
@@ -29,6 +38,7 @@ import asyncio
 import contextlib
 import ctypes
 import inspect
+import json
 import logging
 import threading
 import time
@@ -84,6 +94,11 @@ DEFAULT_REPLAY_STALL_S: Final = 30.0
 # producer whose broker forgot its id (a restarted embedded broker) retries
 # forever without reporting an error; a new producer gets a new id.
 REBUILD_AFTER_TIMEOUTS: Final = 3
+# librdkafka's statistics period: how soon `warm` learns the producer has its
+# id (a start waits at most this much longer than it must). The reports go on
+# for the producer's life (librdkafka cannot stop them): a 2-3 KiB JSON text
+# ten times a second, which the callback drops unread once the producer is warm.
+STATS_INTERVAL_MS: Final = 100
 _PLAIN: Final = frozenset({type(None), bool})  # handler results that are surely not awaitable
 
 
@@ -123,6 +138,7 @@ class KafkaEventLog:
         self.append_timeout_s = settings.append_timeout_s
         self._producer: Producer | None = None
         self._producer_failed = False
+        self._warm = threading.Event()  # set by the stats callback of the current producer
         self._timeouts = 0
         self._poller: threading.Thread | None = None
         self._stop_polling = threading.Event()
@@ -184,9 +200,12 @@ class KafkaEventLog:
             "linger.ms": s.linger_ms,
             "queue.buffering.max.messages": s.max_pending,
             "error_cb": self._on_error,
+            "statistics.interval.ms": STATS_INTERVAL_MS,
             "logger": log,
             **s.producer_config,
         }
+        warm = self._warm = threading.Event()
+        config["stats_cb"] = partial(self._on_stats, warm)
         producer = Producer(config)
         self._producer_failed = False
         self._timeouts = 0
@@ -200,6 +219,41 @@ class KafkaEventLog:
     def _poll_loop(self, producer: Producer) -> None:
         while not self._stop_polling.is_set():
             producer.poll(POLL_INTERVAL_S)
+
+    @staticmethod
+    def _on_stats(warm: threading.Event, stats: str) -> None:
+        if warm.is_set():
+            return
+        with contextlib.suppress(ValueError, AttributeError):
+            if json.loads(stats).get("eos", {}).get("idemp_state") == "Assigned":
+                warm.set()
+
+    @property
+    def warmed(self) -> bool:
+        """The current producer has its id: an append goes out at once."""
+        return self._producer is not None and self._warm.is_set()
+
+    async def warm(self) -> None:
+        if self._producer is None:
+            await self.start()
+        if not await asyncio.to_thread(self._warm.wait, self.append_timeout_s):
+            log.warning(
+                "event log: no producer id within %s s; the first append waits for it",
+                self.append_timeout_s,
+            )
+            return
+        await asyncio.to_thread(self._topic_metadata)
+
+    def _topic_metadata(self) -> None:
+        """Ask for the topics' metadata now rather than at their first produce."""
+        producer = self._producer
+        if producer is None:
+            return
+        for topic in self.topics:
+            try:
+                producer.list_topics(topic, timeout=self.append_timeout_s)
+            except KafkaException as exc:  # the first append will ask again
+                log.warning("event log: no metadata for %s yet: %s", topic, exc)
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():

@@ -86,6 +86,9 @@ class MemoryEventLog:
     async def start(self) -> None:
         pass
 
+    async def warm(self) -> None:
+        pass
+
     async def append(self, event: Event) -> None:
         if self._closed:
             raise EventLogClosed("event log is closed")

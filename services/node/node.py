@@ -3,6 +3,7 @@
 
 Start (DESIGN 6): read the ban table (`Seams.start`), replay the event
 log to the end of every partition into the broker's state (`LogState`),
+warm the event log (`EventLog.warm`: the first CONNACK need not wait),
 freeze what the replay allocated out of the garbage collector's way
 (`gc.freeze`), then open the listeners, then tail the log. So the node
 is ready only once it knows every subscription, session and retained
@@ -150,6 +151,7 @@ class Node:
         if self.services.cluster is not None:
             await self.services.cluster.start(broker)  # join: peers link to us from now on
         broker.orphans.restarted()  # wills a previous run of this node was to publish
+        await self.services.events.warm()  # else the first CONNACK waits ~0.5 s for it
         gc.freeze()
         try:
             self.listeners = open_listeners(settings, broker, self.services.seams.metrics)

@@ -211,6 +211,9 @@ class WriteThroughLog:
     async def start(self) -> None:
         await self.log.start()
 
+    async def warm(self) -> None:
+        await self.log.warm()
+
     async def append(self, event: Event) -> None:
         while not self._open.is_set():
             await self._open.wait()

@@ -13,17 +13,20 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import click
 import uvloop
 
-from bench import wire
+from bench import compared, profile, wire
 from bench.errors import BenchError, UsageError
 from bench.idle import PER_WORKER_MAX, IdleConfig, raise_nofile_limit, run_idle
 from bench.mosquitto import MOSQUITTO, spawn_mosquitto
 from bench.plan import RunConfig
+from bench.proc import find_listener_pid, is_local
 from bench.redisstats import figures, snapshot
 from bench.report import Result, comparison
 from bench.scenarios import FAN_OUT_SUBSCRIBERS, SCENARIOS, plan_for, run_plan
@@ -156,6 +159,12 @@ PORT = _Checked("PORT", _port)
 @click.option("--vs", type=_Checked("HOST:PORT", _address), help="peer broker to compare")
 @click.option("--rounds", type=POSITIVE, default=3, help="with --vs: A,B rounds")
 @click.option("--spawn-mosquitto", is_flag=True, help=f"run {MOSQUITTO} as the --vs peer")
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="with a peer: also write the compared figures here as a Markdown table "
+              "and a PNG bar chart (<scenario>-qos<n>-<UTC time>.md/.png)")  # fmt: skip
+@click.option("--profile", is_flag=True, help="record our broker (--broker-pid, or the "
+              "process on --port) with py-spy for the run: a flame graph SVG in "
+              "bench/profiles/<scenario>-<UTC time>.svg")  # fmt: skip
 def command(**options: Any) -> int:
     args = SimpleNamespace(**options)
     args.qos = int(options["qos"])
@@ -240,6 +249,10 @@ def _peer(args: SimpleNamespace) -> Iterator[Runner | None]:
 
 
 def _validate(args: SimpleNamespace) -> None:
+    if args.report_dir and not (args.vs or args.spawn_mosquitto):
+        raise UsageError("--report-dir writes a comparison: give --vs or --spawn-mosquitto")
+    if args.profile and not is_local(args.host):
+        raise UsageError("--profile attaches to a broker on this machine (--host 127.0.0.1)")
     if args.vs and args.spawn_mosquitto:
         raise UsageError("--vs and --spawn-mosquitto both name the peer; give one")
     if args.workers and args.connections > args.workers * PER_WORKER_MAX:
@@ -273,8 +286,27 @@ def _validate(args: SimpleNamespace) -> None:
             raise UsageError(f"--messages x --size is more than {MAX_ENCODED_BYTES >> 20} MiB")
 
 
+def _profiled(args: SimpleNamespace, now: datetime) -> contextlib.AbstractContextManager[object]:
+    if not args.profile:
+        return contextlib.nullcontext()
+    pid = args.broker_pid or find_listener_pid(args.port)
+    if pid is None:
+        raise BenchError(f"--profile: no process of ours listens on port {args.port}; "
+                         "give --broker-pid")  # fmt: skip
+    return profile.profiling(pid, profile.svg_path(args.scenario, now))
+
+
 def run(args: SimpleNamespace) -> list[Result]:
     raise_nofile_limit()
+    now = datetime.now(UTC)
+    with _profiled(args, now) as svg:
+        results = _run_all(args, now)
+    if svg is not None:
+        print(f"weir bench: flame graph in {svg}", file=sys.stderr, flush=True)
+    return results
+
+
+def _run_all(args: SimpleNamespace, now: datetime) -> list[Result]:
     ours: Runner = (args.host, args.port, args.broker_pid)
     with _peer(args) as peer:
         if peer is None:
@@ -289,6 +321,9 @@ def run(args: SimpleNamespace) -> list[Result]:
                 print(result.line(), flush=True)
                 results.append(result)
         print(json.dumps(comparison(mine, theirs)), flush=True)
+        if args.report_dir is not None:
+            written = compared.write(args.report_dir, (mine, theirs), now)
+            print(f"weir bench: wrote {', '.join(map(str, written))}", file=sys.stderr, flush=True)
         return mine + theirs
 
 

@@ -50,7 +50,6 @@ from typing import Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as _TP
-from confluent_kafka import admin as _admin
 
 from services.event.api import (
     EventLogBackpressure,
@@ -69,6 +68,7 @@ from services.event.schema import (
     encode,
     topic_names,
 )
+from services.event.topics import ADMIN_TIMEOUT_S, create_topics
 
 log = logging.getLogger("weir.event.kafka")
 
@@ -85,7 +85,6 @@ TAIL_POLL_S: Final = 0.05  # tail latency added on top of the broker's fetch wai
 # time, asks ten times a second.
 REPLAY_FETCH_WAIT_MS: Final = 10
 TAIL_FETCH_WAIT_MS: Final = 100
-ADMIN_TIMEOUT_S: Final = 10.0
 # A replay that reads nothing and reaches no partition end for this long gives
 # up: the broker is gone or stalled (Tansu also stalls silently on a fetch past
 # the end of a partition). Generous: a busy broker can pause for seconds.
@@ -155,31 +154,11 @@ class KafkaEventLog:
     async def ensure_topics(self) -> None:
         """Create the three topics with `partitions` each; existing is fine."""
         if not self._topics_ready:
-            await asyncio.to_thread(self._create_topics)
+            await asyncio.to_thread(
+                create_topics, self.settings.bootstrap, self.topics,
+                self.settings.partitions, self.settings.replication_factor,
+            )  # fmt: skip
             self._topics_ready = True
-
-    def _create_topics(self) -> None:
-        config: dict[str, Any] = {"bootstrap.servers": self.settings.bootstrap, "logger": log}
-        admin = _admin.AdminClient(config)
-        new = [
-            _admin.NewTopic(t, self.settings.partitions, self.settings.replication_factor)  # type: ignore[attr-defined]
-            for t in self.topics
-        ]
-        # Each future's error is looked at, never raised here: raised, it would hold
-        # this frame (and so the admin client, its threads and its connection) in a
-        # cycle through the future that the garbage collector alone can free.
-        for topic, fut in admin.create_topics(new, request_timeout=ADMIN_TIMEOUT_S).items():
-            try:
-                exc = fut.exception(ADMIN_TIMEOUT_S)
-            except Exception as late:  # a timeout: the broker did not answer
-                raise EventLogUnavailable(f"event log: cannot create {topic}: {late!r}") from None
-            if exc is None:
-                continue
-            err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-            if not isinstance(err, KafkaError):
-                raise EventLogUnavailable(f"event log: cannot create {topic}: {exc!r}")
-            if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise EventLogUnavailable(f"event log: cannot create {topic}: {err}")
 
     async def start(self) -> None:
         """Create the topics and the producer now rather than at the first

@@ -49,6 +49,7 @@ def _renewer(kafka: EmbeddedKafka, kafka_settings: KafkaSettings) -> Renew:
         await asyncio.to_thread(kafka.wait_ready)
         fresh = KafkaEventLog(kafka_settings)
         await fresh.start()
+        await fresh.warm()  # appends held by the cut resume without waiting for its id
         return fresh
 
     return renew

@@ -152,7 +152,9 @@ class Metrics:
     eventlog_produce_failures: int = counter("event log appends that failed (Kafka)")
     redis_failures: int = counter("Redis calls that failed (unreachable, timed out)")
     # The node's event loop (services.metrics.process.LagMonitor).
-    eventloop_lag_seconds: float = gauge("how late the event loop ran a timer, last measured")
+    eventloop_lag_seconds: float = gauge(
+        "the most the event loop ran a timer late in the last 10 s, seconds"
+    )
     # Alarms (services.metrics.alarms).
     alarms_active: int = gauge("alarms active now")
     alarms_activated: int = counter("alarms raised")

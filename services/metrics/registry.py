@@ -96,9 +96,9 @@ class Metrics:
     """Every figure of one node (see the module docstring)."""
 
     # Connections (the asyncio edge and the connection manager).
-    connections: int = gauge("connections open now (CONNECT accepted, not yet closed)")
+    connections: int = gauge("client connections open now (TCP, TLS or WebSocket)")
     connections_max: int = gauge("the most connections open at once since the node started")
-    connections_accepted: int = counter("CONNECTs accepted (a session opened or resumed)")
+    connections_accepted: int = counter("client connections accepted (within the limits)")
     connections_closed: int = counter("accepted connections that ended, for any reason")
     connections_refused: dict[str, int] = counter(
         "connections refused before a session, by reason", "reason", REFUSE_REASONS

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from services.metrics.process import ProcessFigures, read_process
-from services.metrics.registry import Metrics
+from services.metrics.registry import Metrics, Refresh
 from services.metrics.systopics import Publish, sys_prefix
 
 log = logging.getLogger("weir.alarms")
@@ -148,8 +148,10 @@ class Watch:
         thresholds: Thresholds = DEFAULT_THRESHOLDS,
         process: Callable[[], ProcessFigures] = read_process,
         check_s: float = ALARM_CHECK_S,
+        refresh: Refresh | None = None,
     ) -> None:
         self.metrics = metrics
+        self.refresh = refresh
         self.alarms = alarms
         self.max_connections = max_connections
         self.thresholds = thresholds
@@ -175,6 +177,8 @@ class Watch:
 
     def check(self) -> None:
         m, t = self.metrics, self.thresholds
+        if self.refresh is not None:
+            self.refresh(m)
         limit = self.max_connections
         self._level(
             "high_connections", m.connections / limit if limit else 0.0,

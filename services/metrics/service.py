@@ -20,6 +20,7 @@ from services.metrics.http import HttpServer, metrics_routes
 from services.metrics.process import LagMonitor
 from services.metrics.registry import Metrics, Refresh
 from services.metrics.systopics import Publish, SysTopics
+from services.store.redis import UNANSWERED
 
 
 class MetricsService:
@@ -39,14 +40,20 @@ class MetricsService:
         routes: Sequence[web.RouteDef] = (),  # more of the HTTP port (the management API)
     ) -> None:
         self.metrics = metrics
-        self.collector = NodeCollector(metrics, node, version, refresh)
+
+        def figures(m: Metrics) -> None:
+            m.redis_failures = UNANSWERED.count
+            if refresh is not None:
+                refresh(m)
+
+        self.collector = NodeCollector(metrics, node, version, figures)
         self.http = None
         if http_port is not None:
             routes = [*metrics_routes(Exposition(self.collector)), *routes]
             self.http = HttpServer(http_host, http_port, routes)
-        self.sys = SysTopics(metrics, node, version, publish, sys_interval_s, refresh)
+        self.sys = SysTopics(metrics, node, version, publish, sys_interval_s, figures)
         self.alarms = Alarms(metrics, node, publish)
-        self.watch = Watch(metrics, self.alarms, max_connections, thresholds)
+        self.watch = Watch(metrics, self.alarms, max_connections, thresholds, refresh=figures)
         self.lag = LagMonitor(metrics)
 
     @property

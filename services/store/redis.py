@@ -13,6 +13,11 @@ whose answer was lost (timeout, reset) could run it twice (an enqueue twice
 is a duplicate delivery). Such a call raises StoreUnavailable and its outcome
 is unknown; the caller decides. Dead pooled connections (after a Redis
 restart) are still replaced transparently when they are checked out.
+
+`UNANSWERED.count` is how many calls of this process got no answer; the
+node's metrics read it (`weir_redis_failures_total`, the redis_unavailable
+alarm). It is the process's: a process runs one node (tests run several
+and then read the sum).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import asyncio
 import functools
 from collections.abc import Awaitable
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -87,10 +92,21 @@ def load_script(client: aioredis.Redis, package: str, name: str) -> AsyncScript:
     return client.register_script(source)
 
 
+class Tally:
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+UNANSWERED: Final = Tally()
+
+
 async def bounded(call: Awaitable[T], limit_s: float) -> T:
     """Await one Redis call; any failure to answer becomes StoreUnavailable."""
     try:
         async with asyncio.timeout(limit_s):  # no task per call, unlike wait_for
             return await call
     except (RedisError, OSError, TimeoutError) as exc:
+        UNANSWERED.count += 1
         raise StoreUnavailable(f"redis did not answer: {type(exc).__name__}: {exc}") from exc

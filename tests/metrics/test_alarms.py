@@ -148,3 +148,18 @@ def test_full_queues_raise_while_they_keep_refusing() -> None:
     assert "session_queue_full" in a.active
     w.check()
     assert "session_queue_full" not in a.active
+
+
+def test_the_watch_reads_the_figures_only_their_owner_knows_first() -> None:
+    m = Metrics()
+    a, _ = alarms(m)
+    failures = [0]
+
+    def refresh(metrics: Metrics) -> None:
+        metrics.redis_failures = failures[0]
+
+    w = Watch(m, a, max_connections=10, process=lambda: PROCESS, refresh=refresh)
+    w.check()
+    failures[0] = 3
+    w.check()
+    assert a.active["redis_unavailable"].details == {"failures": 3}

@@ -15,6 +15,7 @@ from services.metrics.http import HttpServer, metrics_routes
 from services.metrics.process import LagMonitor
 from services.metrics.registry import Metrics
 from services.metrics.service import MetricsService
+from services.store.redis import UNANSWERED
 
 
 async def get(url: str) -> tuple[int, str, str]:
@@ -84,6 +85,8 @@ async def test_the_service_starts_and_stops_its_parts() -> None:
         assert service.http_port
         status, _, text = await get(f"http://127.0.0.1:{service.http_port}/metrics")
         assert status == 200 and "weir_node_info" in text
+        # The process's unanswered Redis calls come in with every read.
+        assert f"weir_redis_failures_total {float(UNANSWERED.count)}" in text
         assert "$SYS/brokers/n1/version" in published  # at start, not an interval later
     finally:
         await service.stop()

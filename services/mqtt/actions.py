@@ -156,6 +156,15 @@ class CancelTimer:
     name: str
 
 
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """A message for this client went unsent: `reason` is "expired" (its
+    Message Expiry Interval passed before delivery started) or "too_large"
+    (past the client's Maximum Packet Size). For the node's count."""
+
+    reason: str
+
+
 Action = (
     Send
     | Close
@@ -170,4 +179,5 @@ Action = (
     | Released
     | StartTimer
     | CancelTimer
+    | Dropped
 )

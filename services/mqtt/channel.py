@@ -51,6 +51,7 @@ from services.mqtt.actions import (
     Action,
     Authenticate,
     CancelTimer,
+    Dropped,
     OpenSession,
     Send,
     StartTimer,
@@ -440,16 +441,17 @@ class Channel:
         """PUBLISH `message` to this client (packet_id None for QoS 0).
 
         Dropped (expired before delivery started, or larger than the
-        client's Maximum Packet Size): nothing is sent and, for QoS 1/2,
-        `Acked(packet_id)` frees the node's inflight slot.
+        client's Maximum Packet Size): nothing is sent, `Dropped(reason)`
+        says why and, for QoS 1/2, `Acked(packet_id)` frees the node's
+        inflight slot.
         """
         if self.state is not State.CONNECTED:
             return []
         if message.qos and packet_id is None:
             raise ValueError(f"QoS {message.qos} delivery needs a packet id")
         publish = self._shaper.shape(message, packet_id, dup, now_ms)
-        if publish is None:
-            return [] if packet_id is None else [Acked(packet_id)]
+        if isinstance(publish, Dropped):
+            return [publish] if packet_id is None else [publish, Acked(packet_id)]
         if packet_id is not None and message.qos:
             self._out.sent(packet_id, message.qos)
         return [Send(publish)]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.mqtt.actions import Acked, Action, Received, Send
+from services.mqtt.actions import Acked, Action, Dropped, Received, Send
 from services.mqtt.packets import (
     NO_PROPERTIES,
     Message,
@@ -32,6 +32,9 @@ from services.mqtt.packets import (
     ReasonCode,
 )
 from services.mqtt.properties import encode_properties
+
+EXPIRED = Dropped("expired")
+TOO_LARGE = Dropped("too_large")
 
 
 def _varint_len(value: int) -> int:
@@ -73,14 +76,14 @@ class OutboundShaper:
 
     def shape(
         self, message: Message, packet_id: int | None, dup: bool, now_ms: int
-    ) -> Publish | None:
-        """The PUBLISH to send, or None when the message must be dropped
-        (expired before delivery started, or too large for the client)."""
+    ) -> Publish | Dropped:
+        """The PUBLISH to send, or why the message must be dropped (expired
+        before delivery started, or too large for the client)."""
         props = message.properties
         if message.expires_at_ms is not None:
             left = remaining_expiry_s(message.expires_at_ms, now_ms)
             if left == 0 and not dup:
-                return None
+                return EXPIRED
             if self._v5:
                 props = replace(props, message_expiry_interval=left)
         elif props.message_expiry_interval is not None:
@@ -108,7 +111,7 @@ class OutboundShaper:
             properties=props if self._v5 else NO_PROPERTIES,
         )
         if self._max_size is not None and publish_size(publish, self._v5) > self._max_size:
-            return None
+            return TOO_LARGE
         if new_alias and alias is not None:
             self._aliases[message.topic] = alias
         return publish

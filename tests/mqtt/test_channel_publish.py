@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from services.mqtt.actions import Acked, Action, CancelTimer, Received, Released, Route, Send
+from services.mqtt.actions import (
+    Acked,
+    Action,
+    CancelTimer,
+    Dropped,
+    Received,
+    Released,
+    Route,
+    Send,
+)
 from services.mqtt.channel import KEEPALIVE_TIMER, Channel
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.channel_outbound import publish_size, remaining_expiry_s
@@ -449,8 +458,11 @@ def test_deliver_sets_remaining_expiry() -> None:
 def test_expired_message_is_dropped_and_freed(level: int) -> None:
     ch = conn(level)
     msg = Message("t", b"", qos=1, expires_at_ms=NOW_MS)
-    assert ch.deliver(msg, 1, dup=False, now_ms=NOW_MS) == [Acked(1)]
-    assert ch.deliver(Message("t", b"", expires_at_ms=NOW_MS - 1), None, False, NOW_MS) == []
+    expired = Dropped("expired")
+    assert ch.deliver(msg, 1, dup=False, now_ms=NOW_MS) == [expired, Acked(1)]
+    assert ch.deliver(Message("t", b"", expires_at_ms=NOW_MS - 1), None, False, NOW_MS) == [
+        expired
+    ]
     assert ch.send_quota == ch.client_receive_maximum
 
 
@@ -507,8 +519,9 @@ def test_router_alias_on_message_is_never_forwarded() -> None:
 def test_too_large_for_client_is_dropped_and_freed() -> None:
     ch = conn(V5, properties=Properties(maximum_packet_size=40, topic_alias_maximum=5))
     big = Message("t", b"x" * 40, qos=1)
-    assert ch.deliver(big, 1, False, NOW_MS) == [Acked(1)]
-    assert ch.deliver(Message("t", b"x" * 40), None, False, NOW_MS) == []
+    too_large = Dropped("too_large")
+    assert ch.deliver(big, 1, False, NOW_MS) == [too_large, Acked(1)]
+    assert ch.deliver(Message("t", b"x" * 40), None, False, NOW_MS) == [too_large]
     small = Message("t", b"x", qos=1)
     assert ch.deliver(small, 2, False, NOW_MS) == [
         Send(Publish("t", b"x", qos=1, packet_id=2, properties=Properties(topic_alias=1)))
@@ -524,7 +537,7 @@ def test_packet_size_limit_is_exact() -> None:
     over_limit = conn(V5, properties=Properties(maximum_packet_size=size - 1))
     msg = Message("t", b"x" * 10, qos=1)
     assert [type(a) for a in at_limit.deliver(msg, 1, False, NOW_MS)] == [Send]
-    assert over_limit.deliver(msg, 1, False, NOW_MS) == [Acked(1)]
+    assert over_limit.deliver(msg, 1, False, NOW_MS) == [Dropped("too_large"), Acked(1)]
 
 
 @pytest.mark.parametrize(

@@ -135,9 +135,9 @@ class Metrics:
     messages_refused: int = counter(
         "QoS 1/2 copies a full persistent queue refused (the publisher was not acknowledged)"
     )
-    # Bytes on the wire, every packet (MQTT over TCP, TLS or WebSocket frames).
-    bytes_received: int = counter("bytes read from client connections")
-    bytes_sent: int = counter("bytes written to client connections")
+    # MQTT bytes, every packet (over WebSocket: what the frames carry; TLS: decrypted).
+    bytes_received: int = counter("MQTT bytes read from client connections")
+    bytes_sent: int = counter("MQTT bytes written to client connections")
     # Authentication and authorization.
     authentication_success: int = counter("CONNECTs (and re-authentications) let in")
     authentication_failure: int = counter("CONNECTs (and re-authentications) refused")

@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from services.config.declare import Option, SettingsError, options
-from services.config.settings import NOT_BUILT_ENV, Settings
+from services.config.settings import Settings
 
 OPTIONS: tuple[Option, ...] = tuple(options(Settings))
 _BY_PATH = {option.path: option for option in OPTIONS}
@@ -84,9 +84,6 @@ def load_sources(
 ) -> Loaded:
     cli = {k: v for k, v in (cli or {}).items() if v is not None}
     env = os.environ if env is None else env
-    for name, why in NOT_BUILT_ENV.items():
-        if name in env:
-            raise SettingsError(f"{name}: {why}")
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     config_path = cli.pop("config", None) or env.get("WEIR_CONFIG") or None

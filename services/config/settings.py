@@ -27,6 +27,7 @@ from services.config.declare import (
     HttpUrl,
     Int,
     KafkaBootstrap,
+    OptionalPort,
     RateText,
     RedisUrl,
     Seconds,
@@ -57,6 +58,8 @@ FLAPPING_WINDOW_S = 60.0
 FLAPPING_BAN_S = 300.0
 EVENT_APPEND_TIMEOUT_S = 5.0  # seconds a CONNACK/SUBACK waits for the log's ack before failing
 CLUSTER_TTL_S = 10.0  # seconds without a heartbeat before a node is dead and taken over
+HTTP_PORT = 18083  # the node's HTTP port (/metrics, the API to come): EMQX's dashboard port
+SYS_INTERVAL_S = 10.0  # seconds between $SYS publishes: Mosquitto's and EMQX's default
 DEFAULT_KAFKA_TOPIC_PREFIX = "weir."
 DEFAULT_DATA_DIR = "./weir-data"
 RATE = "(a rate as 100/second or 10 per 5 seconds)"
@@ -102,13 +105,6 @@ class Durability(enum.StrEnum):  # the embedded redis-server's AOF profile
 
 SHARED_STRATEGIES = tuple(SharedStrategy)
 QUEUE_FULL_POLICIES = tuple(QueueFull)
-
-NOT_BUILT_ENV = {
-    "WEIR_HTTP_PORT": "Weir has no HTTP API or dashboard yet, so nothing would listen there; "
-    "unset it",
-}
-"""Settings a user may expect that nothing implements yet: naming one is an error,
-never silently ignored (a config file naming one gets "unknown option")."""
 
 
 @dataclass(frozen=True, slots=True, config=FROZEN)
@@ -261,6 +257,15 @@ class Settings:
     cluster_ttl_s: Annotated[Seconds, Field(ge=0.5)] = opt(
         CLUSTER_TTL_S, "time without a heartbeat after which a node is dead and its sessions "
         "and wills are taken over", flag="--cluster-ttl", unit="s")  # fmt: skip
+    http_port: OptionalPort = opt(
+        HTTP_PORT, "the node's HTTP port: Prometheus text at /metrics (0: a free port, off: "
+        "none)", env="WEIR_HTTP_PORT")  # fmt: skip
+    http_host: Text = opt(
+        "127.0.0.1", "address of the HTTP port (loopback by default: /metrics asks no login)",
+        env="WEIR_HTTP_HOST")  # fmt: skip
+    sys_interval_s: Annotated[Seconds, Field(ge=0.0)] = opt(
+        SYS_INTERVAL_S, "how often the node publishes its $SYS/brokers/<node>/... topics, "
+        "retained (0: never)", flag="--sys-interval", unit="s")  # fmt: skip
     bridge: Bridges = opt(factory=Bridges, flag=False)
 
     @model_validator(mode="after")

@@ -39,6 +39,8 @@ def test_env_vars_are_the_fixed_names() -> None:
         "WEIR_JWT_SECRET",
         "WEIR_JWT_PUBLIC_KEY",
         "WEIR_JWT_JWKS",
+        "WEIR_HTTP_PORT",
+        "WEIR_HTTP_HOST",
         "WEIR_CONFIG",
     } == ENV_VARS
     read = {o.env for o in settings.OPTIONS if o.env} | {"WEIR_CONFIG"}
@@ -108,13 +110,19 @@ def test_unknown_file_key_and_bad_toml(tmp_path: Path) -> None:
         load({"config": str(config)}, env={})
 
 
-def test_settings_nothing_implements_fail_clearly(tmp_path: Path) -> None:
-    with pytest.raises(SettingsError, match="WEIR_HTTP_PORT: Weir has no HTTP API"):
-        load({}, env={"WEIR_HTTP_PORT": "18083"})
+def test_the_http_port_and_sys_interval(tmp_path: Path) -> None:
+    s = load({}, env={})
+    assert (s.http_port, s.http_host, s.sys_interval_s) == (18083, "127.0.0.1", 10.0)
+    assert load({}, env={"WEIR_HTTP_PORT": "0"}).http_port == 0
+    assert load({"http_port": "off", "sys_interval_s": "0"}, env={}).http_port is None
     config = tmp_path / "weir.toml"
-    config.write_text("[listeners]\nhttp_port = 18083\n")
-    with pytest.raises(SettingsError, match=r"unknown option 'listeners.http_port'"):
-        load({"config": str(config)}, env={})
+    config.write_text('http_port = 9100\nhttp_host = "0.0.0.0"\nsys_interval_s = 2.5\n')
+    s = load({"config": str(config)}, env={})
+    assert (s.http_port, s.http_host, s.sys_interval_s) == (9100, "0.0.0.0", 2.5)
+    with pytest.raises(SettingsError, match="http_port"):
+        load({"http_port": "70000"}, env={})
+    with pytest.raises(SettingsError, match="sys_interval_s"):
+        load({"sys_interval_s": "-1"}, env={})
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import pytest
 from services.auth.api import ClientInfo
 from services.auth.passwd import PasswordFile, PasswordFileError, parse, read
 from tests.integration.conftest import Paho
+from tests.support.childenv import weir_env
 from tests.support.ports import free_port
 
 START_S = 20.0
@@ -133,7 +134,7 @@ def weir_up(passwd: Path, **env_extra: str) -> Iterator[tuple[int, str]]:
     """`weir up` beyond loopback with this password file (and WEIR_* `env_extra`):
     its MQTT port and the start line that says who gets in."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")} | env_extra
+    env = weir_env() | env_extra
     proc = subprocess.Popen(
         [sys.executable, "-m", "services", "up", "--backend", "memory", "--host", "0.0.0.0",
          "--mqtt-port", str(port), "--ws-port", "off", "--password-file", str(passwd)],

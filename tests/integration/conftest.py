@@ -108,6 +108,7 @@ def node_settings(**limits: Any) -> Settings:
         base,
         node_id="test-node",
         listeners=Listeners(host="127.0.0.1", mqtt_port=0, ws_port=0),
+        http_port=None,  # no HTTP port: nodes of parallel runs never meet on 18083
         limits=replace(base.limits, shutdown_grace_s=2.0, **limits),
     )
 

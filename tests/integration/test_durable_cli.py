@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 from services.embedded.redis_server import free_port
+from tests.support.childenv import weir_env
 
 START_S = 30.0
 
 
 def run_up(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env = weir_env()
     return subprocess.run(
         [
             sys.executable,

@@ -40,6 +40,7 @@ from services.embedded.redis_server import free_port
 from services.state.keys import state_keys
 from tests.integration.conftest import Paho
 from tests.support.backend_node import BackendNode, backend_settings, start_node
+from tests.support.childenv import weir_env
 from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.kafka, pytest.mark.timeout(600)]
@@ -119,7 +120,7 @@ def fill_store(redis_url: str, bootstrap: str, prefix: str, data_dir: Path) -> N
     if importlib.util.find_spec("streams.source") is None:
         fold_log(redis_url, bootstrap, prefix)
         return
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env = weir_env()
     env["PYSPARK_PYTHON"] = sys.executable
     job = subprocess.run(
         [
@@ -207,7 +208,7 @@ def cluster(
 
 
 def test_agreeing_copies_give_no_difference_and_exit_0(cluster: Cluster) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env = weir_env()
     result = subprocess.run(
         [sys.executable, "-m", "services", "streams", "verify", *cluster.args()],
         capture_output=True,
@@ -354,7 +355,7 @@ def test_a_node_that_does_not_answer_is_reported(
 
 
 def run_weir(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env = weir_env()
     return subprocess.run(
         [sys.executable, "-m", "services", *args],
         capture_output=True,

@@ -9,7 +9,6 @@ and the retained message are all there after the restart.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -20,6 +19,7 @@ import redis
 
 from services.embedded.redis_server import free_port
 from tests.integration.conftest import Paho
+from tests.support.childenv import weir_env
 from tests.support.supervised import alive, descendants
 from tests.support.wait import wait_until
 
@@ -29,7 +29,7 @@ STOP_S = 180.0  # the node's stop, then the Spark job's final fold (a JVM start 
 
 def up(data_dir: Path, port: int) -> tuple[subprocess.Popen[str], str]:
     """`weir up --spark` and the Redis URL its ready line names."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env = weir_env()
     args = ["--host", "127.0.0.1", "--mqtt-port", str(port), "--ws-port", "off"]
     args += ["--data-dir", str(data_dir), "--node-id", "n1"]
     proc = subprocess.Popen(

@@ -19,6 +19,8 @@ import threading
 from collections import deque
 from pathlib import Path
 
+from tests.support.childenv import weir_env
+
 START_S = 20.0
 STOP_S = 10.0
 LOG_LINES = 200  # the last lines of the node's output kept for failure messages
@@ -30,7 +32,7 @@ class LiveNode:
     """One `python -m services up` process on a free port (port 0, read from its ready line)."""
 
     def __init__(self, *args: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+        env = weir_env()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "services", "up", "--backend", "memory",
              "--host", "127.0.0.1", "--mqtt-port", "0", "--ws-port", "off", *args],

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from services.machine.pidfiles import NodeFiles, nodes_dir
+from tests.support.childenv import weir_env
 from tests.support.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +58,7 @@ class Supervised:
         self.data = tmp / "data"
         self.out = tmp / "up.log"
         self.node_id = node_id
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+        env = weir_env()
         argv = [
             sys.executable, "-m", "services", "up", *args, "--node-id", node_id,
             "--host", "127.0.0.1", "--data-dir", str(self.data),

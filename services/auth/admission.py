@@ -14,7 +14,7 @@ in this order, the first refusal winning:
 (Address rules and connection counts per listener are the listener's, at
 accept: `services.listener.listeners`.)
 
-A refusal names its rule and the counter it goes to (`services.metrics.api`);
+A refusal names its rule and the reason it is counted under (`weir_connections_refused_total`);
 the node logs and counts it (`services.broker.seams`). An admitted client gets
 its read `Budget` when per-client rates are configured. The node builds it
 from its settings (`services.broker.seams.admitting`), starts and stops it
@@ -40,7 +40,7 @@ log = logging.getLogger("weir.auth")
 class Refusal:
     reason_code: int
     rule: str  # in words, for the log line
-    counter: str  # services.metrics.api.COUNTERS
+    reason: str  # its label in services.metrics.registry.REFUSE_REASONS
 
 
 class Admission:
@@ -66,16 +66,16 @@ class Admission:
         """None if `client` may go on to authentication; else why not."""
         ban = self.bans.match(client.client_id, client.username, client.peer)
         if ban is not None:
-            return Refusal(ReasonCode.BANNED, f"banned: {ban.describe()}", "connections.banned")
+            return Refusal(ReasonCode.BANNED, f"banned: {ban.describe()}", "banned")
         host = peer_host(client.peer)
         if self.flapping is not None:
             ban = await self.flapping.ban_for(client.client_id, host)
             if ban is not None:
                 await self._ban_flapping(client, ban)
                 return Refusal(ReasonCode.BANNED, f"flapping: {ban.describe()}",
-                               "connections.flapping")  # fmt: skip
+                               "flapping")  # fmt: skip
         if self.rates is not None and (rule := await self.rates.over(listener, host)):
-            return Refusal(ReasonCode.CONNECTION_RATE_EXCEEDED, rule, "connections.rate_limited")
+            return Refusal(ReasonCode.CONNECTION_RATE_EXCEEDED, rule, "rate_limited")
         return None
 
     async def _ban_flapping(self, client: ClientInfo, ban: Ban) -> None:

@@ -64,6 +64,7 @@ from services.broker.subscriptions import Subscriptions
 from services.broker.timers import TimerWheel
 from services.broker.wills import Wills
 from services.event.api import EventLog
+from services.metrics.registry import Metrics
 from services.mqtt.actions import (
     Authenticate,
     AuthExchange,
@@ -115,9 +116,9 @@ class Broker:
         self.retained = retain
         self.loop = loop
         self.wheel = wheel
-        self.qos0_dropped = 0
         self.turn = turn = Turn()
         self.seams = seams = seams if seams is not None else Seams()
+        self.metrics = seams.metrics
         self._tasks: set[asyncio.Task[Any]] = set()
         spawn = self.spawn
         self.routes = routes = Routes(node_id=node_id, mark_durable=sessions.mark_durable)
@@ -345,16 +346,34 @@ class Broker:
         self.remote.kicked(client_id, epoch, node)
 
     def node_joined(self, node_id: str) -> None:
+        self.metrics.dead_nodes.discard(node_id)  # its node_down alarm clears
         self.orphans.node_joined(node_id)
 
     def peer_drained(self, node_id: str) -> None:
         self.remote.peer_drained(node_id)
 
     def node_died(self, node_id: str) -> None:
+        self.metrics.dead_nodes.add(node_id)  # the node_down/<id> alarm
         self.orphans.node_died(node_id)
 
     def fenced(self, fenced: bool) -> None:
         self.cm.fence(fenced)
+
+    # -- what the node's metrics read (services.metrics.service) ---------------------------
+
+    def publish_sys(self, topic: str, payload: bytes, retain: bool) -> None:
+        """A message of the node's own ($SYS figures, alarms): from no client, so
+        no ACL and no hook; routed as any other, retained through the log if asked."""
+        self.dispatch.publish_message(Message(topic, payload, 0, retain))
+
+    def figures(self, m: Metrics) -> None:
+        """The gauges only the routing table knows, filled before a read."""
+        sessions = self.routes.sessions
+        m.sessions = len(sessions)
+        m.subscriptions = sum(len(s.subs) for s in sessions.values())
+        m.retained = len(self.retained)
+        cluster = self.remote.cluster
+        m.nodes_live = 1 + (len(cluster.peers()) if cluster is not None else 0)
 
     # -- shutdown -------------------------------------------------------------------------
 

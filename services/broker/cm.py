@@ -120,17 +120,17 @@ class ConnectionManager:
             conn.flush()
 
     def connection_made(self, conn: ConnectionPort) -> bool:
-        metrics = self.seams.metrics
         if len(self.connections) >= self.max_connections:
-            metrics.inc("connections.refused")
+            self.seams.metrics.connections_refused["max_connections"] += 1
             return False
         self.connections.add(conn)
-        metrics.inc("connections.accepted")
-        metrics.set("connections.current", len(self.connections))
+        self.seams.metrics.connected()
         return True
 
     def connection_lost(self, conn: ConnectionPort) -> None:
-        self.connections.discard(conn)
+        if conn in self.connections:
+            self.connections.remove(conn)
+            self.seams.metrics.disconnected()
         if not self.connections and self._no_connections is not None:
             self._no_connections.set()
 
@@ -198,6 +198,7 @@ class ConnectionManager:
         if old is not None and old.conn is not None and old.conn is not conn:
             self.routes.take_over(old)
             self.seams.hooks.run("session.takenover", client_id)
+            self.seams.metrics.sessions_takenover += 1
 
     async def _claim(self, action: OpenSession) -> Claim:
         try:
@@ -246,6 +247,7 @@ class ConnectionManager:
         if session is None or not claim.session_present:
             if session is not None:
                 self.seams.hooks.run("session.discarded", client_id)
+                self.seams.metrics.sessions_discarded += 1
                 self.routes.drop_subscriptions(session)
             session = Session(client_id)
             self.routes.sessions[client_id] = session
@@ -289,8 +291,12 @@ class ConnectionManager:
         self, conn: ConnectionPort, client_id: str, present: bool, incoming: set[int]
     ) -> None:
         conn.carry_out(conn.channel.session_opened(present, incoming))
-        opened = "session.resumed" if present else "session.created"
-        self.seams.metrics.inc(f"sessions.{opened.partition('.')[2]}")
+        if present:
+            opened = "session.resumed"
+            self.seams.metrics.sessions_resumed += 1
+        else:
+            opened = "session.created"
+            self.seams.metrics.sessions_created += 1
         hooks = self.seams.hooks
         hooks.run("client.connack", client_id, 0)
         hooks.run(opened, client_id)

@@ -42,7 +42,7 @@ from typing import Any
 
 from services.broker.ports import ConnectionPort, Session, Turn, now_ms
 from services.broker.stores import DurablePartFailed
-from services.metrics.api import NullRecorder, Recorder
+from services.metrics.registry import Metrics
 from services.mqtt.packets import Message, ReasonCode
 from services.queue.api import IncomingMark, Inflight, QueueStore, TakeResult
 from services.session.api import Fenced, SessionError
@@ -71,10 +71,10 @@ class Delivery:
         queue_limit: int,
         turn: Turn,
         stored: Callable[[list[tuple[str, Message]]], None],
-        metrics: Recorder | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.queue = queue
-        self.metrics: Recorder = metrics if metrics is not None else NullRecorder()
+        self.metrics = metrics if metrics is not None else Metrics()
         self.loop = loop
         self.spawn = spawn
         self.turn = turn  # whose messages are being routed (a slow subscriber holds it)
@@ -262,7 +262,7 @@ class Delivery:
     def _dropped(self, count: int) -> None:
         """Count what the overflow policy dropped; warn now and then."""
         self.dropped += count
-        self.metrics.inc("messages.dropped", count)
+        self.metrics.messages_dropped["queue_full"] += count
         now = time.monotonic()
         if now - self._dropped_logged >= REFUSED_LOG_EVERY_S:
             self._dropped_logged = now
@@ -274,7 +274,8 @@ class Delivery:
     def _refused(self, items: list[tuple[str, Message]], refused: frozenset[int]) -> None:
         """Count what full queues refused; warn now and then, naming the clients."""
         self.refused += len(refused)
-        self.metrics.inc("messages.refused", len(refused))
+        self.metrics.messages_refused += len(refused)
+        self.metrics.full_queues.update(items[i][0] for i in refused)  # the alarm names them
         now = time.monotonic()
         if now - self._refused_logged >= REFUSED_LOG_EVERY_S:
             self._refused_logged = now

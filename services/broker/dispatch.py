@@ -137,7 +137,11 @@ class Dispatch:
             held = self._held_routes.get(conn)
             if held is not None:  # a QoS 2 ahead is still being stored: keep the order
                 held.append(route)
-                return
+                return  # counted when it comes back here
+        message = route.message
+        metrics = self.seams.metrics
+        metrics.messages_received[message.qos] += 1
+        metrics.messages_received_bytes[message.qos] += len(message.payload)
         if self.seams.gates_publish:
             admitted = self._admitted(conn, route)
             if admitted is None:
@@ -153,6 +157,8 @@ class Dispatch:
         kafka = bridged if isinstance(bridged, asyncio.Future) else None
         if message.retain and route.token is not None:
             delivered = self.publish_message(message, store_retained=False)
+            if not delivered:
+                self.seams.metrics.messages_dropped["no_subscribers"] += 1
             gate = self.loop.create_future()
             self.spawn(self._retain_gate(message, gate))
             gate = gate if kafka is None else all_true((gate, kafka))
@@ -160,6 +166,8 @@ class Dispatch:
             self.delivery.token(conn, route.token, none, gate, since=since)
             return
         delivered = self.publish_message(message)
+        if not delivered:
+            self.seams.metrics.messages_dropped["no_subscribers"] += 1
         if route.token is not None:
             none = delivered == 0 and bridged is False
             self.delivery.token(conn, route.token, none, kafka, since=since)
@@ -179,6 +187,7 @@ class Dispatch:
         A denied one: 5.0 PUBACK / PUBREC 0x87; 3.x acknowledged and dropped."""
         message = route.message
         if not self.seams.may_publish(conn, message.topic, message.qos, message.retain):
+            self.seams.metrics.messages_dropped["acl"] += 1
             if route.token is not None:
                 conn.routed(route.token, False, False, ReasonCode.NOT_AUTHORIZED)
             return None
@@ -261,6 +270,8 @@ class Dispatch:
         finally:
             self._deferred = None
             self.remote.deferring(None)
+        if not delivered:
+            self.seams.metrics.messages_dropped["no_subscribers"] += 1
         self.delivery.mark(mark, since)
         if route.token is None:
             for send in deferred:
@@ -325,7 +336,7 @@ class Dispatch:
         qos_in = message.qos
         retain_in = message.retain
         fast = message.expires_at_ms is None
-        count = 0
+        count = written = too_large = 0
         for session, opts in plan:
             if type(opts) is SubOptions:
                 if opts.no_local and session.client_id == sender:
@@ -358,13 +369,20 @@ class Dispatch:
                     encoded[key] = data
                 limit = conn.max_outgoing_packet
                 if limit is not None and len(data) > limit:
+                    too_large += 1
                     continue
                 if self._deferred is None:
-                    conn.write_qos0(data)
+                    written += conn.write_qos0(data)
                 else:
                     self._deferred.append(functools.partial(_write_qos0, conn, data))
+                    written += 1  # sent once the QoS 2 publisher's id is stored
             else:
                 self.deliver(session, adjusted(message, qos, retain, sub_ids))
+        if written or too_large:  # per message, not per subscriber
+            metrics = self.seams.metrics
+            metrics.messages_sent[0] += written
+            metrics.messages_sent_bytes[0] += written * len(message.payload)
+            metrics.messages_dropped["too_large"] += too_large
         return count
 
     @staticmethod

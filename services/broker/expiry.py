@@ -90,7 +90,7 @@ class Expiry:
             )
             what = "the event log"
             await self.logstate.append_and_apply(event)
-            self.seams.metrics.inc("sessions.expired")
+            self.seams.metrics.sessions_expired += 1
             self.seams.hooks.run("session.terminated", client_id, "expired")
         except (SessionError, EventLogError) as exc:
             log.warning(
@@ -107,7 +107,7 @@ class Expiry:
         try:
             left = await self.queue.leftovers(client_id)
         except SessionError as exc:
-            self.seams.metrics.inc("shared.redispatch_failed")
+            self.seams.metrics.shared_redispatch_failed += 1
             log.warning("shared copies of expired %s not redispatched (lost): %s", client_id, exc)
             return
         by_group: dict[tuple[str, str], list[Message]] = {}

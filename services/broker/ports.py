@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Protocol
 
 from services.auth.api import ClientInfo
 from services.auth.limits import Budget
+from services.metrics.registry import Metrics
 from services.mqtt.actions import (
     Action,
     Authenticate,
@@ -304,7 +305,7 @@ class BrokerPort(Protocol):
     channel_config: ChannelConfig
     flow: Flow
     loop: asyncio.AbstractEventLoop
-    qos0_dropped: int
+    metrics: Metrics  # the node's figures (services.metrics.registry)
     turn: Turn
 
     @property

@@ -3,14 +3,16 @@
 Theory of operation. The composition root gives the broker one `Seams`: an
 authenticator and an authorizer (`services.auth.api`; `AllowAll` by
 default), the hook chain (`services.hooks.api`; empty by default) and a
-metrics recorder (`services.metrics.api`; `NullRecorder` by default). The
+node's figures (`services.metrics.registry.Metrics`). The
 broker's parts call them here and only here:
 
 - `authenticate`: the channel's `Authenticate` action (asked only when an
   authenticator other than `AllowAll` is configured); the decision (then the
   client.authenticate hook's) opens the session or refuses the CONNECT; a
   refusal is one log line (reason code, client id, user name, peer, and the
-  backend or hook that refused) and one count (`authentication.denied`);
+  backend or hook that refused) and one count (`authentication_failure`, and
+  `connections_refused["not_authorized"]` for a CONNECT; a client let in counts
+  `authentication_success`);
 - `auth_exchange`: the channel's `AuthExchange` (MQTT 5 enhanced
   authentication, `enhanced`: SCRAM when a backend holds SCRAM credentials;
   None: every Authentication Method is refused 0x8C). Each step goes to the
@@ -27,14 +29,14 @@ broker's parts call them here and only here:
   each subscription a resumed session brings back: the same rules applied
   where a message or a subscription reaches a client by another way.
 Every refusal is one log line (client id, user name, peer, what and the rule
-that refused) and one count (`authorization.publish_denied` /
-`authorization.subscribe_denied`).
+that refused) and one count (`authorization_deny[action]`; an allowed one
+counts `authorization_allow[action]`, only when the authorizer was asked).
 
 - `admit`: before authentication, the admission (`services.auth.admission`:
   bans, flapping, connection rates; None: everyone) may refuse a CONNECT
   with its reason code, logged and counted the same way; an admitted client
   gets its read budget (per-client rates), whose pauses are counted
-  (`connections.read_paused`) and logged once per connection;
+  (`connections_read_paused`) and logged once per connection;
 - `start` / `stop`: the admission's ban table follows Redis while the node runs;
 - `egress`: the data bridges (`services.bridge.api`), which dispatch hands
   each PUBLISH its node received from a client (None: no bridge configured);
@@ -70,22 +72,20 @@ from services.bridge.api import Egress
 from services.broker.ports import ConnectionPort
 from services.config import Limits
 from services.hooks.api import Hooks
-from services.metrics.api import NullRecorder, Recorder
+from services.metrics.registry import Metrics
 from services.mqtt.actions import Authenticate, AuthExchange
 from services.mqtt.packets import Message, ReasonCode
 
 log = logging.getLogger("weir.auth")
 
 IDENTITIES = 100_000  # who each recent client id was, for its will; past it: start over
-DENIED = {Action.PUBLISH: "authorization.publish_denied",
-          Action.SUBSCRIBE: "authorization.subscribe_denied"}  # fmt: skip
 
 
 class Kicks:
     """The connected clients a ban new to this node disconnects (5.0:
     DISCONNECT 0x98 administrative action), logged and counted."""
 
-    def __init__(self, metrics: Recorder) -> None:
+    def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self._connected: set[ConnectionPort] = set()  # from `Seams.connected` to `disconnected`
 
@@ -106,7 +106,7 @@ class Kicks:
                 conn.close()
 
     def kicked(self, client: ClientInfo, ban: Ban) -> None:
-        self.metrics.inc("connections.kicked_banned")
+        self.metrics.connections_kicked_banned += 1
         log.warning(
             "disconnected: client %s, user %s, peer %s, by banned: %s",
             client.client_id, client.username, client.peer, ban.describe(),
@@ -118,7 +118,7 @@ class Seams:
     authenticator: Authenticator = field(default_factory=AllowAll)
     authorizer: Authorizer = field(default_factory=AllowAll)
     hooks: Hooks = field(default_factory=Hooks)  # callbacks come and go; the chain stays
-    metrics: Recorder = field(default_factory=NullRecorder)
+    metrics: Metrics = field(default_factory=Metrics)
     admission: Admission | None = None  # bans, flapping, rates (None: everyone may connect)
     enhanced: EnhancedAuthenticator | None = None  # MQTT 5 Authentication Methods (SCRAM)
     kicks: Kicks | None = None  # what a new ban disconnects (with `admission`'s ban table)
@@ -144,9 +144,13 @@ class Seams:
     def _decided(self, decision: Decision, info: ClientInfo, what: str = "connect") -> Decision:
         """The decision the client.authenticate hook leaves; a refusal logged and counted."""
         hooked: Decision = self.hooks.fold("client.authenticate", decision, info)
-        if not hooked.ok:
+        if hooked.ok:
+            self.metrics.authentication_success += 1
+        else:
             by = decision.by if hooked == decision else "the client.authenticate hook"
-            self.metrics.inc("authentication.denied")
+            self.metrics.authentication_failure += 1
+            if what == "connect":
+                self.metrics.connections_refused["not_authorized"] += 1
             log.warning("%s refused 0x%02X: client %s, user %s, peer %s, by %s",
                         what, hooked.reason_code, info.client_id, info.username, info.peer or "?",
                         by or "the authenticator")  # fmt: skip
@@ -198,7 +202,7 @@ class Seams:
         if refusal is None:
             conn.budget = admission.budget(client_id, self._paused)
             return 0
-        self.metrics.inc(refusal.counter)
+        self.metrics.connections_refused[refusal.reason] += 1
         log.warning(
             "connect refused: client %s, user %s, peer %s, by %s",
             client_id, username, conn.peer, refusal.rule,
@@ -206,7 +210,7 @@ class Seams:
         return refusal.reason_code
 
     def _paused(self, budget: Budget, rule: str) -> None:
-        self.metrics.inc("connections.read_paused")
+        self.metrics.connections_read_paused += 1
         if budget.paused == 1:
             log.info(
                 "client %s over its read rate (%s): reading paused until its window "
@@ -304,8 +308,10 @@ class Seams:
             if hooked != allowed:
                 by = "the client.check_acl hook"
             allowed = hooked
-        if not allowed:
-            self.metrics.inc(DENIED[action])
+        if allowed:
+            self.metrics.authorization_allow[action.value] += 1
+        else:
+            self.metrics.authorization_deny[action.value] += 1
             log.warning(
                 "%s %s denied: client %s, user %s, peer %s, by %s",
                 what, topic, client.client_id, client.username, client.peer or "?", by,

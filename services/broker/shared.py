@@ -39,7 +39,7 @@ to one other candidate, once, as a new delivery there (DUP 0); with no
 candidate left it is dropped and counted. A forwarded copy whose member is
 gone by the time it arrives is redispatched by the receiving node.
 A store that cannot be read then is logged and counted
-(`shared.redispatch_failed`): those copies are lost with the session. A
+(`shared_redispatch_failed`): those copies are lost with the session. A
 persistent member's copies go over when it expires (`expiry`, on the node
 that logs the expiry: a dead node's survivor too). A clean member's copies
 on a node that dies were in that node's memory and die with it, as its
@@ -60,7 +60,7 @@ from services.broker.delivery import Delivery
 from services.broker.ports import Session, SubOptions, now_ms
 from services.broker.remote import Remote
 from services.broker.routes import Routes, for_subscriber
-from services.metrics.api import Recorder
+from services.metrics.registry import Metrics
 from services.mqtt.packets import Message
 from services.queue.api import Inflight, QueueStore
 from services.session.api import Fenced, SessionError
@@ -257,7 +257,7 @@ class Shared:
 
 
 async def hand_over_left(
-    shared: Shared, queue: QueueStore, client_id: str, epoch: int, metrics: Recorder
+    shared: Shared, queue: QueueStore, client_id: str, epoch: int, metrics: Metrics
 ) -> None:
     """A member's session ends under `epoch`: its inflight and queued shared
     copies go to other members (`Shared.hand_over`). Fenced: a newer owner has
@@ -268,7 +268,7 @@ async def hand_over_left(
     except Fenced:
         return
     except SessionError as exc:
-        metrics.inc("shared.redispatch_failed")
+        metrics.shared_redispatch_failed += 1
         log.warning("shared copies of %s not redispatched (lost): %s", client_id, exc)
         return
     shared.hand_over(items, client_id)

@@ -132,7 +132,7 @@ class Subscriptions:
         self.spawn(self._subscribed(conn, session, packet_id, codes, events, retained, undo))
 
     def _over_quota(self, conn: ConnectionPort, topic_filter: str, max_subs: int) -> None:
-        self.seams.metrics.inc("subscriptions.quota_exceeded")
+        self.seams.metrics.subscriptions_quota_exceeded += 1
         client = conn.client
         log.warning(
             "subscribe %s refused: client %s, user %s, peer %s, by max_subscriptions %d",

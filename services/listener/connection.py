@@ -45,6 +45,7 @@ from services.mqtt.actions import (
     AuthExchange,
     CancelTimer,
     Close,
+    Dropped,
     OpenSession,
     Received,
     Released,
@@ -56,7 +57,7 @@ from services.mqtt.actions import (
 )
 from services.mqtt.channel import KEEPALIVE_FACTOR, KEEPALIVE_TIMER, Channel
 from services.mqtt.errors import MQTTError
-from services.mqtt.packets import ReasonCode
+from services.mqtt.packets import Publish, ReasonCode
 
 if TYPE_CHECKING:
     from services.listener.listeners import Listener
@@ -97,6 +98,7 @@ class Connection(asyncio.Protocol):
         "ended",
         "listener",
         "max_outgoing_packet",
+        "metrics",
         "session",
         "transport",
         "will_token",
@@ -104,6 +106,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, broker: BrokerPort, listener: Listener | None = None) -> None:
         self.broker = broker
+        self.metrics = broker.metrics  # counted on the hot path: attribute increments only
         self.listener = listener  # None: a connection made by a test, on no listener
         self.cert_subject: str | None = None  # the client certificate's DN (TLS listeners)
         self.cert_user: str | None = None  # the user name the certificate gives, if it names it
@@ -156,6 +159,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self.metrics.bytes_received += len(data)
         if self._buf:
             self._buf += data
         else:
@@ -327,7 +331,12 @@ class Connection(asyncio.Protocol):
                 case Route():
                     broker.publish(self, action)
                 case Send():
-                    self.write(codec.encode(action.packet, self.channel.protocol_level))
+                    packet = action.packet
+                    if type(packet) is Publish:
+                        metrics = self.metrics
+                        metrics.messages_sent[packet.qos] += 1
+                        metrics.messages_sent_bytes[packet.qos] += len(packet.payload)
+                    self.write(codec.encode(packet, self.channel.protocol_level))
                 case StartTimer():
                     self.start_timer(action.name, action.delay_s)
                 case CancelTimer():
@@ -358,6 +367,8 @@ class Connection(asyncio.Protocol):
                     broker.unsubscribe(self, action)
                 case Close():
                     self._close_action(action)
+                case Dropped():
+                    self.metrics.messages_dropped[action.reason] += 1
 
     carry_out = _carry_out
 
@@ -417,7 +428,7 @@ class Connection(asyncio.Protocol):
             broker = self.broker
             if self._slow or self._out_bytes >= broker.flow.subscriber_queue_bytes:
                 self.dropped += 1
-                broker.qos0_dropped += 1
+                self.metrics.messages_dropped["qos0_slow_subscriber"] += 1
                 return False
             publisher = broker.turn.publisher
             if publisher is not None and publisher is not self:
@@ -433,7 +444,8 @@ class Connection(asyncio.Protocol):
         if not out or self._write_paused or self.transport is None:
             return
         self._out = None
-        self._out_bytes = 0
+        sent, self._out_bytes = self._out_bytes, 0
+        self.metrics.bytes_sent += sent
         transport: asyncio.WriteTransport = self.transport  # type: ignore[assignment]
         if len(out) == 1:
             transport.write(out[0])
@@ -475,22 +487,11 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()  # type: ignore[attr-defined]
 
     def client_info(self, client_id: str, username: str | None) -> ClientInfo:
-        """Who this client is: on a listener whose client certificates name
-        the user, a certificate's name replaces the CONNECT's (a certificate
-        without that field names no one); without a certificate it stays."""
-        listener = self.listener
-        named = self.cert_subject is not None and listener is not None and listener.names_users
-        if named:
-            username = self.cert_user
-        return ClientInfo(
-            client_id,
-            username,
-            self.peer,
-            self.channel.protocol_level,
-            listener.name if listener is not None else "",
-            self.cert_subject,
-            named and username is not None,
-        )
+        level, peer = self.channel.protocol_level, self.peer
+        if self.listener is None:  # a test's connection: no listener, no certificate
+            return ClientInfo(client_id, username, peer, level, "", None, False)
+        cert = (self.cert_subject, self.cert_user)
+        return self.listener.client_info(cert, client_id, username, peer, level)
 
     @property
     def peer(self) -> str:

@@ -39,10 +39,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from services.auth.api import ClientInfo
 from services.config.listeners import ListenerConfig, ssl_context
 
 if TYPE_CHECKING:
-    from services.metrics.api import Recorder
+    from services.metrics.registry import Metrics
 
 log = logging.getLogger("weir.listeners")
 
@@ -89,7 +90,7 @@ class Listener:
         self,
         config: ListenerConfig,
         protocol: Callable[[Listener], asyncio.Protocol],
-        metrics: Recorder,
+        metrics: Metrics,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -130,6 +131,20 @@ class Listener:
         """(DN, user name) of the client certificate on this TLS connection."""
         return identity(transport.get_extra_info("peercert"), self.config.cert_username)
 
+    def client_info(
+        self, cert: tuple[str | None, str | None], client_id: str, username: str | None,
+        peer: str, protocol_level: int,
+    ) -> ClientInfo:  # fmt: skip
+        """Who a client of this listener is: where client certificates name the
+        user, a certificate's name (`identity`) replaces the CONNECT's (a
+        certificate without that field names no one); without one it stays."""
+        subject, cert_user = cert
+        named = subject is not None and self.names_users
+        if named:
+            username = cert_user
+        named_user = named and username is not None
+        return ClientInfo(client_id, username, peer, protocol_level, self.name, subject, named_user)
+
     def describe(self) -> str:
         return replace(self.config, port=self.port or self.config.port).describe()
 
@@ -156,7 +171,7 @@ class Listener:
         self.connections += 1
         if self.limit is not None and self.connections > self.limit:
             self.refused["full"] += 1
-            self.metrics.inc("listeners.refused_full")
+            self.metrics.connections_refused["listener_full"] += 1
             return False
         return True
 
@@ -165,7 +180,7 @@ class Listener:
 
     def _refuse(self, reason: str, address: str, why: str) -> None:
         self.refused[reason] += 1
-        self.metrics.inc("listeners.tls_failed" if reason == "tls" else "listeners.refused_address")
+        self.metrics.connections_refused[reason] += 1  # "address" or "tls"
         now = time.monotonic()
         key = (reason, address)
         if now - self._logged.get(key, -LOG_EVERY_S) < LOG_EVERY_S:

@@ -97,6 +97,12 @@ def plan_error(settings: Settings, nodes: int | None, workers: int | None) -> st
         return f"{flag} must be 1..{MAX_PROCESSES}, not {count}"
     if settings.backend == "memory":
         return f"{flag} needs shared backends (Redis and Kafka); --backend memory is one process"
+    http = settings.http_port
+    if http and http + count - 1 > MAX_PORT:  # workers too: each has its own /metrics
+        return (
+            f"{flag} {count} from --http-port {http} needs ports up to {http + count - 1}; "
+            f"the last is {MAX_PORT}"
+        )
     if nodes is not None:
         listeners = settings.listeners
         others = [(f"listener {c.name}'s port", c.port) for c in _other_listeners(settings)]
@@ -188,6 +194,13 @@ def node_args(
     return args
 
 
+def node_http_port(base: int | None, i: int) -> int | None:
+    """Node (or worker) i's HTTP port: consecutive from `base`, as --nodes gives
+    MQTT ports, since each process serves its own /metrics; 0 stays 0 (a free
+    one each) and off stays off."""
+    return base + i - 1 if base else base
+
+
 def child_env() -> dict[str, str]:
     """Our environment without the settings' WEIR_* variables (they would
     override the node's settings file); others (WEIR_SPARK_MASTER...) stay."""
@@ -276,8 +289,9 @@ def supervise(
             for i, (mqtt_port, ws_port) in enumerate(ports, start=1):
                 files = NodeFiles(f"{settings.node_id}-{i}", root)
                 args = node_args(
-                    settings, files, redis_url, kafka, mqtt_port, ws_port, shared,
-                    others[i - 1], embedded_log=settings.kafka_bootstrap is None,
+                    replace(settings, http_port=node_http_port(settings.http_port, i)),
+                    files, redis_url, kafka, mqtt_port, ws_port, shared, others[i - 1],
+                    embedded_log=settings.kafka_bootstrap is None,
                 )  # fmt: skip
                 slot = Slot(files.node_id, args, mqtt_port, files)
                 if not started:  # real backends outlive us: the nodes may flush to them

@@ -21,8 +21,8 @@ active ones is what the management API will answer).
     eventlog_unavailable       an event log append failed since the last check
     redis_unavailable          a Redis call failed since the last check
     node_down/<peer>           membership saw the peer dead (cleared when it rejoins)
-    session_queue_full         a persistent session's queue refused or dropped a
-                               message since the last check (details: which clients)
+    session_queue_full         a persistent session's full queue refused a message
+                               since the last check (details: which clients)
 
 The failure alarms follow the failures: raised at the first check after one,
 cleared at the first check with none. The levels have a gap between raise

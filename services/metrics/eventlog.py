@@ -23,14 +23,7 @@ class CountedEventLog:
     def __init__(self, events: EventLog, metrics: Metrics) -> None:
         self.events = events
         self.metrics = metrics
-
-    @property
-    def append_timeout_s(self) -> float:
-        return self.events.append_timeout_s
-
-    @append_timeout_s.setter
-    def append_timeout_s(self, value: float) -> None:
-        self.events.append_timeout_s = value
+        self.append_timeout_s = events.append_timeout_s  # the log's bound, as it was given
 
     async def start(self) -> None:
         await self.events.start()

@@ -114,6 +114,10 @@ class Metrics:
     sessions_takenover: int = counter("sessions another connection took over")
     sessions_expired: int = counter("persistent sessions whose expiry interval ran out")
     sessions_discarded: int = counter("sessions a Clean Start CONNECT discarded")
+    shared_redispatch_failed: int = counter(
+        "times a leaving shared member's unacknowledged copies could not be handed on "
+        "(the store failed): those copies are lost with the session"
+    )
     # Subscriptions and retained messages.
     subscriptions: int = gauge("subscriptions of this node's sessions")
     subscriptions_quota_exceeded: int = counter(
@@ -161,8 +165,8 @@ class Metrics:
     # What the alarms watch (services.metrics.alarms.Watch) reads beside the
     # figures; not shown as families. Written only when the condition changes.
     dead_nodes: set[str] = field(default_factory=set)  # peers seen dead, until they rejoin
-    full_queues: set[str] = field(default_factory=set)  # clients whose queue refused or
-    # dropped since the watch last looked (it empties the set)
+    full_queues: set[str] = field(default_factory=set)  # clients whose full queue refused
+    # a message since the watch last looked (it empties the set)
 
     def connected(self) -> None:
         """A connection was accepted: count it and keep the high-water mark."""

@@ -310,7 +310,8 @@ async def _serve(
         listeners = settings.listeners
         print(
             f"weir: cannot listen on {listeners.host} (mqtt {listeners.mqtt_port}, "
-            f"ws {listeners.ws_port}): {exc.strerror or exc}",
+            f"ws {listeners.ws_port}; http {settings.http_host}:{settings.http_port}): "
+            f"{exc.strerror or exc}",
             file=sys.stderr,
         )
         await node.stop()
@@ -336,9 +337,10 @@ async def _serve(
             settings.node_id, f"{settings.listeners.host}:{node.mqtt_port}",
         )  # fmt: skip
     ws = f", ws on {settings.listeners.host}:{node.ws_port}" if node.ws_port else ""
+    http = f", http on {settings.http_host}:{node.http_port}" if node.http_port else ""
     print(
         f"weir: node {settings.node_id} ready, mqtt on "
-        f"{settings.listeners.host}:{node.mqtt_port}{ws} ({what})",
+        f"{settings.listeners.host}:{node.mqtt_port}{ws}{http} ({what})",
         flush=True,
     )
     print(f"weir: {authn.who_gets_in(settings)}", flush=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.metadata
 from dataclasses import dataclass, field
 
 from services.broker.broker import Broker
@@ -37,7 +38,9 @@ from services.event.api import EventLog
 from services.listener.connection import Connection
 from services.listener.listeners import Listener
 from services.listener.websocket import WebSocketProtocol
-from services.metrics.api import Recorder
+from services.metrics.eventlog import CountedEventLog
+from services.metrics.registry import Metrics
+from services.metrics.service import MetricsService
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import ReasonCode
 from services.node import bootstrap
@@ -88,7 +91,7 @@ def flow(settings: Settings) -> Flow:
     )
 
 
-def open_listeners(settings: Settings, broker: Broker, metrics: Recorder) -> list[Listener]:
+def open_listeners(settings: Settings, broker: Broker, metrics: Metrics) -> list[Listener]:
     """One `Listener` per configured listener (not bound yet), each with its protocol."""
 
     def connection(listener: Listener) -> asyncio.Protocol:
@@ -101,6 +104,13 @@ def open_listeners(settings: Settings, broker: Broker, metrics: Recorder) -> lis
         Listener(config, websocket if config.websocket else connection, metrics)
         for config in settings.listeners.all()
     ]
+
+
+def weir_version() -> str:
+    try:
+        return importlib.metadata.version("weir")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree not installed
+        return "unknown"
 
 
 class Node:
@@ -117,6 +127,9 @@ class Node:
         self.replayed = 0  # events read at start: state store entries plus log records
         self.started_from = ""  # bootstrap.Started.source
         self._viewdump: asyncio.Task[None] | None = None  # answers the drift check
+        self.version = weir_version()
+        self.metrics_service: MetricsService | None = None  # /metrics, $SYS, alarms
+        self.http_port: int | None = None
 
     async def start(self) -> None:
         """Bind the listeners; raises OSError (e.g. port in use) with nothing left open."""
@@ -136,7 +149,7 @@ class Node:
             wheel=self.wheel,
             shared_strategy=settings.shared_subscription_strategy,
             shared_local=settings.shared_local,
-            events=self.services.events,
+            events=CountedEventLog(self.services.events, self.services.seams.metrics),
             cluster=self.services.cluster,
             seams=self.services.seams,
             wills=self.services.wills,
@@ -153,13 +166,22 @@ class Node:
         broker.orphans.restarted()  # wills a previous run of this node was to publish
         await self.services.events.warm()  # else the first CONNACK waits ~0.5 s for it
         gc.freeze()
+        self.metrics_service = MetricsService(
+            broker.metrics, settings.node_id, self.version, broker.publish_sys,
+            http_host=settings.http_host, http_port=settings.http_port,
+            sys_interval_s=settings.sys_interval_s,
+            max_connections=settings.limits.max_connections, refresh=broker.figures,
+        )  # fmt: skip
         try:
             self.listeners = open_listeners(settings, broker, self.services.seams.metrics)
             for listener in self.listeners:
                 await listener.bind(loop, self.reuse_port)
                 assert listener.server is not None
                 self._servers.append(listener.server)
+            await self.metrics_service.start()  # /metrics answers before the node is ready
+            self.http_port = self.metrics_service.http_port
         except OSError:
+            await self.metrics_service.stop()
             await self._close_servers()
             if self.services.cluster is not None:
                 await self.services.cluster.stop()
@@ -183,6 +205,8 @@ class Node:
         broker = self.broker
         for listener in self.listeners:
             listener.close()
+        if self.metrics_service is not None:
+            await self.metrics_service.stop()
         if broker is not None:
             broker.disconnect_all(reason_code, reference)
             grace = self.settings.limits.shutdown_grace_s

@@ -9,7 +9,7 @@ import pytest
 
 from services.auth.chain import Backend, Chain
 from services.broker.seams import Seams
-from services.metrics.api import MemoryRecorder
+from services.metrics.registry import Metrics
 from tests.integration.conftest import NodeRunner, Paho, node_settings
 
 ALLOWED = "Success"
@@ -21,14 +21,13 @@ UNAVAILABLE = "Server unavailable"  # 0x88 / 3
 class ChainNode(NodeRunner):
     def __init__(self, backends: Sequence[Backend], allow_anonymous: bool = False) -> None:
         self.chain = Chain(backends, allow_anonymous)
-        seams = Seams(authenticator=self.chain, metrics=MemoryRecorder())
+        seams = Seams(authenticator=self.chain, metrics=Metrics())
         super().__init__(node_settings(), seams)
 
     def denied(self) -> int:
         assert self.seams is not None
         metrics = self.seams.metrics
-        assert isinstance(metrics, MemoryRecorder)
-        count: int = self.call(lambda: metrics.counters["authentication.denied"])
+        count: int = self.call(lambda: metrics.authentication_failure)
         return count
 
     def connect(

@@ -24,10 +24,11 @@ import pytest
 from services.auth.acl import Acl
 from services.broker.seams import Seams
 from services.config import Listeners
-from services.metrics.api import MemoryRecorder
+from services.metrics.registry import Metrics
 from services.mqtt.packets import Pubcomp, Publish, Pubrec, Pubrel
 from tests.integration.conftest import NodeRunner, Paho, clients, node_settings, raws
 from tests.integration.rawclient import V5, V311, Raw
+from tests.support.childenv import weir_env
 from tests.support.ports import free_port
 from tests.support.wait import wait_until
 
@@ -80,10 +81,8 @@ class AclNode(NodeRunner):
         await self._stop.wait()
         await self.node.stop()
 
-    def counter(self, name: str) -> int:
-        metrics = self.seams.metrics
-        assert isinstance(metrics, MemoryRecorder)
-        value: int = self.call(lambda: metrics.counters[name])
+    def denied(self, action: str) -> int:
+        value: int = self.call(lambda: self.seams.metrics.authorization_deny[action])
         return value
 
 
@@ -96,7 +95,7 @@ def acl_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def node(acl_file: Path) -> Iterator[AclNode]:
-    runner = AclNode(Seams(authorizer=Acl(acl_file), metrics=MemoryRecorder())).start()
+    runner = AclNode(Seams(authorizer=Acl(acl_file), metrics=Metrics())).start()
     try:
         yield runner
     finally:
@@ -163,7 +162,7 @@ def test_a_denied_publish_gets_0x87_on_5_and_is_dropped_on_3_1_1(
             raw.send(Pubrel(7))
             assert raw.expect(Pubcomp).packet_id == 7
         assert watcher.before_barrier(pub, "open/barrier", 2) == [], "nothing denied came"
-    assert node.counter("authorization.publish_denied") == 3
+    assert node.denied("publish") == 3
     lines = denials(caplog, "d-pub")
     assert len(lines) == 2, lines
     assert "user pat" in lines[0] and "peer 127.0.0.1:" in lines[0]
@@ -179,7 +178,7 @@ def test_only_the_denied_filter_of_a_subscribe_is_refused(
     refused = 0x87 if v5 else 0x80
     codes = subscribe_many(c, "a/#", "secret/x", "users/alice/#", "users/bob/#", "b/+")
     assert codes == [1, refused, 1, refused, 1]
-    assert node.counter("authorization.subscribe_denied") == 2
+    assert node.denied("subscribe") == 2
     pub = paho(node.mqtt_port, "f-pub", v5)
     assert c.before_barrier(pub, "b/barrier") == [], "still subscribed to what was granted"
 
@@ -204,7 +203,7 @@ def test_a_retained_message_the_subscriber_may_not_see_is_not_delivered(
     assert subscribe_many(sub, "a/#") == [1], "a/# itself is allowed"
     got = sub.before_barrier(pub, "a/barrier", 1)
     assert [(m.topic, m.payload, m.retain) for m in got] == [("a/open", b"shown", True)]
-    assert node.counter("authorization.subscribe_denied") == 1
+    assert node.denied("subscribe") == 1
 
 
 @pytest.mark.parametrize("v5", [False, True])
@@ -216,7 +215,7 @@ def test_a_will_is_published_only_if_its_client_may(
     with caplog.at_level(logging.WARNING, "weir.auth"):
         denied = paho(node.mqtt_port, "w-denied", v5, will=("w/forbidden", b"gone", 1))
         denied.drop()
-        wait_until(lambda: node.counter("authorization.publish_denied") == 1, "the will refused")
+        wait_until(lambda: node.denied("publish") == 1, "the will refused")
     assert any("will w/forbidden denied" in line for line in denials(caplog, "w-denied"))
     allowed = paho(node.mqtt_port, "w-allowed", v5, will=("w/ok", b"bye", 1))
     allowed.drop()
@@ -245,13 +244,13 @@ def test_a_resumed_session_loses_subscriptions_now_denied(
     pub.publish("r/drop-later-rick", b"no longer", 1)
     got = again.before_barrier(pub, "r/keep", 1)
     assert got == [], [(m.topic, m.payload) for m in got]
-    assert node.counter("authorization.subscribe_denied") == 1
+    assert node.denied("subscribe") == 1
 
 
 def test_the_built_in_rules_keep_sys_and_hash_to_loopback(
     paho: Callable[..., Paho],
 ) -> None:
-    runner = AclNode(Seams(authorizer=Acl(None), metrics=MemoryRecorder()), host="0.0.0.0")
+    runner = AclNode(Seams(authorizer=Acl(None), metrics=Metrics()), host="0.0.0.0")
     runner.start()
     try:
         for v5 in (False, True):
@@ -280,7 +279,7 @@ def test_redis_rules_allow_what_the_file_leaves_to_no_match(
     path = tmp_path / "acl.toml"
     path.write_text('[[rule]]\npermission = "allow"\naction = "subscribe"\ntopics = ["pub/#"]\n')
     acl = Acl(path, "deny", RedisAcl(connect(redis_url)))
-    runner = AclNode(Seams(authorizer=acl, metrics=MemoryRecorder())).start()
+    runner = AclNode(Seams(authorizer=acl, metrics=Metrics())).start()
     try:
         refused = 0x87 if v5 else 0x80
         bob = paho(runner.mqtt_port, "bob-1", v5, username="bob")
@@ -299,7 +298,7 @@ def test_redis_rules_allow_what_the_file_leaves_to_no_match(
 
 
 def weir_up(*args: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env = weir_env()
     return subprocess.Popen(
         [sys.executable, "-m", "services", "up", "--backend", "memory", "--ws-port", "off",
          *args],

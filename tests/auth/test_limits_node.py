@@ -17,7 +17,7 @@ import pytest
 from services.auth.api import ALLOW, ClientInfo, Decision
 from services.auth.banned import Ban
 from services.broker.seams import Seams, admitting
-from services.metrics.api import MemoryRecorder
+from services.metrics.registry import Metrics
 from tests.integration.conftest import NodeRunner, Paho, node_settings
 
 LEVELS = [pytest.param(False, id="v311"), pytest.param(True, id="v5")]
@@ -28,7 +28,7 @@ class Limited:
 
     def __init__(self, authenticator: Any = None, **limits: Any) -> None:
         settings = node_settings(**limits)
-        self.metrics = MemoryRecorder()
+        self.metrics = Metrics()
         seams = Seams(metrics=self.metrics)
         if authenticator is not None:
             seams = Seams(authenticator=authenticator, metrics=self.metrics)
@@ -36,9 +36,6 @@ class Limited:
         self.runner = NodeRunner(settings, seams).start()
         self.port = self.runner.mqtt_port
         self.clients: list[Paho] = []
-
-    def count(self, name: str) -> int:
-        return self.metrics.counters[name]
 
     def client(self, client_id: str, v5: bool, **kw: Any) -> Paho:
         c = Paho(self.port, client_id, v5=v5, **kw)
@@ -91,7 +88,7 @@ def test_connection_rate(limited: list[Limited], v5: bool, option: str, n: int) 
     node = start(limited, **{option: f"{n}/minute"})
     assert [node.connack(f"c{i}", v5) for i in range(n)] == ["Success"] * n
     assert node.connack("over", v5) == RATE_EXCEEDED[v5]
-    assert node.count("connections.rate_limited") == 1
+    assert node.metrics.connections_refused["rate_limited"] == 1
 
 
 def publish_all(pub: Paho, n: int, size: int = 8) -> list[bytes]:
@@ -121,12 +118,12 @@ def test_a_client_over_its_message_rate_is_slowed_and_loses_nothing(
     pub.connack()
     under = publish_all(pub, 20)
     assert received(sub, 20) == under
-    assert node.count("connections.read_paused") == 0
+    assert node.metrics.connections_read_paused == 0
     began = time.monotonic()
     sent = publish_all(pub, 50)
     assert received(sub, 50) == sent
     elapsed = time.monotonic() - began
-    assert node.count("connections.read_paused") >= 2
+    assert node.metrics.connections_read_paused >= 2
     assert elapsed >= 1.9, elapsed  # two whole windows at least (20 + 20 + 10)
 
 
@@ -142,11 +139,11 @@ def test_a_client_over_its_byte_rate_is_slowed_and_loses_nothing(
     pub.connack()
     under = publish_all(pub, 2, size=10_000)  # 20 KB of the 25 KB
     assert received(sub, 2) == under
-    assert node.count("connections.read_paused") == 0
+    assert node.metrics.connections_read_paused == 0
     began = time.monotonic()
     sent = publish_all(pub, 6, size=10_000)  # two packets fit a window: three windows
     assert received(sub, 6) == sent
-    assert node.count("connections.read_paused") >= 2
+    assert node.metrics.connections_read_paused >= 2
     assert time.monotonic() - began >= 1.9
 
 
@@ -164,7 +161,7 @@ def test_max_subscriptions_per_client(limited: list[Limited], v5: bool) -> None:
     assert [rc.value for rc in c.subscribe("a", 0)] == [0]
     c.client.subscribe([("d", 1), ("b", 1)])
     assert [rc.value for rc in c.subacks.get(timeout=5)] == [over, 1]
-    assert node.count("subscriptions.quota_exceeded") == 2
+    assert node.metrics.subscriptions_quota_exceeded == 2
 
 
 @pytest.mark.parametrize("v5", LEVELS)
@@ -178,7 +175,7 @@ def test_bans_by_client_id_user_name_and_address(limited: list[Limited], v5: boo
     assert node.connack("c2", v5, username="alice", password="x") == "Success"
     node.ban(Ban("peerhost", "127.0.0.0/8", now + 600))
     assert node.connack("c3", v5) == BANNED[v5]
-    assert node.count("connections.banned") == 3
+    assert node.metrics.connections_refused["banned"] == 3
 
 
 def test_a_ban_ends_at_its_expiry(limited: list[Limited]) -> None:
@@ -202,7 +199,7 @@ def test_adding_a_ban_disconnects_the_clients_it_covers(limited: list[Limited], 
     bystander.subscribe("still/here", 0)
     bystander.publish("still/here", b"x")
     assert bystander.message().payload == b"x"
-    assert node.count("connections.kicked_banned") == 1
+    assert node.metrics.connections_kicked_banned == 1
 
 
 def test_flapping_bans_the_client_id_and_logs_once(
@@ -219,8 +216,8 @@ def test_flapping_bans_the_client_id_and_logs_once(
     assert node.connack("flappy", True) == "Banned"
     assert node.connack("flappy", False) == "Not authorized"
     assert node.connack("steady", True) == "Success"
-    assert node.count("connections.flapping") == 1
-    assert node.count("connections.banned") == 1
+    assert node.metrics.connections_refused["flapping"] == 1
+    assert node.metrics.connections_refused["banned"] == 1
     flapping = [r for r in caplog.records if r.getMessage().startswith("flapping:")]
     assert len(flapping) == 1 and "flappy" in flapping[0].getMessage()
     refused = [r for r in caplog.records if r.getMessage().startswith("connect refused")]
@@ -243,7 +240,8 @@ def test_without_limits_nothing_is_counted_or_budgeted(limited: list[Limited]) -
     c.connack()
     conns = node.runner.call(lambda: list(node.runner.node.broker.connections))
     assert [conn.budget for conn in conns] == [None]
-    assert node.count("connections.rate_limited") == node.count("connections.banned") == 0
+    refused = node.metrics.connections_refused
+    assert refused["rate_limited"] == refused["banned"] == 0
 
 
 def test_a_client_waiting_for_its_rate_is_not_timed_out_for_keep_alive(

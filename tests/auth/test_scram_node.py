@@ -22,7 +22,7 @@ from services.auth.banned import Ban, MemoryBans
 from services.auth.redisusers import KEY_PREFIX, SCRAM_FIELD
 from services.broker.seams import Kicks
 from services.config.auth import AuthBackend
-from services.metrics.api import MemoryRecorder
+from services.metrics.registry import Metrics
 from services.mqtt.packets import (
     Auth,
     Connack,
@@ -81,7 +81,7 @@ def scram_node(
         from services.store.redis import connect
 
         client = connect(redis_url)
-    metrics = MemoryRecorder()
+    metrics = Metrics()
     kicks = Kicks(metrics)  # what a ban added to the table disconnects
     seams = dataclasses.replace(
         seams_for(settings, client),
@@ -97,9 +97,9 @@ def scram_node(
 
 
 def denied(node: NodeRunner) -> int:
-    assert node.seams is not None and isinstance(node.seams.metrics, MemoryRecorder)
+    assert node.seams is not None
     metrics = node.seams.metrics
-    count: int = node.call(lambda: metrics.counters["authentication.denied"])
+    count: int = node.call(lambda: metrics.authentication_failure)
     return count
 
 

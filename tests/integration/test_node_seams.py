@@ -13,7 +13,7 @@ import pytest
 from services.auth.api import ALLOW, Action, ClientInfo, Decision
 from services.broker.seams import Seams
 from services.hooks.api import HOOK_POINTS, Continue, Hooks
-from services.metrics.api import MemoryRecorder
+from services.metrics.registry import Metrics
 from services.mqtt.packets import (
     Connect,
     Message,
@@ -71,7 +71,7 @@ def _shout(client: ClientInfo | None, message: Message) -> Continue:
 def seams() -> Seams:
     hooks = Hooks()
     hooks.add("message.publish", _shout)
-    return Seams(PasswordCheck(), NoSecrets(), hooks, MemoryRecorder())
+    return Seams(PasswordCheck(), NoSecrets(), hooks, Metrics())
 
 
 @pytest.fixture
@@ -105,9 +105,9 @@ def test_authorizer_hooks_and_metrics(node: NodeRunner, raws: list[Raw], seams: 
     assert pub.expect(Puback).reason_code == 0
     assert sub.expect(Publish).payload == b"QUIET"  # the hook rewrote it
     metrics = seams.metrics
-    assert isinstance(metrics, MemoryRecorder)
-    assert metrics.counters["connections.accepted"] == 2
-    assert metrics.counters["sessions.created"] == 2
+    assert metrics.connections_accepted == 2
+    assert metrics.sessions_created == 2
+    assert metrics.authentication_success == 2
 
 
 def test_refused_messages_are_counted(node: NodeRunner, raws: list[Raw], seams: Seams) -> None:
@@ -123,8 +123,8 @@ def test_refused_messages_are_counted(node: NodeRunner, raws: list[Raw], seams: 
         codes.append(pub.expect(Puback).reason_code)
     assert codes == [0] * QUEUE_LIMIT + [0x97]
     metrics = seams.metrics
-    assert isinstance(metrics, MemoryRecorder)
-    assert metrics.counters["messages.refused"] == 1
+    assert metrics.messages_refused == 1
+    assert metrics.full_queues == {"s-away"}
 
 
 def test_hook_points_fire_where_the_node_reaches_them(raws: list[Raw]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
 import subprocess
@@ -11,13 +10,14 @@ import sys
 from typing import Any
 
 from tests.integration.conftest import Paho
+from tests.support.childenv import weir_env
 from tests.support.ports import free_port
 
 START_S = 20.0
 
 
 def start(*args: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env = weir_env()
     return subprocess.Popen(
         [sys.executable, "-m", "services", "up", "--host", "127.0.0.1", *args],
         stdout=subprocess.PIPE,
@@ -80,7 +80,7 @@ def test_up_says_who_it_lets_in() -> None:
         ((), "anonymous clients allowed on 127.0.0.1 (loopback only)"),
         (("--host", "0.0.0.0", "--allow-anonymous"), "anonymous clients allowed on 0.0.0.0"),
     ):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+        env = weir_env()
         proc = subprocess.Popen(
             [sys.executable, "-m", "services", "up", "--backend", "memory", "--mqtt-port", "0",
              "--ws-port", "off", *args],
@@ -131,6 +131,57 @@ def test_drain_on_sigusr1_sends_clients_elsewhere_then_exits_0() -> None:
             s.settimeout(2)
             s.connect(("127.0.0.1", port))
             raise AssertionError("the drained node still accepts connections")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_up_serves_metrics_on_its_http_port_and_says_where() -> None:
+    import re
+    import urllib.request
+
+    proc = start("--backend", "memory", "--mqtt-port", "0", "--ws-port", "off",
+                 "--http-port", "0", "--node-id", "n9")  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        found = re.search(r", http on 127\.0\.0\.1:(\d+) ", line)
+        assert found is not None, line
+        url = f"http://127.0.0.1:{found.group(1)}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        assert 'weir_node_info{node="n9"' in text and "weir_connections 0.0" in text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=START_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_up_http_port_in_use_is_one_line_exit_1() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = start("--backend", "memory", "--mqtt-port", "0", "--ws-port", "off",
+                     "--http-port", str(port))  # fmt: skip
+        _out, err = proc.communicate(timeout=START_S)
+    assert proc.returncode == 1
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and str(port) in err, err
+
+
+def test_up_http_port_off_serves_none() -> None:
+    proc = start("--backend", "memory", "--mqtt-port", "0", "--ws-port", "off",
+                 "--http-port", "off")  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "ready" in line and "http on" not in line, line
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=START_S) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -161,7 +161,7 @@ async def test_a_store_failure_at_a_members_leaving_is_logged_and_counted(
 ) -> None:
     """Before: the store's error was swallowed, neither logged nor counted."""
     from services.broker.shared import hand_over_left
-    from services.metrics.api import MemoryRecorder
+    from services.metrics.registry import Metrics
     from services.session.api import StoreUnavailable
 
     class Down:
@@ -169,10 +169,10 @@ async def test_a_store_failure_at_a_members_leaving_is_logged_and_counted(
             raise StoreUnavailable("redis did not answer: test")
 
     harness = await make_harness(settings())
-    metrics = MemoryRecorder()
+    metrics = Metrics()
     shared_part = harness.broker.dispatch.shared
     await hand_over_left(shared_part, Down(), "m", 1, metrics)  # type: ignore[arg-type]
-    assert metrics.counters["shared.redispatch_failed"] == 1
+    assert metrics.shared_redispatch_failed == 1
     assert "shared copies of m not redispatched" in caplog.text
 
 

@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from services.config import load
 from services.machine import supervisor
 from services.machine.drain import main as drain_main
 from services.machine.pidfiles import NodeFiles, StalePidFile, live_pid, node_ids, nodes_dir
@@ -190,3 +192,14 @@ def test_drain_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
         assert drain_main(argv) == code
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("weir drain: ") and needle in err, err
+
+
+def test_each_supervised_node_gets_its_own_http_port() -> None:
+    assert [supervisor.node_http_port(18083, i) for i in (1, 2, 3)] == [18083, 18084, 18085]
+    assert supervisor.node_http_port(0, 2) == 0  # a free one each
+    assert supervisor.node_http_port(None, 2) is None  # off stays off
+    settings = replace(load({}, env={}), http_port=65_535, backend="embedded")
+    assert "--http-port 65535 needs ports up to 65536" in (
+        supervisor.plan_error(settings, None, 2) or ""
+    )
+    assert supervisor.plan_error(settings, None, 1) is None

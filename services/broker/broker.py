@@ -363,8 +363,15 @@ class Broker:
 
     def publish_sys(self, topic: str, payload: bytes, retain: bool) -> None:
         """A message of the node's own ($SYS figures, alarms): from no client, so
-        no ACL and no hook; routed as any other, retained through the log if asked."""
-        self.dispatch.publish_message(Message(topic, payload, 0, retain))
+        no ACL and no hook; routed as any other. Retained here only, in this
+        node's retained store, not through the log: the log and the state store
+        stay the clients' state (the drift check and a replay compare them), and
+        a restarted node publishes its tree again. So a node's $SYS tree comes
+        retained to subscribers on that node (as Mosquitto's), live to all."""
+        message = Message(topic, payload, 0, retain)
+        if retain:
+            self.retained.set(message)
+        self.dispatch.publish_message(message, store_retained=False)
 
     def figures(self, m: Metrics) -> None:
         """The gauges only the routing table knows, filled before a read."""

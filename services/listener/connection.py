@@ -333,9 +333,8 @@ class Connection(asyncio.Protocol):
                 case Send():
                     packet = action.packet
                     if type(packet) is Publish:
-                        metrics = self.metrics
-                        metrics.messages_sent[packet.qos] += 1
-                        metrics.messages_sent_bytes[packet.qos] += len(packet.payload)
+                        self.metrics.messages_sent[packet.qos] += 1
+                        self.metrics.messages_sent_bytes[packet.qos] += len(packet.payload)
                     self.write(codec.encode(packet, self.channel.protocol_level))
                 case StartTimer():
                     self.start_timer(action.name, action.delay_s)

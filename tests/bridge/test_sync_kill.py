@@ -23,6 +23,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from tests.bridge.kafka import read_topic
+from tests.support.childenv import weir_env
 from tests.support.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
 
 def start_node(config: Path, redis_url: str, bootstrap: str, prefix: str) -> tuple[Any, int]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env = weir_env()
     process = subprocess.Popen(
         [sys.executable, "-m", "services", "up", "--config", str(config), "--node-id", "kill-1",
          "--redis", redis_url, "--kafka", bootstrap, "--kafka-topic-prefix", prefix,

@@ -16,7 +16,6 @@ in force.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import re
 import signal
@@ -32,6 +31,7 @@ import pytest
 from services.embedded import endpoints
 from services.embedded.redis_server import free_port
 from tests.integration.conftest import Paho
+from tests.support.childenv import weir_env
 from tests.support.supervised import alive, descendants
 from tests.support.wait import wait_until
 
@@ -48,7 +48,7 @@ class Up:
         self.data = data
         self.port = port
         self.out = data.parent / f"up-{port}-{time.monotonic_ns()}.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+        env = weir_env()
         args = ["--host", "127.0.0.1", "--mqtt-port", str(port), "--ws-port", "off"]
         args += ["--data-dir", str(data), "--node-id", "n1", "--auth-redis", "--allow-anonymous"]
         started = time.monotonic()
@@ -92,7 +92,7 @@ class Up:
 
 
 def weir(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env = weir_env()
     return subprocess.run(
         [sys.executable, "-m", "services", *args],
         check=False,

@@ -13,7 +13,6 @@ on the same data dir finds everything.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -29,6 +28,7 @@ from services.state.view import ClusterView
 from services.state.writer import WriteThroughLog
 from tests.integration.conftest import Paho, node_settings
 from tests.support.backend_node import BackendNode
+from tests.support.childenv import weir_env
 from tests.support.supervised import REPO, alive, descendants
 from tests.support.wait import wait_until
 
@@ -188,7 +188,7 @@ def test_a_kafka_restarted_by_a_cut_dies_with_a_killed_weir_up(tmp_path: Path) -
     data = tmp_path / "data"
     port = free_port()
     out = tmp_path / "up.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env = weir_env()
     args = [sys.executable, str(runner), "--data-dir", str(data), "--mqtt-port", str(port),
             "--ws-port", "off"]  # fmt: skip
     with out.open("wb") as log:

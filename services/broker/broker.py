@@ -130,6 +130,7 @@ class Broker:
             retained=retain,
             store=sessions,
             spawn=spawn,
+            metrics=seams.metrics,
         )
         notices = Notices(cluster)
         self.delivery = delivery = Delivery(

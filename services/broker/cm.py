@@ -327,7 +327,7 @@ class ConnectionManager:
     async def _log_session_end(self, event: Event) -> None:
         self.logstate.apply(event)
         try:
-            await self.logstate.events.append(event)
+            await self.logstate.append(event)
         except EventLogError as exc:
             log.warning("end of session %s not logged: %s", event.key, exc)
 

@@ -38,6 +38,7 @@ from services.event.schema import (
     Subscribed,
     Unsubscribed,
 )
+from services.metrics.registry import Metrics
 from services.mqtt.packets import Message, Properties
 from services.retain.api import RetainStore
 from services.session.api import SessionError, SessionStore
@@ -112,8 +113,10 @@ class LogState:
         retained: RetainStore,
         store: SessionStore,
         spawn: Callable[[Coroutine[Any, Any, Any]], object],
+        metrics: Metrics | None = None,
     ) -> None:
         self.table = table
+        self.metrics = metrics if metrics is not None else Metrics()
         self.expiries = expiries
         self.retained = retained
         self.store = store
@@ -140,9 +143,19 @@ class LogState:
             log.exception("applying %s failed", type(event).__name__)
             return False
 
+    async def append(self, event: Event) -> None:
+        """Append to the log (every part's appends come here); a failure is
+        counted (`eventlog_produce_failures`, the eventlog_unavailable alarm)
+        and raised (EventLogError)."""
+        try:
+            await self.events.append(event)
+        except EventLogError:
+            self.metrics.eventlog_produce_failures += 1
+            raise
+
     async def append_and_apply(self, event: Event) -> None:
         """Append (raises EventLogError when the log cannot take it), then apply."""
-        await self.events.append(event)
+        await self.append(event)
         self.apply(event)
 
     def _on_subscribe(self, client_id: str, filter_: str, options: SubscriptionOptions) -> None:

@@ -247,7 +247,7 @@ class Subscriptions:
             for unstamped in events:
                 version = await self.store.next_version(client_id, epoch)
                 stamped.append(dataclasses.replace(unstamped, version=version, ts_ms=ts_ms))
-            await asyncio.gather(*(self.logstate.events.append(e) for e in stamped))
+            await asyncio.gather(*(self.logstate.append(e) for e in stamped))
         except (SessionError, EventLogError) as exc:
             log.warning("%d events of %s not logged: %s", len(events), client_id, exc)
             return False

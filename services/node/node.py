@@ -38,7 +38,6 @@ from services.event.api import EventLog
 from services.listener.connection import Connection
 from services.listener.listeners import Listener
 from services.listener.websocket import WebSocketProtocol
-from services.metrics.eventlog import CountedEventLog
 from services.metrics.registry import Metrics
 from services.metrics.service import MetricsService
 from services.mqtt.channel_config import ChannelConfig
@@ -149,7 +148,7 @@ class Node:
             wheel=self.wheel,
             shared_strategy=settings.shared_subscription_strategy,
             shared_local=settings.shared_local,
-            events=CountedEventLog(self.services.events, self.services.seams.metrics),
+            events=self.services.events,
             cluster=self.services.cluster,
             seams=self.services.seams,
             wills=self.services.wills,

@@ -6,10 +6,9 @@ import asyncio
 
 import pytest
 
-from services.event.api import EventLog, EventLogUnavailable
+from services.event.api import EventLogUnavailable
 from services.event.memory import MemoryEventLog
 from services.event.schema import RetainedCleared
-from services.metrics.eventlog import CountedEventLog
 from services.metrics.registry import Metrics
 from services.store.errors import StoreUnavailable
 from services.store.redis import UNANSWERED, bounded
@@ -25,24 +24,28 @@ def event() -> RetainedCleared:
 
 
 async def test_failed_appends_are_counted_and_still_raised() -> None:
+    """Every part appends through LogState.append, which counts what fails."""
+    from services.broker.logstate import LogState
+    from services.broker.ports import Expiries
+    from services.broker.routes import Routes
+    from services.retain.store import MemoryRetainStore
+    from services.session.memory import MemorySessionStore
+
     m = Metrics()
-    good: EventLog = CountedEventLog(MemoryEventLog(), m)
-    await good.append(event())
+    sessions = MemorySessionStore()
+
+    def logstate(events: MemoryEventLog) -> LogState:
+        return LogState(
+            table=Routes(node_id="n1", mark_durable=sessions.mark_durable),
+            expiries=Expiries(asyncio.get_running_loop()), events=events,
+            retained=MemoryRetainStore(), store=sessions, spawn=lambda c: None, metrics=m,
+        )  # fmt: skip
+
+    await logstate(MemoryEventLog()).append(event())
     assert m.eventlog_produce_failures == 0
-    bad = CountedEventLog(Failing(), m)
     with pytest.raises(EventLogUnavailable):
-        await bad.append(event())
+        await logstate(Failing()).append_and_apply(event())
     assert m.eventlog_produce_failures == 1
-
-
-async def test_what_is_not_an_append_passes_through() -> None:
-    inner = MemoryEventLog()
-    log = CountedEventLog(inner, Metrics())
-    await log.append(event())
-    seen: list[object] = []
-    assert await log.replay(seen.append) == 1 and seen == [event()]
-    assert log.positions() == inner.positions() and not await log.is_empty()
-    assert log.append_timeout_s == inner.append_timeout_s
 
 
 async def test_a_redis_call_without_an_answer_is_counted() -> None:

@@ -141,6 +141,7 @@ class Broker:
             turn=turn,
             stored=notices.stored,
             metrics=seams.metrics,
+            hooks=seams.hooks,
         )
         self.remote = remote = Remote(
             node_id=node_id,
@@ -276,6 +277,9 @@ class Broker:
         return self.cm.connection_made(conn)
 
     def connection_lost(self, conn: ConnectionPort) -> None:
+        refused = conn.channel.refused_with  # every refusing CONNACK, whoever refused
+        if refused is not None:
+            self.seams.hooks.run("client.connack", conn.channel.client_id, refused)
         self.cm.connection_lost(conn)
         self.seams.disconnected(conn)
 
@@ -344,7 +348,8 @@ class Broker:
         self.remote.deliver_queued(client_ids)
 
     def kicked(self, client_id: str, epoch: int, node: str) -> None:
-        self.remote.kicked(client_id, epoch, node)
+        if self.remote.kicked(client_id, epoch, node):  # on the node it was taken from
+            self.seams.hooks.run("session.takenover", client_id)
 
     def node_joined(self, node_id: str) -> None:
         self.metrics.dead_nodes.discard(node_id)  # its node_down alarm clears

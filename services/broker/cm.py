@@ -33,7 +33,7 @@ from services.broker.logstate import LogState
 from services.broker.ports import ConnectionPort, Expiries, Session, SubOptions, now_ms
 from services.broker.remote import Remote
 from services.broker.routes import Routes
-from services.broker.seams import Seams
+from services.broker.seams import Seams, about
 from services.broker.shared import hand_over_left
 from services.broker.wills import Wills
 from services.event.api import EventLogError
@@ -149,7 +149,7 @@ class ConnectionManager:
         try:
             await self._open(conn, action)
         except Refused as refused:
-            log.warning(refused.line, action.client_id, refused.cause)
+            log.warning(refused.line, action.client_id, refused.cause, extra=about(conn.client))
             if refused.undo is not None:
                 refused.undo()
             conn.carry_out(
@@ -246,8 +246,7 @@ class ConnectionManager:
             self.routes.detach(session)
         if session is None or not claim.session_present:
             if session is not None:
-                self.seams.hooks.run("session.discarded", client_id)
-                self.seams.metrics.sessions_discarded += 1
+                self.seams.session_discarded(client_id)
                 self.routes.drop_subscriptions(session)
             session = Session(client_id)
             self.routes.sessions[client_id] = session
@@ -307,7 +306,8 @@ class ConnectionManager:
         try:
             pending = await self.queue.pending(session.client_id, epoch)
         except SessionError as exc:  # after CONNACK: close; the client resumes later
-            log.warning("inflight of %s not resent: %s", session.client_id, exc)
+            log.warning("inflight of %s not resent: %s", session.client_id, exc,
+                        extra=about(conn.client))  # fmt: skip
             conn.close()
             return
         if session.conn is not conn:
@@ -413,6 +413,7 @@ class ConnectionManager:
         if expiry_s == 0:
             await self._redistribute_shared(session)
             self.routes.drop(session)
+            self.seams.hooks.run("session.terminated", client_id, "normal")
         if closed is not None:
             self.spawn(self._log_session_end(closed))
         try:

@@ -42,7 +42,9 @@ from typing import Any
 
 from services.broker.ports import ConnectionPort, Session, Turn, now_ms
 from services.broker.stores import DurablePartFailed
+from services.hooks.api import Hooks
 from services.metrics.registry import Metrics
+from services.mqtt.actions import Action, Send
 from services.mqtt.packets import Message, ReasonCode
 from services.queue.api import IncomingMark, Inflight, QueueStore, TakeResult
 from services.session.api import Fenced, SessionError
@@ -61,6 +63,18 @@ Token = tuple[
 REFUSED_LOG_EVERY_S = 10.0  # at most one warning about full queues per this many seconds
 
 
+def tell_hooks(hooks: Hooks, client_id: str, message: Message, actions: list[Action],
+               now: int) -> None:  # fmt: skip
+    """message.delivered if the channel sent `message`; else message.dropped
+    with why (it expired before it went out, or is over the client's Maximum
+    Packet Size)."""
+    if any(type(a) is Send for a in actions):
+        hooks.run("message.delivered", client_id, message)
+        return
+    expired = message.expires_at_ms is not None and message.expires_at_ms <= now
+    hooks.run("message.dropped", message, "expired" if expired else "too_large", client_id)
+
+
 class Delivery:
     def __init__(
         self,
@@ -72,8 +86,10 @@ class Delivery:
         turn: Turn,
         stored: Callable[[list[tuple[str, Message]]], None],
         metrics: Metrics | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self.queue = queue
+        self.hooks = hooks if hooks is not None else Hooks()  # message.delivered, .dropped
         self.metrics = metrics if metrics is not None else Metrics()
         self.loop = loop
         self.spawn = spawn
@@ -276,6 +292,9 @@ class Delivery:
         self.refused += len(refused)
         self.metrics.messages_refused += len(refused)
         self.metrics.full_queues.update(items[i][0] for i in refused)  # the alarm names them
+        if self.hooks.has("message.dropped"):
+            for i in sorted(refused):
+                self.hooks.run("message.dropped", items[i][1], "queue_full", items[i][0])
         now = time.monotonic()
         if now - self._refused_logged >= REFUSED_LOG_EVERY_S:
             self._refused_logged = now
@@ -295,9 +314,13 @@ class Delivery:
         if conn is None:
             return
         now = now_ms()
+        hooked = self.hooks.watches_copies
         for item in taken:
             pid = item.packet_id if item.message.qos > 0 else None
-            conn.carry_out(conn.channel.deliver(item.message, pid, item.dup, now))
+            actions = conn.channel.deliver(item.message, pid, item.dup, now)
+            conn.carry_out(actions)
+            if hooked:
+                tell_hooks(self.hooks, session.client_id, item.message, actions, now)
         session.backlog = max(0, session.backlog - len(taken))
         if session.backlog <= self._backlog_low:
             conn.wake_waiters()

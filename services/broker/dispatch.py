@@ -34,7 +34,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from services.bridge.api import all_true
-from services.broker.delivery import Delivery
+from services.broker.delivery import Delivery, tell_hooks
 from services.broker.logstate import LogState
 from services.broker.ports import ConnectionPort, Session, SubOptions, Turn, now_ms
 from services.broker.remote import Remote
@@ -308,6 +308,8 @@ class Dispatch:
             count += self.remote.deliver(message, remote)
         self.turn.work += count
         self.delivery.schedule()
+        if count == 0 and self.seams.hooks.has("message.dropped"):
+            self.seams.hooks.run("message.dropped", message, "no_subscribers", None)
         return count
 
     def publish_will(self, message: Message, username: str | None, peer: str) -> None:
@@ -337,6 +339,8 @@ class Dispatch:
         retain_in = message.retain
         fast = message.expires_at_ms is None
         count = written = too_large = 0
+        hooks = self.seams.hooks
+        told = hooks.watches_copies
         for session, opts in plan:
             if type(opts) is SubOptions:
                 if opts.no_local and session.client_id == sender:
@@ -370,8 +374,18 @@ class Dispatch:
                 limit = conn.max_outgoing_packet
                 if limit is not None and len(data) > limit:
                     too_large += 1
+                    if told:
+                        hooks.run("message.dropped", message, "too_large", session.client_id)
                     continue
-                if self._deferred is None:
+                if told:  # the hooks hear of each copy (deferred ones when they go)
+                    out = adjusted(message, qos, retain, sub_ids)
+                    write = functools.partial(self._write_told, session.client_id, conn, data, out)
+                    if self._deferred is None:
+                        written += write()
+                    else:
+                        self._deferred.append(write)
+                        written += 1  # sent once the QoS 2 publisher's id is stored
+                elif self._deferred is None:
                     written += conn.write_qos0(data)
                 else:
                     self._deferred.append(functools.partial(_write_qos0, conn, data))
@@ -384,6 +398,17 @@ class Dispatch:
             metrics.messages_sent_bytes[0] += written * len(message.payload)
             metrics.messages_dropped["too_large"] += too_large
         return count
+
+    def _write_told(self, client_id: str, conn: ConnectionPort, data: bytes, out: Message) -> bool:
+        """A QoS 0 copy written, message.delivered or (a subscriber too far behind)
+        message.dropped (False); nothing if its connection closed meanwhile."""
+        if conn.closed:
+            return False
+        if conn.write_qos0(data):
+            self.seams.hooks.run("message.delivered", client_id, out)
+            return True
+        self.seams.hooks.run("message.dropped", out, "slow_subscriber", client_id)
+        return False
 
     @staticmethod
     def _encode_qos0(message: Message, retain: bool, v5: bool, sub_ids: tuple[int, ...]) -> bytes:
@@ -406,7 +431,11 @@ class Dispatch:
             if self._deferred is not None:
                 self._deferred.append(functools.partial(self.deliver, session, message))
                 return
-            conn.carry_out(conn.channel.deliver(message, None, False, now_ms()))
+            now = now_ms()
+            actions = conn.channel.deliver(message, None, False, now)
+            conn.carry_out(actions)
+            if self.seams.hooks.watches_copies:
+                tell_hooks(self.seams.hooks, session.client_id, message, actions, now)
             return
         if message.qos == 0 and session.expiry_s == 0:
             return  # a clean session that is not connected yet: nothing to keep it for

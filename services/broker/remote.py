@@ -219,14 +219,16 @@ class Remote:
             if session is not None and session.conn is not None and session.ready:
                 self.delivery.kick(session)
 
-    def kicked(self, client_id: str, epoch: int, node: str) -> None:
-        """`node` claimed client_id under `epoch`: close ours if it is older. Until
-        the log tells us it moved, what we queue for it is announced to `node`."""
+    def kicked(self, client_id: str, epoch: int, node: str) -> bool:
+        """`node` claimed client_id under `epoch`: close ours if it is older (True:
+        taken over). Until the log tells us it moved, what we queue for it is
+        announced to `node`."""
         session = self.routes.sessions.get(client_id)
         if session is None or session.epoch >= epoch:
-            return
+            return False
         self.moved[client_id] = node
         self.routes.take_over(session)
+        return True
 
     def deferring(self, deferred: list[Callable[[], object]] | None) -> None:
         """While a QoS 2 message is routed, forwards wait in `deferred` (None: go now)."""

@@ -72,11 +72,21 @@ from services.bridge.api import Egress
 from services.broker.ports import ConnectionPort
 from services.config import Limits
 from services.hooks.api import Hooks
+from services.logs import client_fields
 from services.metrics.registry import Metrics
 from services.mqtt.actions import Authenticate, AuthExchange
 from services.mqtt.packets import Message, ReasonCode
 
 log = logging.getLogger("weir.auth")
+clients_log = logging.getLogger("weir.clients")  # a client's comings and goings (info)
+
+
+def about(client: ClientInfo | None, client_id: str | None = None) -> dict[str, Any]:
+    """`extra` for a log line about `client` (JSON fields, services.logs); only
+    its id when it has not authenticated yet."""
+    if client is None:
+        return client_fields(client_id)
+    return client_fields(client.client_id, client.username, client.peer)
 
 IDENTITIES = 100_000  # who each recent client id was, for its will; past it: start over
 
@@ -109,7 +119,7 @@ class Kicks:
         self.metrics.connections_kicked_banned += 1
         log.warning(
             "disconnected: client %s, user %s, peer %s, by banned: %s",
-            client.client_id, client.username, client.peer, ban.describe(),
+            client.client_id, client.username, client.peer, ban.describe(), extra=about(client),
         )  # fmt: skip
 
 
@@ -153,7 +163,7 @@ class Seams:
                 self.metrics.connections_refused["not_authorized"] += 1
             log.warning("%s refused 0x%02X: client %s, user %s, peer %s, by %s",
                         what, hooked.reason_code, info.client_id, info.username, info.peer or "?",
-                        by or "the authenticator")  # fmt: skip
+                        by or "the authenticator", extra=about(info))  # fmt: skip
         return hooked
 
     def claimed_user(self, action: AuthExchange) -> str | None:
@@ -205,7 +215,7 @@ class Seams:
         self.metrics.connections_refused[refusal.reason] += 1
         log.warning(
             "connect refused: client %s, user %s, peer %s, by %s",
-            client_id, username, conn.peer, refusal.rule,
+            client_id, username, conn.peer, refusal.rule, extra=about(client),
         )  # fmt: skip
         return refusal.reason_code
 
@@ -221,6 +231,8 @@ class Seams:
         """Before the session opens: the authorizer reads what it needs for this
         client, and a ban new to this node may disconnect it from now on."""
         client = conn.client
+        if client is not None:
+            clients_log.info("client %s connected", client.client_id, extra=about(client))
         if self.kicks is not None and client is not None and not conn.closed:
             self.kicks.watch(conn)
         if self.acl is None or client is None:
@@ -233,13 +245,24 @@ class Seams:
             self.acl.disconnected(client)
 
     def disconnected(self, conn: ConnectionPort) -> None:
+        if conn.client is not None:
+            client = conn.client
+            clients_log.info("client %s disconnected", client.client_id, extra=about(client))
         if self.kicks is not None:
             self.kicks.forget(conn)
         if self.acl is not None and conn.client is not None:
             self.acl.disconnected(conn.client)
 
+    def session_discarded(self, client_id: str) -> None:
+        """A Clean Start ended the session here: hooks told, counted."""
+        self.hooks.run("session.discarded", client_id)
+        self.metrics.sessions_discarded += 1
+        self.hooks.run("session.terminated", client_id, "discarded")
+
     async def close(self) -> None:
-        """The node stopped: the authenticator lets go of its connections (a webhook's)."""
+        """The node stopped: the authenticator lets go of its connections (a webhook's),
+        async hook callbacks still running are cancelled."""
+        await self.hooks.close()
         if isinstance(self.authenticator, ClosingAuthenticator):
             await self.authenticator.aclose()
 
@@ -315,6 +338,7 @@ class Seams:
             log.warning(
                 "%s %s denied: client %s, user %s, peer %s, by %s",
                 what, topic, client.client_id, client.username, client.peer or "?", by,
+                extra=about(client),
             )  # fmt: skip
         return allowed
 

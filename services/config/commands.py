@@ -139,10 +139,21 @@ TABLES = """
 # buffer_bytes = 67108864   # records not yet acknowledged by Kafka, at most
 # timeout_s = 5.0           # a record's wait for Kafka (default: sync 5, async 60)
 # partitions = 8            # of a topic the bridge creates (0: never creates it)
+
+# [[plugin]] tables: plugins loaded by `weir up`, in order (docs/plugins.md).
+# [[plugin]]
+# name = "topic_rewrite"    # an entry point of group weir.plugins, or "module:attr"
+# [plugin.config]           # the plugin's own section, passed to it
+# rules = [{ filter = "old/#", from = "^old/(.*)$", to = "new/$1" }]
+# [[plugin]]
+# name = "webhook"
+# [plugin.config]
+# url = "http://127.0.0.1:8992/events"
+# events = ["client.connected", "client.disconnected", "message.publish"]
 """
 
 _NOT_IN_FILE = ("listeners.tables", "auth", "listeners.ports",  # tables below; per node
-                "bridge.kafka_out")
+                "bridge.kafka_out", "plugin")
 
 
 def example_toml() -> str:

@@ -35,6 +35,7 @@ from services.config.declare import (
     opt,
 )
 from services.config.listeners import Listeners
+from services.config.plugins import LogLevel, PluginTables
 
 # Limits.
 MAX_CONNECTIONS = 19_000  # connections; the process may open 20,000 files (DESIGN 11)
@@ -267,6 +268,11 @@ class Settings:
         SYS_INTERVAL_S, "how often the node publishes its $SYS/brokers/<node>/... topics, "
         "retained (0: never)", flag="--sys-interval", unit="s")  # fmt: skip
     bridge: Bridges = opt(factory=Bridges, flag=False)
+    plugin: PluginTables = opt(
+        (), "the config file's [[plugin]] tables, loaded in order (docs/plugins.md)", flag=False)
+    log_level: LogLevel = opt(
+        LogLevel.INFO, "log lines at this level and above; SIGHUP reads it from the config "
+        "file again", env="WEIR_LOG_LEVEL")  # fmt: skip
 
     @model_validator(mode="after")
     def _chain(self) -> Settings:

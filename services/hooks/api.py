@@ -15,12 +15,28 @@ they were added). `Hooks.run` is for notifications (the result is ignored);
 message or stop it (None: not published). Points are fixed: an unknown name
 is a ValueError naming it. A callback that raises is logged and skipped, so
 one plugin cannot break the broker. With nothing registered a point costs
-one dictionary look-up.
+one dictionary look-up; callers on a per-message path check `has` first.
+
+Async callbacks. On a notification point (`run`) a callback may be a
+coroutine function: its coroutine runs as a task of its own, bounded by
+`timeout_s`, so a slow plugin never holds up the client that fired the
+point or any other (its return value cannot stop the chain: the chain
+has moved on). At most `MAX_PENDING` such tasks are in flight; past that
+a call is dropped and counted. The fold points (`FOLDS`) decide a value
+on the caller's path and must answer synchronously: a coroutine function
+is refused by `add`, and a callback that returns an awaitable anyway is
+counted as failed and skipped. A synchronous callback cannot be
+interrupted; one that takes longer than `SLOW_S` is logged and counted.
+Failures are logged rate-limited (`services.logs.RateLimit` on the
+handler) and counted in `stats()`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -50,22 +66,25 @@ HOOK_POINTS: Final = (
 )
 """The hook points of DESIGN 8, in EMQX's names."""
 
+FOLDS: Final = frozenset({"client.authenticate", "client.check_acl", "message.publish"})
+"""The points whose chain decides a value (`Hooks.fold`); the rest notify (`Hooks.run`)."""
+
+TIMEOUT_S: Final = 5.0  # an async callback's budget (EMQX's webhook request timeout)
+SLOW_S: Final = 0.1  # a sync callback this slow holds up its caller's loop: logged, counted
+MAX_PENDING: Final = 10_000  # async callbacks in flight at most (about 1 KB each)
 
 @dataclass(frozen=True, slots=True)
 class Continue:
     value: Any
 
-
 @dataclass(frozen=True, slots=True)
 class Stop:
     value: Any
-
 
 CONTINUE: Final = Continue(None)
 STOP: Final = Stop(None)
 
 Callback = Callable[..., Any]
-
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
@@ -73,11 +92,35 @@ class _Entry:
     order: int
     callback: Callback
 
-
 class Hooks:
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = TIMEOUT_S) -> None:
         self._chains: dict[str, list[_Entry]] = {}
         self._added = 0
+        self.timeout_s = timeout_s
+        self._pending: set[asyncio.Task[Any]] = set()
+        self.failed = 0  # callbacks that raised (or answered a fold with an awaitable)
+        self.timed_out = 0  # async callbacks past timeout_s, cancelled
+        self.slow = 0  # sync callbacks past SLOW_S
+        self.dropped = 0  # async callbacks not started: MAX_PENDING in flight
+        self.watches_copies = False  # message.delivered or .dropped has a callback: the
+        #   fan-out's one check per message (an attribute, kept by add and remove)
+
+    def stats(self) -> dict[str, int]:
+        return {"failed": self.failed, "timed_out": self.timed_out, "slow": self.slow,
+                "dropped": self.dropped, "pending": len(self._pending)}  # fmt: skip
+
+    async def close(self) -> None:
+        """The node stops: async callbacks still running are cancelled."""
+        pending = list(self._pending)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+
+    async def settle(self) -> None:
+        """Wait for the async callbacks in flight (tests; a node stopping)."""
+        while self._pending:
+            await asyncio.wait(list(self._pending))
 
     @staticmethod
     def _check(point: str) -> None:
@@ -86,10 +129,14 @@ class Hooks:
 
     def add(self, point: str, callback: Callback, priority: int = 0) -> None:
         self._check(point)
+        if point in FOLDS and inspect.iscoroutinefunction(callback):
+            raise ValueError(f"hook {point} decides on the caller's path: {callback!r} must "
+                             "not be a coroutine function")  # fmt: skip
         self._added += 1
         chain = [*self._chains.get(point, ()), _Entry(priority, self._added, callback)]
         chain.sort(key=lambda e: (-e.priority, e.order))
         self._chains[point] = chain
+        self._watched()
 
     def remove(self, point: str, callback: Callback) -> bool:
         """Unregister; False if `callback` was not on `point`."""
@@ -100,7 +147,12 @@ class Hooks:
             self._chains[point] = kept
         else:
             self._chains.pop(point, None)
+        self._watched()
         return len(kept) != len(chain)
+
+    def _watched(self) -> None:
+        self.watches_copies = "message.delivered" in self._chains or (
+            "message.dropped" in self._chains)
 
     def callbacks(self, point: str) -> list[Callback]:
         self._check(point)
@@ -115,7 +167,10 @@ class Hooks:
         if chain is None:
             return
         for entry in chain:
-            if isinstance(self._call(point, entry, args), Stop):
+            result = self._call(point, entry, args)
+            if inspect.isawaitable(result):
+                self._start(point, entry, result)
+            elif isinstance(result, Stop):
                 return
 
     def fold(self, point: str, value: Any, *args: Any) -> Any:
@@ -125,16 +180,63 @@ class Hooks:
             return value
         for entry in chain:
             result = self._call(point, entry, (*args, value))
-            if isinstance(result, Stop):
+            if inspect.isawaitable(result):
+                self._refuse(point, entry, result)
+            elif isinstance(result, Stop):
                 return value if result is STOP else result.value
             if isinstance(result, Continue) and result is not CONTINUE:
                 value = result.value
         return value
 
-    @staticmethod
-    def _call(point: str, entry: _Entry, args: tuple[Any, ...]) -> Any:
+    def _call(self, point: str, entry: _Entry, args: tuple[Any, ...]) -> Any:
+        began = time.perf_counter()
         try:
             return entry.callback(*args)
         except Exception:
+            self.failed += 1
             log.exception("hook %s: %r failed; skipped", point, entry.callback)
             return CONTINUE
+        finally:
+            took = time.perf_counter() - began
+            if took > SLOW_S:
+                self.slow += 1
+                log.warning("hook %s: %r took %.3f s (over %.3f s)",
+                            point, entry.callback, took, SLOW_S)  # fmt: skip
+
+    def _refuse(self, point: str, entry: _Entry, result: Any) -> None:
+        if inspect.iscoroutine(result):
+            result.close()  # never awaited: no "was never awaited" warning
+        self.failed += 1
+        log.error("hook %s: %r answered with an awaitable; a fold point needs its answer "
+                  "now; skipped", point, entry.callback)  # fmt: skip
+
+    def _start(self, point: str, entry: _Entry, result: Any) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or len(self._pending) >= MAX_PENDING:
+            if inspect.iscoroutine(result):
+                result.close()
+            self.dropped += 1
+            log.warning("hook %s: %r not run: %s", point, entry.callback,
+                        "no event loop" if loop is None else f"{MAX_PENDING} in flight")
+            return
+        task = loop.create_task(self._bounded(point, entry, result))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _bounded(self, point: str, entry: _Entry, result: Any) -> None:
+        try:
+            await asyncio.wait_for(_awaited(result), self.timeout_s)
+        except TimeoutError:
+            self.timed_out += 1
+            log.warning("hook %s: %r timed out after %.1f s; cancelled",
+                        point, entry.callback, self.timeout_s)  # fmt: skip
+        except Exception:
+            self.failed += 1
+            log.exception("hook %s: %r failed; skipped", point, entry.callback)
+
+
+async def _awaited(result: Any) -> Any:
+    return await result

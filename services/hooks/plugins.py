@@ -4,13 +4,24 @@ entry-point group and loaded, listed and unloaded at run time.
 A plugin's entry point (group `weir.plugins`) names an object with
 `register(hooks)` and, optionally, `unregister(hooks)`; without the latter,
 unloading removes every callback the plugin added. A plugin that fails to
-load is reported with one line and skipped.
+load is reported with one line and skipped by `discover`.
+
+`weir up` loads the plugins its config file names instead (`load_named`,
+the `[[plugin]]` tables of `services.config.plugins`), in order: a name is
+an entry point of the group or `package.module:attr`. The object it names
+is either a plugin (it has `register`) or a factory (a class or function)
+called with the table's `config` mapping that returns one. There a plugin
+that is missing or raises is a `PluginError`, one line, and the node does
+not start: a broker running without the plugin its operator asked for
+(an authorizer, a rewrite) is worse than one that does not run.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from importlib import import_module
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -19,6 +30,10 @@ from services.hooks.api import HOOK_POINTS, Callback, Hooks
 log = logging.getLogger("weir.plugins")
 
 ENTRY_POINT_GROUP = "weir.plugins"
+
+
+class PluginError(Exception):
+    """A configured plugin is missing or failed to load (one line)."""
 
 
 @dataclass
@@ -67,3 +82,38 @@ class Plugins:
                 continue
             found.append(ep.name)
         return found
+
+    def load_named(self, tables: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
+        """Load each (name, config) in order; PluginError on the first that fails."""
+        for name, config in tables:
+            target = resolve(name)
+            try:
+                plugin = target if _is_plugin(target) else target(dict(config))
+                self.load(name, plugin)
+            except Exception as exc:
+                raise PluginError(f"plugin {name}: {type(exc).__name__}: {exc}") from None
+        return self.names()
+
+
+def _is_plugin(target: Any) -> bool:
+    return hasattr(target, "register") and not isinstance(target, type)
+
+
+def resolve(name: str, group: str = ENTRY_POINT_GROUP) -> Any:
+    """The object `name` (an entry point of `group`, or "module:attr") names."""
+    try:
+        if ":" in name:
+            module, _, attr = name.partition(":")
+            target: Any = import_module(module)
+            for part in attr.split("."):
+                target = getattr(target, part)
+            return target
+        found = [ep for ep in entry_points(group=group) if ep.name == name]
+        if not found:
+            raise PluginError(f"plugin {name}: no entry point {name!r} in group {group} "
+                              "(is its package installed?) and not a module:attr")  # fmt: skip
+        return found[0].load()
+    except PluginError:
+        raise
+    except Exception as exc:  # ImportError, AttributeError, or the module raised
+        raise PluginError(f"plugin {name}: cannot import: {type(exc).__name__}: {exc}") from None

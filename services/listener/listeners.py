@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.auth.api import ClientInfo
 from services.config.listeners import ListenerConfig, ssl_context
+from services.logs import client_fields
 
 if TYPE_CHECKING:
     from services.metrics.registry import Metrics
@@ -189,7 +190,8 @@ class Listener:
             self._logged.clear()
         self._logged[key] = now
         log.warning(
-            "listener %s refused %s: %s (once a minute per address)", self.name, address, why
+            "listener %s refused %s: %s (once a minute per address)", self.name, address, why,
+            extra=client_fields(None, peer=str(address)),
         )
 
     # -- TLS -----------------------------------------------------------------

@@ -210,6 +210,12 @@ class Channel:
             return []
         return [StartTimer(CONNECT_TIMER, self.config.connect_timeout_s)]
 
+    @property
+    def refused_with(self) -> int | None:
+        """The code of the CONNACK that refused this connection (3.x: its return
+        code), None if none did (accepted, or closed without a CONNACK)."""
+        return self._ends.refused_with
+
     def refuse_connect(self, reason_code: int) -> None:
         """The node cannot take this connection (a limit): its CONNECT is answered
         with `reason_code` (3.x: "server unavailable") and the connection closed."""

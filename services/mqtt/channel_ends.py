@@ -55,6 +55,7 @@ class ChannelEnds:
         self._config = config
         self._last_rx = 0.0
         self._keepalive_armed = False
+        self.refused_with: int | None = None  # the refusing CONNACK's code, once sent
 
     # -- the keep alive -----------------------------------------------------
 
@@ -174,6 +175,7 @@ class ChannelEnds:
         actions: list[Action] = []
         if code is not None:
             actions.append(Send(Connack(False, code)))
+            self.refused_with = code
         actions += self.close("error", detail, with_will=False)
         return actions
 

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from services import logs
 from services.cli import CONTEXT, Command, run
 from services.config import Settings, SettingsError, exposure_error, load
 from services.config.flags import given, settings_flags
@@ -83,7 +85,7 @@ def up(
     exposed = exposure_error(settings)
     if exposed is not None:
         raise SettingsError(exposed)
-    seams_for(settings)  # a missing or malformed password, key or ACL file: exit 2
+    seams_for(settings)  # a missing or malformed password, key, ACL file or plugin: exit 2
     if workers is not None or nodes is not None:
         from services.machine.supervisor import supervise
 
@@ -91,9 +93,11 @@ def up(
     if spark and settings.backend == "memory":
         raise SettingsError("--spark needs Redis and Kafka; --backend memory has neither")
     with asyncio.Runner(loop_factory=_new_loop) as runner:
-        return runner.run(
-            serve(settings, reuse_port=reuse_port, spark=spark, embedded_log=embedded_log)
-        )
+        reread = functools.partial(load, {"config": config, **given(flags)})
+        return runner.run(serve(
+            settings, reuse_port=reuse_port, spark=spark, embedded_log=embedded_log,
+            reread=reread,
+        ))  # fmt: skip
 
 
 def parse_args(argv: Sequence[str]) -> dict[str, Any]:
@@ -132,6 +136,8 @@ def seams_for(settings: Settings, redis: Any = None) -> Seams:
     from services.auth.aclredis import RedisAcl
     from services.auth.scramkey import FileSecret, RedisSecret
     from services.broker.seams import Seams
+    from services.hooks.api import Hooks
+    from services.hooks.plugins import PluginError, Plugins
     from services.node.authn import authenticator, enhanced
 
     try:
@@ -140,10 +146,15 @@ def seams_for(settings: Settings, redis: Any = None) -> Seams:
     except AclFileError as exc:
         raise SettingsError(str(exc)) from None
     authn = authenticator(settings, redis)
+    hooks = Hooks()
+    try:
+        Plugins(hooks).load_named((p.name, p.config) for p in settings.plugin)
+    except PluginError as exc:
+        raise SettingsError(str(exc)) from None
     # Unknown SCRAM users' salts: from a secret every worker and node shares
     # (read lazily: a settings check creates nothing).
     mock = RedisSecret(redis) if redis is not None else FileSecret(settings.data_dir)
-    return Seams(authenticator=authn, authorizer=acl, enhanced=enhanced(authn, mock))
+    return Seams(authenticator=authn, authorizer=acl, hooks=hooks, enhanced=enhanced(authn, mock))
 
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -279,10 +290,11 @@ async def serve(
     reuse_port: bool = False,
     spark: bool = False,
     embedded_log: bool = False,
+    reread: Callable[[], Settings] | None = None,
 ) -> int:
     try:
         async with open_backends(settings, embedded_log) as (services, what):
-            return await _serve(settings, services, what, ready, reuse_port, spark)
+            return await _serve(settings, services, what, ready, reuse_port, spark, reread)
     except BackendError as exc:
         print(f"weir: {exc}", file=sys.stderr)
         return EXIT_START_FAILED
@@ -295,6 +307,7 @@ async def _serve(
     ready: asyncio.Event | None,
     reuse_port: bool = False,
     spark: bool = False,
+    reread: Callable[[], Settings] | None = None,
 ) -> int:
     from services.embedded import endpoints
     from services.event.api import EventLogError
@@ -348,6 +361,14 @@ async def _serve(
     def reload() -> None:
         print("weir: SIGHUP: reading the ACL file again", flush=True)
         services.seams.reload()
+        if reread is not None:  # the log level, from the config file (flags still win)
+            try:
+                level = reread().log_level
+            except SettingsError as exc:
+                print(f"weir: SIGHUP: log level kept: {exc}", flush=True)
+                return
+            logs.set_level(level)
+            print(f"weir: SIGHUP: log level {level}", flush=True)
 
     loop.add_signal_handler(signal.SIGHUP, reload)
     job = None
@@ -364,6 +385,9 @@ async def _serve(
         print(embedded.kept_note(settings), flush=True)
     assert node.broker is not None
     cutter = None if spark else logcut.start(node.broker.logstate, services.state, settings.node_id)
+    if reread is not None:  # `weir up`: structured logs from here on (services.logs); the
+        # lines up to here stay plain, as scripts and the supervisor read them (ready, or why not)
+        logs.setup(settings.log_level, settings.node_id)
     if ready is not None:
         ready.set()
     try:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
+from services.hooks import api
 from services.hooks.api import CONTINUE, HOOK_POINTS, STOP, Continue, Hooks, Stop
-from services.hooks.plugins import Plugins
+from services.hooks.plugins import PluginError, Plugins
 
 
 def test_hook_points_are_designs_nineteen() -> None:
@@ -64,6 +66,14 @@ def test_remove_and_has() -> None:
     assert hooks.remove("session.created", print)
     assert not hooks.has("session.created")
     assert not hooks.remove("session.created", print)
+    assert not hooks.watches_copies
+    hooks.add("message.dropped", print)
+    hooks.add("message.delivered", print)
+    assert hooks.watches_copies
+    hooks.remove("message.dropped", print)
+    assert hooks.watches_copies
+    hooks.remove("message.delivered", print)
+    assert not hooks.watches_copies
 
 
 class _Plugin:
@@ -95,3 +105,117 @@ def test_plugins_load_list_and_unload() -> None:
 
 def test_discover_finds_nothing_in_an_empty_group() -> None:
     assert Plugins(Hooks()).discover("weir.plugins.none-installed") == []
+
+
+async def test_an_async_callback_runs_beside_the_caller() -> None:
+    hooks, seen = Hooks(), []
+    release = asyncio.Event()
+
+    async def slow_notice(client: str) -> None:
+        await release.wait()
+        seen.append(client)
+
+    hooks.add("client.connected", slow_notice)
+    hooks.add("client.connected", lambda c: seen.append("sync " + c), priority=-1)
+    hooks.run("client.connected", "c1")  # returns at once: the caller never awaits it
+    assert seen == ["sync c1"] and hooks.stats()["pending"] == 1
+    release.set()
+    await hooks.settle()
+    assert seen == ["sync c1", "c1"] and hooks.stats()["pending"] == 0
+
+
+async def test_a_slow_async_callback_is_cancelled_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hooks = Hooks(timeout_s=0.05)
+    never = asyncio.Event()
+
+    async def stuck(client: str) -> None:
+        await never.wait()
+
+    async def broken(client: str) -> None:
+        raise RuntimeError("async plugin bug")
+
+    hooks.add("client.connected", stuck)
+    hooks.add("client.connected", broken)
+    hooks.run("client.connected", "c1")
+    await hooks.settle()
+    assert hooks.stats() == {"failed": 1, "timed_out": 1, "slow": 0, "dropped": 0, "pending": 0}
+    assert "timed out" in caplog.text and "async plugin bug" in caplog.text
+
+
+def test_a_raising_callback_is_counted() -> None:
+    hooks = Hooks()
+    hooks.add("message.publish", lambda who, m: 1 / 0)
+    assert hooks.fold("message.publish", "m", None) == "m"
+    assert hooks.stats()["failed"] == 1
+
+
+def test_a_slow_sync_callback_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api, "SLOW_S", -1.0)  # every call is "slow": no sleeping needed
+    hooks = Hooks()
+    hooks.add("client.connected", lambda c: None)
+    hooks.run("client.connected", "c1")
+    assert hooks.stats()["slow"] == 1
+
+
+async def test_fold_points_refuse_async_callbacks() -> None:
+    async def decide(who: Any, m: Any) -> Any:
+        return Continue("never")
+
+    with pytest.raises(ValueError, match="must not be a coroutine function"):
+        Hooks().add("message.publish", decide)
+    def looks_sync(who: Any, m: Any) -> Any:
+        return decide(who, m)  # an awaitable all the same
+
+    hooks = Hooks()
+    hooks.add("message.publish", looks_sync)
+    assert hooks.fold("message.publish", "m", None) == "m"
+    assert hooks.stats()["failed"] == 1
+
+
+def test_an_async_callback_without_a_loop_is_dropped_and_counted() -> None:
+    hooks = Hooks()
+
+    async def notice(client: str) -> None:
+        pass
+
+    hooks.add("client.connected", notice)
+    hooks.run("client.connected", "c1")
+    assert hooks.stats()["dropped"] == 1
+
+
+class _Configured:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def register(self, hooks: Hooks) -> None:
+        hooks.add("client.connected", lambda c: Continue(self.config))
+
+
+def _raises(config: dict[str, Any]) -> Any:
+    raise ValueError("rules: bad rule 2")
+
+
+def test_load_named_resolves_entry_points_and_module_attrs() -> None:
+    hooks = Hooks()
+    names = Plugins(hooks).load_named([
+        ("tests.hooks.test_hooks:_Configured", {"k": 1}),
+        ("topic_rewrite", {"rules": []}),  # the example's entry point (pyproject.toml)
+    ])  # fmt: skip
+    assert names == ["tests.hooks.test_hooks:_Configured", "topic_rewrite"]
+    assert hooks.has("client.connected") and hooks.has("message.publish")
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("no_such_plugin", "plugin no_such_plugin: no entry point 'no_such_plugin' in group "
+     "weir.plugins (is its package installed?) and not a module:attr"),
+    ("tests.hooks.nowhere:X", "plugin tests.hooks.nowhere:X: cannot import: "
+     "ModuleNotFoundError: No module named 'tests.hooks.nowhere'"),
+    ("tests.hooks.test_hooks:_raises", "plugin tests.hooks.test_hooks:_raises: ValueError: "
+     "rules: bad rule 2"),
+])  # fmt: skip
+def test_load_named_fails_with_one_line(name: str, message: str) -> None:
+    with pytest.raises(PluginError) as caught:
+        Plugins(Hooks()).load_named([(name, {})])
+    assert str(caught.value) == message

@@ -41,6 +41,7 @@ def test_env_vars_are_the_fixed_names() -> None:
         "WEIR_JWT_JWKS",
         "WEIR_HTTP_PORT",
         "WEIR_HTTP_HOST",
+        "WEIR_LOG_LEVEL",
         "WEIR_CONFIG",
     } == ENV_VARS
     read = {o.env for o in settings.OPTIONS if o.env} | {"WEIR_CONFIG"}
@@ -178,3 +179,34 @@ def test_shared_subscription_settings_follow_emqx(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="shared_subscription_strategy") as info:
         load({"shared_subscription_strategy": "fastest"}, env={})
     assert "\n" not in str(info.value) and "round_robin_per_group" in str(info.value)
+
+
+def test_plugin_tables_and_the_log_level(tmp_path: Path) -> None:
+    path = tmp_path / "weir.toml"
+    path.write_text('log_level = "debug"\n[[plugin]]\nname = "a"\n[plugin.config]\nk = 1\n'
+                    '[[plugin]]\nname = "b:c"\n')  # fmt: skip
+    s = load({"config": str(path)}, env={})
+    assert [(p.name, p.config) for p in s.plugin] == [("a", {"k": 1}), ("b:c", {})]
+    assert s.log_level == "debug"
+    assert load({"config": str(path)}, env={"WEIR_LOG_LEVEL": "error"}).log_level == "error"
+    path.write_text('[[plugin]]\nname = "a"\n[[plugin]]\nname = "a"\n')
+    with pytest.raises(SettingsError, match="plugin 'a' is named by two"):
+        load({"config": str(path)}, env={})
+    path.write_text('log_level = "loud"\n')
+    with pytest.raises(SettingsError, match="log_level"):
+        load({"config": str(path)}, env={})
+
+
+def test_a_supervised_nodes_snapshot_keeps_plugins_and_the_log_level(tmp_path: Path) -> None:
+    """`--nodes` / `--workers` children read a snapshot of the settings: they load
+    the same plugins with the same config sections."""
+    from services.config.loader import write_snapshot
+
+    path = tmp_path / "weir.toml"
+    path.write_text('log_level = "error"\n[[plugin]]\nname = "a"\n[plugin.config]\n'
+                    'rules = [{ filter = "x/#" }]\n')  # fmt: skip
+    s = load({"config": str(path)}, env={})
+    write_snapshot(s, tmp_path / "snap.json")
+    back = load({"config": str(tmp_path / "snap.json")}, env={})
+    assert back.plugin == s.plugin and back.plugin[0].config == {"rules": [{"filter": "x/#"}]}
+    assert back.log_level == "error"

@@ -449,7 +449,8 @@ def _on_stop_signals(stop: threading.Event) -> Callable[[], None]:
 
     def handler(signum: int, frame: FrameType | None) -> None:
         log.info("analytics: %s, stopping", signal.Signals(signum).name)
-        stop.set()
+        if not stop.is_set():  # set() off the handler: its lock may be held (statestore.run)
+            threading.Thread(target=stop.set, daemon=True).start()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 

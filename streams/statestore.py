@@ -339,7 +339,12 @@ def run(config: JobConfig) -> int:
     stopping = threading.Event()
 
     def stop(signum: int, _frame: object) -> None:
-        stopping.set()
+        # Not stopping.set() here: a handler runs between the main thread's
+        # bytecodes, and a second signal landing inside the first handler's
+        # set() deadlocked on the event's own lock (a weir up SIGKILLed during
+        # Spark's start left the job and its JVM behind). A thread takes the lock.
+        if not stopping.is_set():
+            threading.Thread(target=stopping.set, daemon=True).start()
 
     for sig in (signal.SIGTERM, signal.SIGINT):  # first: a stop during Spark's start still folds
         signal.signal(sig, stop)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 EXIT_USAGE = 2
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+T = TypeVar("T")
 
 
 def run(command: click.Command, argv: Sequence[str], prog: str) -> int:
@@ -43,11 +44,10 @@ def fail(message: str) -> None:
     raise click.UsageError(message)
 
 
-def _attached(
-    parse: Callable[[click.Context, list[str]], list[str]], ctx: click.Context, args: list[str]
-) -> list[str]:
+def _attached(ctx: click.Context, call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)`, a usage error it raises naming `ctx`'s command."""
     try:
-        return parse(ctx, args)
+        return call(*args)
     except click.UsageError as exc:
         exc.ctx = exc.ctx or ctx
         raise
@@ -58,14 +58,10 @@ class Command(click.Command):
     UsageError) raised while it runs, or a bad argument click found unattached."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        return _attached(super().parse_args, ctx, args)
+        return _attached(ctx, super().parse_args, ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except click.UsageError as exc:
-            exc.ctx = exc.ctx or ctx
-            raise
+        return _attached(ctx, super().invoke, ctx)
 
 
 class Group(click.Group):
@@ -75,14 +71,10 @@ class Group(click.Group):
         if not args:  # one line naming the commands, not the whole help
             commands = ", ".join(f"{ctx.command_path} {n}" for n in self.list_commands(ctx))
             raise click.UsageError(f"give a command: {commands}", ctx)
-        return _attached(super().parse_args, ctx, args)
+        return _attached(ctx, super().parse_args, ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except click.UsageError as exc:
-            exc.ctx = exc.ctx or ctx
-            raise
+        return _attached(ctx, super().invoke, ctx)
 
 
 class LazyGroup(Group):

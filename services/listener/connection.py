@@ -1,23 +1,23 @@
 """One MQTT connection: bytes in, channel actions carried out, bytes out.
 
-Theory of operation: `Connection` is an `asyncio.Protocol` (no task, no
-stream objects) so an idle connection costs a few small objects. Incoming
-bytes go through an incremental decode loop (the codec enforces the maximum
-packet size from the fixed header, before the body is buffered); each
-packet goes to the channel, and the returned actions are carried out in
-order. Actions that need the broker to wait (open a session, subscribe,
-unsubscribe) mark the connection busy: later packets stay in the buffer
-until the answer is back, so a client's packets keep their order; past
-HELD_INPUT_BYTES of them we stop reading until then. A client with a read
-budget (per-client message / byte rates, `services.auth.limits`) takes
-packets while its budget lasts; past it the next packet stays in the buffer
-and reading stops until the window refills, the same pause as above.
+Theory of operation: `Connection` is an `asyncio.Protocol` (no task, no stream
+objects) so an idle connection costs a few small objects. Incoming bytes go
+through an incremental decode loop (the codec enforces the maximum packet size
+from the fixed header, before the body is buffered); each packet goes to the
+channel, and the returned actions are carried out in order. Actions that need
+the broker to wait (open a session, subscribe, unsubscribe) mark the connection
+busy: later packets stay in the buffer until the answer is back, so a client's
+packets keep their order; past HELD_INPUT_BYTES of them we stop reading until
+then. A client with a read budget (per-client message / byte rates,
+`services.auth.limits`) takes packets while its budget lasts; past it the next
+packet stays in the buffer and reading stops until the window refills, the same
+pause as above.
 
-Writes are batched: `write` appends to a list and registers the connection
-with the broker, which flushes every dirty connection once per loop turn.
-When the transport's buffer passes its high-water mark (`pause_writing`)
-we stop reading from this client and hold further output; QoS 0 messages
-to it are dropped and counted once the held output passes its bound.
+Writes are batched: `write` appends to a list and registers the connection with
+the broker, which flushes every dirty connection once per loop turn. When the
+transport's buffer passes its high-water mark (`pause_writing`) we stop reading
+from this client and hold further output; QoS 0 messages to it are dropped and
+counted once the held output passes its bound.
 """
 
 from __future__ import annotations
@@ -228,12 +228,13 @@ class Connection(asyncio.Protocol):
         if rate is not None:
             rate.refresh()
         outer = turn.handling(self)
+        now, proto = broker.loop.time(), channel.protocol_level  # per batch; proto: 0 until CONNECT
         try:
             while not self._busy and not self.closed and self._blocked_on is None:
                 if turn.work > budget:
                     self._defer()
                     break
-                result = codec.decode(view[used:], channel.protocol_level, max_size)
+                result = codec.decode(view[used:], proto, max_size)
                 if result is None:
                     break
                 packet, size = result
@@ -242,7 +243,8 @@ class Connection(asyncio.Protocol):
                     break
                 used += size
                 turn.work += 1
-                self._carry_out(channel.receive(packet, broker.loop.time()))
+                self._carry_out(channel.receive(packet, now))
+                proto = proto or channel.protocol_level
                 if channel.inbound_full:  # past the Receive Maximum: on hold until `routed`
                     self.block_on(self)  # frees a place (re-checked each PUBLISHER_STALL_S)
         except MQTTError as err:
@@ -268,8 +270,8 @@ class Connection(asyncio.Protocol):
                 self._wait_for_rate(wait_s)
 
     def _defer(self) -> None:
-        """This turn's work budget is spent: stop reading, go on next turn
-        (after the flush), so one busy publisher cannot stall the loop."""
+        """This turn's work budget is spent: stop reading, go on next turn (after
+        the flush), so one busy publisher cannot stall the loop."""
         self._deferred = True
         self._pause_reading()
         self.broker.loop.call_soon(self._continue)
@@ -446,10 +448,7 @@ class Connection(asyncio.Protocol):
         sent, self._out_bytes = self._out_bytes, 0
         self.metrics.bytes_sent += sent
         transport: asyncio.WriteTransport = self.transport  # type: ignore[assignment]
-        if len(out) == 1:
-            transport.write(out[0])
-        else:
-            transport.write(b"".join(out))
+        transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def close(self) -> None:
         """Write what is queued, then close the transport."""

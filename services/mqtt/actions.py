@@ -20,19 +20,18 @@ Everything else is fire-and-forget for the node.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from services.mqtt.packets import Connect, Message, Packet, Subscription, Will
+from services.mqtt.values import value
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Send:
     """Encode and write this packet to the connection."""
 
     packet: Packet
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Close:
     """Close the connection after writing everything sent before.
 
@@ -54,7 +53,7 @@ class Close:
     """A new session expiry the client set in its DISCONNECT (5.0); None: unchanged."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Authenticate:
     """CONNECT was valid and the node authenticates clients: may this one in?
     Answer with `channel.authenticated(ok, reason_code)`."""
@@ -64,7 +63,7 @@ class Authenticate:
     password: bytes | None
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class AuthExchange:
     """MQTT 5 enhanced authentication (4.12): the client sent Authentication
     Data for `method` (in CONNECT, or an AUTH). `context` is what the node's
@@ -80,7 +79,7 @@ class AuthExchange:
     reauth: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class OpenSession:
     """CONNECT was valid: claim the session for `client_id` (maybe assigned).
 
@@ -94,7 +93,7 @@ class OpenSession:
     session_expiry_s: int
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Route:
     """Route an application message published by this client.
 
@@ -109,27 +108,27 @@ class Route:
     qos2_packet_id: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class SubscribeRequest:
     packet_id: int
     subscriptions: tuple[Subscription, ...]
     subscription_id: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class UnsubscribeRequest:
     packet_id: int
     topic_filters: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Acked:
     """The client finished an outgoing message: PUBACK (QoS 1) or PUBCOMP (QoS 2)."""
 
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Received:
     """The client sent PUBREC for an outgoing QoS 2 message: store it as released,
     then call `channel.resend_pubrel(packet_id)` (the PUBREL must not go out
@@ -138,25 +137,25 @@ class Received:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Released:
     """The client sent PUBREL: forget the incoming QoS 2 packet id."""
 
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class StartTimer:
     name: str
     delay_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class CancelTimer:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Dropped:
     """A message for this client went unsent: `reason` is "expired" (its
     Message Expiry Interval passed before delivery started) or "too_large"

@@ -200,7 +200,7 @@ class Channel:
     def inbound_full(self) -> bool:
         """The client has a Receive Maximum of QoS 1/2 PUBLISHes whose acks have
         not gone out: read nothing more from it until `routed` (flow control)."""
-        return self.state is State.CONNECTED and self._inbound.full
+        return self._inbound.full and self._link.state is State.CONNECTED
 
     # -- inputs -------------------------------------------------------------
 
@@ -228,22 +228,25 @@ class Channel:
             return self.protocol_error(err)
 
     def _receive(self, packet: Packet, now: float) -> list[Action]:
-        if self.state is State.CLOSED:
+        link = self._link
+        state = link.state
+        link.last_rx = now  # the keep alive counts from the latest packet (a monotonic clock)
+        if state is State.CONNECTED and type(packet) is Publish:
+            return self._inbound.on_publish(packet)  # the one packet per message: no table
+        if state is State.CLOSED:
             return []
         ptype = PACKET_TYPES[type(packet)]
-        nxt = TRANSITIONS.get((self.state, ptype))
+        nxt = TRANSITIONS.get((state, ptype))
         if nxt is None:
-            raise ProtocolError(f"{ptype.name} not allowed in state {self.state.name}")
-        self._ends.heard(now)
-        if self.state is State.CONNECTING:
-            if len(self._link.held) >= self.config.max_packets_before_connack:
-                raise QuotaExceeded(f"more than {len(self._link.held)} packets before CONNACK")
-            self._link.held.append((packet, now))
+            raise ProtocolError(f"{ptype.name} not allowed in state {state.name}")
+        if state is State.CONNECTING:
+            if len(link.held) >= self.config.max_packets_before_connack:
+                raise QuotaExceeded(f"more than {len(link.held)} packets before CONNACK")
+            link.held.append((packet, now))
             return []
-        before = self.state
         actions = self._dispatch(packet)
-        if self.state is before:
-            self._link.state = nxt
+        if link.state is state:
+            link.state = nxt
         return actions
 
     def _dispatch(self, packet: Packet) -> list[Action]:

@@ -9,7 +9,7 @@ the session expiry. Connected 5.0 clients get a DISCONNECT with the reason
 first (`server_close`); before the CONNACK a refusal (`refuse`) is a
 CONNACK with the reason, where the level has a code for it, then Close
 without the will. The keep alive lives here too: it is a timer that ends
-the connection, counted from the last packet the channel `heard`.
+the connection, counted from the last packet the channel took in (`Link.last_rx`).
 
 The ends read and write the connection through the `Link` they share with
 the channel (channel_states); the channel calls them and they call nothing
@@ -53,15 +53,10 @@ class ChannelEnds:
     def __init__(self, link: Link, config: ChannelConfig) -> None:
         self._link = link
         self._config = config
-        self._last_rx = 0.0
         self._keepalive_armed = False
         self.refused_with: int | None = None  # the refusing CONNACK's code, once sent
 
     # -- the keep alive -----------------------------------------------------
-
-    def heard(self, now: float) -> None:
-        """A packet arrived at `now`: the keep alive counts from the latest."""
-        self._last_rx = max(self._last_rx, now)
 
     def start_keepalive(self) -> list[Action]:
         """At the CONNACK: the keep alive timer, if the client has one."""
@@ -109,7 +104,7 @@ class ChannelEnds:
             return []
         if name != KEEPALIVE_TIMER or not self._keepalive_armed:
             return []
-        deadline = self._last_rx + self._link.keep_alive * KEEPALIVE_FACTOR
+        deadline = self._link.last_rx + self._link.keep_alive * KEEPALIVE_FACTOR
         if now < deadline:
             return [StartTimer(KEEPALIVE_TIMER, deadline - now)]
         self._keepalive_armed = False

@@ -81,6 +81,7 @@ class InboundFlow:
     __slots__ = (
         "_awaiting_rel",
         "_config",
+        "_hold_at",
         "_in_aliases",
         "_next_token",
         "_routes",
@@ -102,6 +103,10 @@ class InboundFlow:
         self._routing_qos2: set[int] = set()
         self._next_token = 1
         self._awaiting_rel: set[int] = set()
+        # Flow control holds a 5.0 client's reading at its Receive Maximum (unless the
+        # node refuses past it instead: strict); nothing holds a 3.x client's.
+        hold = v5 and not config.strict_receive_maximum
+        self._hold_at = config.receive_maximum if hold else 1 << 32
 
     @property
     def inflight(self) -> int:
@@ -110,29 +115,32 @@ class InboundFlow:
     @property
     def full(self) -> bool:
         """Flow control: the node should read no more packets until a route ends."""
-        cfg = self._config
-        at_limit = len(self._routes) >= cfg.receive_maximum
-        return self._v5 and at_limit and not cfg.strict_receive_maximum
+        return len(self._routes) >= self._hold_at
 
     def resume(self, awaiting_rel: AbstractSet[int]) -> None:
         """A resumed session's QoS 2 packet ids still awaiting PUBREL."""
         self._awaiting_rel = set(awaiting_rel)
 
     def on_publish(self, p: Publish) -> list[Action]:
+        # The path of every message a client sends: locals, and the rare cases
+        # ($ topics, payload format, aliases, QoS 2) behind one test each.
         cfg = self._config
         pid = p.packet_id
-        if p.qos > cfg.max_qos:
-            raise QosNotSupported(f"PUBLISH QoS {p.qos} > maximum QoS {cfg.max_qos}")
+        qos = p.qos
+        props = p.properties
+        if qos > cfg.max_qos:
+            raise QosNotSupported(f"PUBLISH QoS {qos} > maximum QoS {cfg.max_qos}")
         if p.retain and not cfg.retain_available:
             raise RetainNotSupported("retained PUBLISH, retain is not available")
-        if p.qos and not pid:
-            raise ProtocolError(f"QoS {p.qos} PUBLISH without a packet id")
-        topic = self._inbound_topic(p)
+        if qos and not pid:
+            raise ProtocolError(f"QoS {qos} PUBLISH without a packet id")
+        topic = p.topic if props.topic_alias is None and p.topic else self._inbound_topic(p)
         validate_topic_name(topic)
-        response_topic = p.properties.response_topic
+        response_topic = props.response_topic
         if response_topic is not None and not _is_topic_name(response_topic):
             raise ProtocolError(f"response topic {response_topic!r} is not a topic name")
-        if pid is not None and p.qos == 2:
+        if qos == 2:
+            assert pid is not None
             if pid in self._awaiting_rel:
                 return [Send(self._ack(2, pid, RC.SUCCESS))]
             if pid in self._routing_qos2:
@@ -140,34 +148,27 @@ class InboundFlow:
             bound = cfg.max_awaiting_rel
             if bound and self._v5 and len(self._awaiting_rel) + len(self._routing_qos2) >= bound:
                 return [Send(Pubrec(pid, RC.QUOTA_EXCEEDED))]
-        strict = self._v5 and cfg.strict_receive_maximum
-        if strict and p.qos and self.inflight >= cfg.receive_maximum:
+        strict = qos and self._v5 and cfg.strict_receive_maximum
+        if strict and self.inflight >= cfg.receive_maximum:
             raise ReceiveMaximumExceeded(f"more than {cfg.receive_maximum} QoS 1/2 in flight")
-        refused = _refusal(topic, p)
-        if refused is not None:
-            if pid is None:
-                return []
-            return [Send(self._ack(p.qos, pid, refused if self._v5 else RC.SUCCESS))]
-
-        props = p.properties
+        if topic[0] == "$" or props.payload_format_indicator == 1:
+            refused = _refusal(topic, p)
+            if refused is not None:
+                if pid is None:
+                    return []
+                return [Send(self._ack(qos, pid, refused if self._v5 else RC.SUCCESS))]
         if props.topic_alias is not None or props.subscription_identifier:
             props = replace(props, topic_alias=None, subscription_identifier=())
         expiry = props.message_expiry_interval
-        message = Message(
-            topic=topic,
-            payload=p.payload,
-            qos=p.qos,
-            retain=p.retain,
-            properties=props,
-            sender=self._sender,
-            expires_at_ms=None if expiry is None else self._wall_ms() + expiry * 1000,
-        )
-        if pid is None or p.qos == 0:
+        expires_at_ms = None if expiry is None else self._wall_ms() + expiry * 1000
+        message = Message(topic, p.payload, qos, p.retain, props, self._sender, expires_at_ms)
+        if not qos:
             return [Route(message)]
+        assert pid is not None
         token = self._next_token
         self._next_token += 1
-        self._routes[token] = (p.qos, pid)
-        if p.qos == 2:
+        self._routes[token] = (qos, pid)
+        if qos == 2:
             self._routing_qos2.add(pid)
             return [Route(message, token, pid)]
         return [Route(message, token)]

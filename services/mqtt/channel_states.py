@@ -59,11 +59,13 @@ SERVER_DISCONNECT_CODES = frozenset(
 class Link:
     """What the channel and its ends (channel_ends) both know of one connection.
 
-    Who writes what: the channel moves `state` forward and sets the rest as
-    the CONNECT is negotiated, authenticated and its session opened; the ends
-    write only what ending the connection changes: `state` to CLOSED (nothing
-    else does), `held` emptied, `session_expiry_s` from a DISCONNECT, and
-    `protocol_level` for a CONNECT the codec refused before it was decoded.
+    Who writes what: the channel moves `state` forward, stamps `last_rx` with
+    each packet it takes in (the keep alive the ends keep counts from it) and
+    sets the rest as the CONNECT is negotiated, authenticated and its session
+    opened; the ends write only what ending the connection changes: `state` to
+    CLOSED (nothing else does), `held` emptied, `session_expiry_s` from a
+    DISCONNECT, and `protocol_level` for a CONNECT the codec refused before it
+    was decoded.
     """
 
     state: State = State.AWAIT_CONNECT
@@ -73,6 +75,7 @@ class Link:
     neg: Negotiated | None = None  # the accepted CONNECT's terms
     auth: EnhancedAuth | None = None  # a CONNECT with an Authentication Method
     held: list[tuple[Packet, float]] = field(default_factory=list)  # pipelined while CONNECTING
+    last_rx: float = 0.0  # when the latest packet arrived (the node's monotonic clock)
 
     @property
     def v5(self) -> bool:

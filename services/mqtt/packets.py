@@ -1,6 +1,6 @@
 """MQTT control packets as typed values, shared by codec, channel and node.
 
-One frozen, slotted dataclass per control packet. Fields carry the union of
+One immutable value (`values.value`) per control packet. Fields carry the union of
 what MQTT 3.1 (protocol level 3), 3.1.1 (level 4) and 5.0 (level 5) can say;
 the codec decides what is put on the wire for a given level (properties and
 reason codes exist only in 5.0). Nothing here does I/O or validation: the
@@ -9,8 +9,9 @@ codec validates bytes, the channel validates behaviour.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import IntEnum
+
+from services.mqtt.values import value
 
 
 class PacketType(IntEnum):
@@ -126,7 +127,7 @@ class PropertyId(IntEnum):
     SHARED_SUBSCRIPTION_AVAILABLE = 0x2A
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Properties:
     """MQTT 5 properties; None means absent. Only 5.0 puts these on the wire.
 
@@ -167,7 +168,7 @@ class Properties:
 NO_PROPERTIES = Properties()
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Will:
     topic: str
     payload: bytes
@@ -176,7 +177,7 @@ class Will:
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Connect:
     client_id: str
     protocol_level: int = ProtocolLevel.MQTT_3_1_1
@@ -189,14 +190,14 @@ class Connect:
     protocol_name: str = "MQTT"  # "MQIsdp" for level 3
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Connack:
     session_present: bool = False
     reason_code: int = 0  # ReasonCode on 5.0, ConnackCode311 on 3.x
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Publish:
     topic: str  # may be "" on 5.0 when properties.topic_alias is set
     payload: bytes
@@ -207,35 +208,35 @@ class Publish:
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Puback:
     packet_id: int
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Pubrec:
     packet_id: int
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Pubrel:
     packet_id: int
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Pubcomp:
     packet_id: int
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Subscription:
     """One topic filter of a SUBSCRIBE with its options (5.0 options default off)."""
 
@@ -246,51 +247,51 @@ class Subscription:
     retain_handling: int = 0  # 0 send on subscribe, 1 only if new, 2 never
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Subscribe:
     packet_id: int
     subscriptions: tuple[Subscription, ...]
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Suback:
     packet_id: int
     reason_codes: tuple[int, ...]  # granted QoS (0, 1, 2) or a failure code (0x80 on 3.1.1)
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Unsubscribe:
     packet_id: int
     topic_filters: tuple[str, ...]
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Unsuback:
     packet_id: int
     reason_codes: tuple[int, ...] = ()  # 5.0 only; 3.x UNSUBACK carries none
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Pingreq:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Pingresp:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Disconnect:
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Auth:
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = NO_PROPERTIES
@@ -333,7 +334,7 @@ PACKET_TYPES: dict[type[object], PacketType] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Message:
     """An application message as the broker routes, queues and retains it.
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from services.mqtt.packets import Message
+from services.mqtt.values import value
 
 DEFAULT_QUEUE_LIMIT = 1000  # messages per client, as Mosquitto's max_queued_messages
 REFUSE = "refuse"  # at the bound, QoS 1/2 messages are refused (not acknowledged)
@@ -36,7 +36,7 @@ def shifted(indices: Sequence[int], gone: set[int]) -> list[int]:
     return [i - bisect.bisect_left(ordered, i) for i in indices if i not in gone]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Inflight:
     packet_id: int
     message: Message
@@ -44,14 +44,14 @@ class Inflight:
     released: bool = False  # outgoing QoS 2 after PUBREC: resend PUBREL, not PUBLISH
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class EnqueueResult:
     accepted: int
     dropped: int  # dropped by the overflow policy (QoS 0 first, then oldest)
     refused: int = 0  # QoS 1/2 copies not stored: a full queue under REFUSE
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class IncomingMark:
     """An incoming QoS 2 packet id of `client_id` (publisher) to remember until
     PUBREL in the same atomic step that enqueues its message."""
@@ -61,7 +61,7 @@ class IncomingMark:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class TakeResult:
     """What `enqueue_and_take` did: the enqueue counts, plus per taking client
     the messages moved into its inflight window (as `take` returns them)."""

@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.broker.cm import ConnectionManager
@@ -65,6 +66,7 @@ from services.broker.timers import TimerWheel
 from services.broker.wills import Wills
 from services.event.api import EventLog
 from services.metrics.registry import Metrics
+from services.metrics.trace import Tracer
 from services.mqtt.actions import (
     Authenticate,
     AuthExchange,
@@ -107,8 +109,11 @@ class Broker:
         seams: Seams | None = None,
         shared_local: bool = False,
         wills: WillStore | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.node_id = node_id
+        # packet traces (the node's, which the management API drives); none: never on
+        self.tracer = tracer if tracer is not None else Tracer(Path("trace"), node_id)
         self.channel_config = channel_config
         self.flow = flow
         self.store = sessions

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Protocol
 from services.auth.api import ClientInfo
 from services.auth.limits import Budget
 from services.metrics.registry import Metrics
+from services.metrics.trace import Tracer
 from services.mqtt.actions import (
     Action,
     Authenticate,
@@ -306,6 +307,7 @@ class BrokerPort(Protocol):
     flow: Flow
     loop: asyncio.AbstractEventLoop
     metrics: Metrics  # the node's figures (services.metrics.registry)
+    tracer: Tracer  # the node's packet traces (services.metrics.trace): `on` per packet
     turn: Turn
 
     @property

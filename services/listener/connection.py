@@ -17,7 +17,13 @@ Writes are batched: `write` appends to a list and registers the connection with
 the broker, which flushes every dirty connection once per loop turn. When the
 transport's buffer passes its high-water mark (`pause_writing`) we stop reading
 from this client and hold further output; QoS 0 messages to it are dropped and
-counted once the held output passes its bound.
+counted once the held output passes its bound. A publisher writing to such a
+subscriber is held until it drains, bounded (`services.listener.holds`, the
+back-pressure part of a connection).
+
+While a trace runs (`services.metrics.trace`, `tracer.on`) every packet read
+and every packet written is handed to the tracer; otherwise that is one
+attribute check each way.
 """
 
 from __future__ import annotations
@@ -29,14 +35,8 @@ from typing import TYPE_CHECKING
 
 from services.auth.api import ClientInfo
 from services.auth.limits import Budget
-from services.broker.ports import (
-    PUBLISHER_STALL_S,
-    BrokerPort,
-    ConnectionPort,
-    PeerGate,
-    Publisher,
-    Session,
-)
+from services.broker.ports import BrokerPort, ConnectionPort, PeerGate, Publisher, Session
+from services.listener.holds import Hold
 from services.mqtt import codec
 from services.mqtt.actions import (
     Acked,
@@ -73,17 +73,13 @@ HELD_INPUT_BYTES = 64 * 1024  # bytes a connection reads while the broker works 
 
 class Connection(asyncio.Protocol):
     __slots__ = (
-        "_blocked_on",
         "_buf",
         "_busy",
         "_deferred",
         "_out",
         "_out_bytes",
         "_read_paused",
-        "_slow",
-        "_stall",
         "_timers",
-        "_waiters",
         "_wake",
         "_write_paused",
         "broker",
@@ -96,10 +92,12 @@ class Connection(asyncio.Protocol):
         "dirty",
         "dropped",
         "ended",
+        "hold",
         "listener",
         "max_outgoing_packet",
         "metrics",
         "session",
+        "tracer",
         "transport",
         "will_token",
     )
@@ -107,6 +105,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, broker: BrokerPort, listener: Listener | None = None) -> None:
         self.broker = broker
         self.metrics = broker.metrics  # counted on the hot path: attribute increments only
+        self.tracer = broker.tracer  # its `on` is checked per packet, in and out
         self.listener = listener  # None: a connection made by a test, on no listener
         self.cert_subject: str | None = None  # the client certificate's DN (TLS listeners)
         self.cert_user: str | None = None  # the user name the certificate gives, if it names it
@@ -120,11 +119,7 @@ class Connection(asyncio.Protocol):
         self._out_bytes = 0
         self._busy = False
         self._deferred = False
-        # a paused subscriber, or a backed-up cluster link, we wait for
-        self._blocked_on: ConnectionPort | PeerGate | None = None
-        self._stall: asyncio.TimerHandle | None = None  # the bound of the hold `_blocked_on`
-        self._waiters: list[Publisher] | None = None  # publishers waiting for us to drain
-        self._slow = False  # paused past the stall bound: drop instead of making anyone wait
+        self.hold = Hold(self, broker.loop, self._pause_reading, self._continue)  # back-pressure
         self._read_paused = False
         self._write_paused = False
         self._timers: dict[str, float] | None = None
@@ -164,7 +159,7 @@ class Connection(asyncio.Protocol):
             self._buf += data
         else:
             self._buf = bytearray(data)
-        if not self._busy and not self._deferred and self._blocked_on is None:
+        if not self._busy and not self._deferred and self.hold.blocked_on is None:
             self._process()
         elif self._busy and len(self._buf) > HELD_INPUT_BYTES:
             self._pause_reading()  # resume_processing reads again
@@ -193,23 +188,24 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        self._slow = False
+        self.hold.slow = False
         self.flush()
         if not self._write_paused:
             self._resume_reading()
         self.wake_waiters()
 
     def add_waiter(self, publisher: Publisher) -> None:
-        if self._waiters is None:
-            self._waiters = [publisher]
-        elif publisher not in self._waiters:  # a publisher held again is listed once
-            self._waiters.append(publisher)
+        self.hold.add_waiter(publisher)
 
     def wake_waiters(self) -> None:
-        """Publishers held back for this subscriber may go on."""
-        waiters, self._waiters = self._waiters, None
-        for publisher in waiters or ():
-            publisher.unblock(self)
+        self.hold.wake_waiters(self)
+
+    def block_on(self, subscriber: ConnectionPort | PeerGate) -> None:
+        if not self.closed:
+            self.hold.block_on(subscriber)
+
+    def unblock(self, subscriber: ConnectionPort | PeerGate) -> None:
+        self.hold.unblock(subscriber)
 
     # -- incoming -----------------------------------------------------------
 
@@ -230,7 +226,7 @@ class Connection(asyncio.Protocol):
         outer = turn.handling(self)
         now, proto = broker.loop.time(), channel.protocol_level  # per batch; proto: 0 until CONNECT
         try:
-            while not self._busy and not self.closed and self._blocked_on is None:
+            while not self._busy and not self.closed and self.hold.blocked_on is None:
                 if turn.work > budget:
                     self._defer()
                     break
@@ -243,6 +239,8 @@ class Connection(asyncio.Protocol):
                     break
                 used += size
                 turn.work += 1
+                if self.tracer.on:
+                    self.tracer.received(channel.client_id, self.peer, packet)
                 self._carry_out(channel.receive(packet, now))
                 proto = proto or channel.protocol_level
                 if channel.inbound_full:  # past the Receive Maximum: on hold until `routed`
@@ -287,43 +285,18 @@ class Connection(asyncio.Protocol):
         self._deferred = False
         if self.closed:
             return
-        if not self._busy and self._blocked_on is None:
+        if not self._busy and self.hold.blocked_on is None:
             self._process()
-        if not self._deferred and not self._write_paused and self._blocked_on is None:
+        if not self._deferred and not self._write_paused and self.hold.blocked_on is None:
             self._resume_reading()
-
-    def block_on(self, subscriber: ConnectionPort | PeerGate) -> None:
-        """Back-pressure: a subscriber of ours is over its high-water mark, or the
-        cluster link to a peer we sent QoS 1/2 messages to is backed up. Stop
-        reading our packets until it drains, for at most PUBLISHER_STALL_S."""
-        if self._blocked_on is not None or self.closed:
-            return
-        self._blocked_on = subscriber
-        subscriber.add_waiter(self)
-        self._pause_reading()
-        self._stall = self.broker.loop.call_later(PUBLISHER_STALL_S, self._stalled, subscriber)
-
-    def _stalled(self, subscriber: ConnectionPort | PeerGate) -> None:
-        if self._blocked_on is subscriber:
-            if isinstance(subscriber, Connection) and subscriber is not self:
-                subscriber._slow = True  # until it drains, its QoS 0 messages are dropped
-            self.unblock(subscriber)
-
-    def unblock(self, subscriber: ConnectionPort | PeerGate) -> None:
-        if self._blocked_on is subscriber:
-            self._blocked_on = None
-            if self._stall is not None:  # a stale bound would cut a later hold short
-                self._stall.cancel()
-                self._stall = None
-            self._continue()
 
     def resume_processing(self) -> None:
         """The broker answered a busy action: handle the packets held meanwhile."""
         self._busy = False
-        if not self.closed and self._buf and not self._deferred and self._blocked_on is None:
+        if not self.closed and self._buf and not self._deferred and self.hold.blocked_on is None:
             self._process()
-        held = self._busy or self._deferred or self._write_paused or self._blocked_on is not None
-        if not held:
+        held = self._busy or self._deferred or self._write_paused
+        if not held and self.hold.blocked_on is None:
             self._resume_reading()
 
     def _carry_out(self, actions: Sequence[Action]) -> None:
@@ -412,6 +385,8 @@ class Connection(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         if self.closed:
             return
+        if self.tracer.on:
+            self.tracer.sent(self.channel.client_id, self.peer, data, self.channel.protocol_level)
         if self._out is None:
             self._out = [data]
         else:
@@ -427,7 +402,7 @@ class Connection(asyncio.Protocol):
         that stays behind gets its QoS 0 messages dropped and counted."""
         if self._write_paused:
             broker = self.broker
-            if self._slow or self._out_bytes >= broker.flow.subscriber_queue_bytes:
+            if self.hold.slow or self._out_bytes >= broker.flow.subscriber_queue_bytes:
                 self.dropped += 1
                 self.metrics.messages_dropped["qos0_slow_subscriber"] += 1
                 return False
@@ -466,13 +441,11 @@ class Connection(asyncio.Protocol):
     ) -> None:
         if not self.closed:
             self._carry_out(self.channel.routed(token, ok, no_subscribers, reason_code))
-            if self._blocked_on is self and not self.channel.inbound_full:
+            if self.hold.blocked_on is self and not self.channel.inbound_full:
                 self.unblock(self)
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
-
-    # -- reading flow control ----------------------------------------------
 
     def _pause_reading(self) -> None:
         if not self._read_paused and self.transport is not None and not self.closed:

@@ -27,6 +27,7 @@ import asyncio
 import gc
 import importlib.metadata
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from services.broker.broker import Broker
 from services.broker.ports import Flow
@@ -40,6 +41,7 @@ from services.listener.listeners import Listener
 from services.listener.websocket import WebSocketProtocol
 from services.metrics.registry import Metrics
 from services.metrics.service import MetricsService
+from services.metrics.trace import Tracer
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import ReasonCode
 from services.node import bootstrap
@@ -129,6 +131,9 @@ class Node:
         self.version = weir_version()
         self.metrics_service: MetricsService | None = None  # /metrics, $SYS, alarms
         self.http_port: int | None = None
+        # per-client and per-topic packet traces, files under <data-dir>/trace; the
+        # management API starts, lists, stops, deletes and reads them through it
+        self.tracer = Tracer(Path(settings.data_dir) / "trace", settings.node_id)
 
     async def start(self) -> None:
         """Bind the listeners; raises OSError (e.g. port in use) with nothing left open."""
@@ -152,6 +157,7 @@ class Node:
             cluster=self.services.cluster,
             seams=self.services.seams,
             wills=self.services.wills,
+            tracer=self.tracer,
         )
         self.broker = broker
         gc.collect()  # earlier garbage: the freezes below would keep it for good
@@ -206,6 +212,7 @@ class Node:
             listener.close()
         if self.metrics_service is not None:
             await self.metrics_service.stop()
+        self.tracer.close()  # running traces end ("node"); their files stay
         if broker is not None:
             broker.disconnect_all(reason_code, reference)
             grace = self.settings.limits.shutdown_grace_s

@@ -249,9 +249,9 @@ async def test_publisher_waits_while_its_subscriber_is_paused(harness: Harness) 
 async def test_stuck_subscriber_stalls_publisher_once_then_drops(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from services.listener import connection
+    from services.listener import holds
 
-    monkeypatch.setattr(connection, "PUBLISHER_STALL_S", 0.05)
+    monkeypatch.setattr(holds, "PUBLISHER_STALL_S", 0.05)
     h = await make_harness(settings(subscriber_queue_bytes=100))
     sub, sub_t, pub, pub_t = await subscribed_pair(h, "stuck")
     sub.pause_writing()
@@ -360,10 +360,10 @@ async def test_leaving_shared_member_hands_unacked_to_another(harness: Harness) 
 async def test_qos1_publisher_waits_for_a_full_subscriber_queue(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from services.listener import connection
+    from services.listener import holds
     from services.mqtt.packets import Puback
 
-    monkeypatch.setattr(connection, "PUBLISHER_STALL_S", 30.0)
+    monkeypatch.setattr(holds, "PUBLISHER_STALL_S", 30.0)
     h = await make_harness(settings(queue_limit=8))
     sub, sub_t = await h.connected("sub", level=4)
     sub.data_received(codec.encode(Subscribe(1, (Subscription("q1", 1),)), 4))
@@ -471,4 +471,4 @@ async def test_past_the_receive_maximum_the_publisher_is_read_as_acks_go_out() -
     assert [p.packet_id for p in pub_t.packets(5) if isinstance(p, Puback)] == list(range(1, 41))
     assert not any(isinstance(p, Disconnect) for p in pub_t.packets(5))
     assert pub_t.reading
-    assert len(pub._waiters or ()) <= 1  # each hold waits on itself: listed once, not per hold
+    assert len(pub.hold._waiters or ()) <= 1  # each hold waits on itself: listed once, not per hold

@@ -267,6 +267,10 @@ class Settings:
     sys_interval_s: Annotated[Seconds, Field(ge=0.0)] = opt(
         SYS_INTERVAL_S, "how often the node publishes its $SYS/brokers/<node>/... topics, "
         "retained (0: never)", flag="--sys-interval", unit="s")  # fmt: skip
+    sys_client_events: Bool = opt(
+        False, "publish $SYS/brokers/<node>/clients/<id>/connected|disconnected on each "
+        "client's connect and disconnect (EMQX's event messages; JSON, not retained)",
+        env="WEIR_SYS_CLIENT_EVENTS")  # fmt: skip
     bridge: Bridges = opt(factory=Bridges, flag=False)
     plugin: PluginTables = opt(
         (), "the config file's [[plugin]] tables, loaded in order (docs/plugins.md)", flag=False)

@@ -26,16 +26,32 @@ messages/sent, messages/dropped, bytes/received and bytes/sent, the rate
 per minute over the last interval, averaged exponentially over 1, 5 and 15
 minutes (as a Unix load average), two decimals. Payloads are UTF-8 text.
 The alarms publish under the same prefix (`services.metrics.alarms`).
+
+Client events (EMQX's, off by default: `--sys-client-events`): when a client's
+session opens (its CONNACK went out) and when its connection ends,
+`ClientEvents` publishes one JSON message, QoS 0, not retained, on
+
+    $SYS/brokers/<node>/clients/<client id>/connected
+        {"clientid", "username", "ipaddress", "peername" (host:port),
+         "proto_name", "proto_ver", "listener", "keepalive",
+         "expiry_interval", "connected_at", "ts"}
+    $SYS/brokers/<node>/clients/<client id>/disconnected
+        {"clientid", "username", "ipaddress", "peername", "proto_name",
+         "proto_ver", "listener", "disconnected_at", "ts"}
+
+(times in milliseconds since the epoch). The node hangs `connected` and
+`disconnected` on the client.connected and client.disconnected hook points.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final, Protocol
 
 from services.metrics.registry import Metrics, Refresh, total
 
@@ -167,3 +183,65 @@ class SysTopics:
                 self._sent[topic] = payload  # after: a failed one is tried again next tick
                 changed += 1
         return changed
+
+
+class Client(Protocol):
+    """What a client event tells of the client (`services.auth.api.ClientInfo`)."""
+
+    @property
+    def username(self) -> str | None: ...
+    @property
+    def peer(self) -> str: ...
+    @property
+    def protocol_level(self) -> int: ...
+    @property
+    def listener(self) -> str: ...
+
+
+Details = Callable[[str], dict[str, Any]]  # client id -> its keepalive and expiry_interval
+PROTO_NAMES: Final = {3: "MQIsdp", 4: "MQTT", 5: "MQTT"}
+
+
+class ClientEvents:
+    """$SYS/brokers/<node>/clients/<id>/connected|disconnected (see the module
+    docstring); `details` adds what the session knows to a connected event."""
+
+    def __init__(
+        self,
+        node: str,
+        publish: Publish,
+        details: Details,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.prefix = sys_prefix(node) + "clients/"
+        self.publish = publish
+        self.details = details
+        self.wall_ms = wall_ms
+
+    def connected(self, client_id: str, client: Client | None) -> None:
+        now = self.wall_ms()
+        body = {**self._who(client_id, client), **self.details(client_id), "connected_at": now}
+        self._send(client_id, "connected", body, now)
+
+    def disconnected(self, client_id: str | None, client: Client | None) -> None:
+        if client_id is None:  # it never got as far as a CONNECT
+            return
+        now = self.wall_ms()
+        self._send(client_id, "disconnected", {**self._who(client_id, client),
+                                               "disconnected_at": now}, now)  # fmt: skip
+
+    def _send(self, client_id: str, what: str, body: dict[str, Any], now: int) -> None:
+        body["ts"] = now
+        self.publish(f"{self.prefix}{client_id}/{what}", json.dumps(body).encode(), False)
+
+    @staticmethod
+    def _who(client_id: str, client: Client | None) -> dict[str, Any]:
+        if client is None:
+            return {"clientid": client_id}
+        host = client.peer.rpartition(":")[0]
+        return {
+            "clientid": client_id, "username": client.username,
+            "ipaddress": host.strip("[]") or client.peer, "peername": client.peer,
+            "proto_name": PROTO_NAMES.get(client.protocol_level, "MQTT"),
+            "proto_ver": client.protocol_level, "listener": client.listener,
+        }  # fmt: skip

@@ -41,6 +41,7 @@ from services.listener.listeners import Listener
 from services.listener.websocket import WebSocketProtocol
 from services.metrics.registry import Metrics
 from services.metrics.service import MetricsService
+from services.metrics.systopics import ClientEvents
 from services.metrics.trace import Tracer
 from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import ReasonCode
@@ -134,6 +135,7 @@ class Node:
         # per-client and per-topic packet traces, files under <data-dir>/trace; the
         # management API starts, lists, stops, deletes and reads them through it
         self.tracer = Tracer(Path(settings.data_dir) / "trace", settings.node_id)
+        self.client_events: ClientEvents | None = None  # --sys-client-events
 
     async def start(self) -> None:
         """Bind the listeners; raises OSError (e.g. port in use) with nothing left open."""
@@ -177,6 +179,8 @@ class Node:
             sys_interval_s=settings.sys_interval_s,
             max_connections=settings.limits.max_connections, refresh=broker.figures,
         )  # fmt: skip
+        if settings.sys_client_events:
+            self._client_events(broker)
         try:
             self.listeners = open_listeners(settings, broker, self.services.seams.metrics)
             for listener in self.listeners:
@@ -195,6 +199,22 @@ class Node:
         self.mqtt_port, self.ws_port = ports["mqtt"], ports.get("ws")
         broker.logstate.start_tail()
         self._viewdump = viewdump.start(broker, self.services.state)
+
+    def _client_events(self, broker: Broker) -> None:
+        """$SYS/.../clients/<id>/connected|disconnected, on the client hook points."""
+
+        def details(client_id: str) -> dict[str, object]:
+            session = broker.sessions.get(client_id)
+            if session is None or session.conn is None:
+                return {}
+            return {"keepalive": session.conn.channel.keep_alive,
+                    "expiry_interval": session.expiry_s}  # fmt: skip
+
+        events = ClientEvents(self.settings.node_id, broker.publish_sys, details)
+        hooks = self.services.seams.hooks
+        hooks.add("client.connected", events.connected)
+        hooks.add("client.disconnected", events.disconnected)
+        self.client_events = events
 
     async def _close_servers(self) -> None:
         for server in self._servers:
@@ -226,6 +246,10 @@ class Node:
             broker.close()
             await broker.logstate.stop_tail()
         await viewdump.stop(self._viewdump)
+        if self.client_events is not None:  # the hooks outlive the node (tests reuse them)
+            hooks = self.services.seams.hooks
+            hooks.remove("client.connected", self.client_events.connected)
+            hooks.remove("client.disconnected", self.client_events.disconnected)
         await self.services.seams.stop()
         await self.services.seams.close()
         if self.services.cluster is not None:

@@ -249,7 +249,8 @@ class Delivery:
             session.pumping = True
         try:
             together = [range(*span) for *_, span, _ in tokens if span is not None]
-            result = await self.queue.enqueue_and_take(items, windows, marks, together)
+            told = self.hooks.has("message.dropped")  # then the store says which it dropped
+            result = await self.queue.enqueue_and_take(items, windows, marks, together, told)
         except DurablePartFailed as exc:
             log.warning("durable enqueue of a batch failed: %s", exc)
             ok = False
@@ -263,7 +264,7 @@ class Delivery:
         if result is not None:
             self.stored(items)
             if result.dropped:
-                self._dropped(result.dropped)
+                self._dropped(result.dropped, result.evicted)
             if result.refused:
                 self._refused(items, result.refused)
             for session in ready:
@@ -275,10 +276,13 @@ class Delivery:
             if session not in ready or session.dirty:
                 self.kick(session)
 
-    def _dropped(self, count: int) -> None:
-        """Count what the overflow policy dropped; warn now and then."""
+    def _dropped(self, count: int, evicted: tuple[tuple[str, Message], ...]) -> None:
+        """Count what the overflow policy dropped (queued QoS 0 messages, or under
+        drop_oldest the oldest), tell message.dropped of each; warn now and then."""
         self.dropped += count
         self.metrics.messages_dropped["queue_full"] += count
+        for client_id, message in evicted:
+            self.hooks.run("message.dropped", message, "queue_full", client_id)
         now = time.monotonic()
         if now - self._dropped_logged >= REFUSED_LOG_EVERY_S:
             self._dropped_logged = now

@@ -175,6 +175,7 @@ def _merge(a: TakeResult, b: TakeResult, refused: set[int]) -> TakeResult:
         duplicate_marks=a.duplicate_marks | b.duplicate_marks,
         fenced_marks=a.fenced_marks | b.fenced_marks,
         refused=frozenset(refused),
+        evicted=a.evicted + b.evicted,
     )
 
 
@@ -214,10 +215,11 @@ class TieredQueueStore:
         takers: Mapping[str, tuple[int, int]],
         marks: Mapping[IncomingMark, Sequence[int]] | None = None,
         together: Sequence[Sequence[int]] = (),
+        evicted: bool = False,
     ) -> TakeResult:
         durable = self.tiers.durable
         if not durable:
-            return await self.memory.enqueue_and_take(items, takers, marks, together)
+            return await self.memory.enqueue_and_take(items, takers, marks, together, evicted)
         mem: Part = []
         dur: Part = []
         where: list[tuple[bool, int]] = []  # per item: (durable, index in its part)
@@ -237,7 +239,7 @@ class TieredQueueStore:
         dur_takers = {c: t for c, t in takers.items() if c in durable}
         empty = TakeResult(0, 0, {}, frozenset())
         a = (
-            await self.memory.enqueue_and_take(mem, mem_takers, mem_marks, mem_groups)
+            await self.memory.enqueue_and_take(mem, mem_takers, mem_marks, mem_groups, evicted)
             if mem or mem_takers or mem_marks
             else empty
         )
@@ -261,7 +263,9 @@ class TieredQueueStore:
         if not (dur or dur_takers or dur_marks):
             return _merge(a, empty, refused_items)
         try:
-            b = await self.durable.enqueue_and_take(dur, dur_takers, dur_marks, dur_groups)
+            b = await self.durable.enqueue_and_take(
+                dur, dur_takers, dur_marks, dur_groups, evicted
+            )
         except SessionError as exc:
             for mark in mem_marks.keys() - refused:
                 with contextlib.suppress(SessionError):

@@ -73,6 +73,8 @@ class TakeResult:
     duplicate_marks: frozenset[IncomingMark] = frozenset()  # id known: its items left out
     fenced_marks: frozenset[IncomingMark] = frozenset()  # publisher epoch stale: left out
     refused: frozenset[int] = frozenset()  # indices in `items` a full queue refused (REFUSE)
+    # (client id, message) the bound dropped, oldest first per client: only when asked
+    evicted: tuple[tuple[str, Message], ...] = ()
 
 
 class QueueStore(Protocol):
@@ -94,6 +96,7 @@ class QueueStore(Protocol):
         takers: Mapping[str, tuple[int, int]],
         marks: Mapping[IncomingMark, Sequence[int]] | None = None,
         together: Sequence[Sequence[int]] = (),
+        evicted: bool = False,
     ) -> TakeResult:
         """`enqueue(items)`, then `take(client, epoch, window)` for every
         `takers[client] = (epoch, window)` (the online local subscribers),
@@ -120,7 +123,12 @@ class QueueStore(Protocol):
         Likewise each group of indices in `together` (the copies of one QoS
         1/2 PUBLISH) is stored all or nothing: a copy refused for one full
         queue refuses every copy of the group (all in `refused`), so the
-        publisher, answered "quota exceeded", resends to nobody twice."""
+        publisher, answered "quota exceeded", resends to nobody twice.
+
+        With `evicted`, the result also lists each message the bound dropped
+        (queued QoS 0 ones first, then under DROP_OLDEST the oldest) with its
+        client, so the message.dropped hook can be told which; without it
+        only their count (`dropped`) comes back, at no cost."""
         ...
 
     async def pending(self, client_id: str, epoch: int) -> list[Inflight]:

@@ -72,24 +72,23 @@ class MemoryQueueStore:
         result = await self.enqueue_and_take(items, {})
         return EnqueueResult(result.accepted, result.dropped, len(result.refused))
 
-    def _append(self, client_id: str, message: Message) -> tuple[int, int]:
-        """Queue one message: (accepted, dropped by the overflow policy)."""
+    def _append(self, client_id: str, message: Message) -> tuple[int, Message | None]:
+        """Queue one message: (accepted, the message the overflow policy dropped)."""
         rec = self._sessions.record(client_id)
         if rec is None:
-            return 0, 0
+            return 0, None
         st = _state(rec)
         st.seq += 1
         st.queue[st.seq] = message
         if message.qos == 0:
             st.qos0.append(st.seq)
         if len(st.queue) <= self._limit:
-            return 1, 0
+            return 1, None
         if not st.qos0 and self._refuse:
-            return 1, 0  # never drop an acknowledged QoS 1/2 message (bound lowered)
+            return 1, None  # never drop an acknowledged QoS 1/2 message (bound lowered)
         victim = st.qos0.popleft() if st.qos0 else next(iter(st.queue))
-        del st.queue[victim]
         st.drops += 1
-        return 1, 1
+        return 1, st.queue.pop(victim)
 
     async def enqueue_and_take(
         self,
@@ -97,6 +96,7 @@ class MemoryQueueStore:
         takers: Mapping[str, tuple[int, int]],
         marks: Mapping[IncomingMark, Sequence[int]] | None = None,
         together: Sequence[Sequence[int]] = (),
+        evicted: bool = False,
     ) -> TakeResult:
         """A taker drains its queue, then each new message is appended and
         taken at once, so the bound applies only to what its window cannot take.
@@ -125,10 +125,14 @@ class MemoryQueueStore:
             except Fenced:
                 fenced.add(client_id)
         accepted = dropped = 0
+        gone: list[tuple[str, Message]] = []
         for client_id, message in items:
             got, lost = self._append(client_id, message)
             accepted += got
-            dropped += lost
+            if lost is not None:
+                dropped += 1
+                if evicted:
+                    gone.append((client_id, lost))
             if client_id in taken:
                 epoch, window = takers[client_id]
                 taken[client_id].extend(await self.take(client_id, epoch, window))
@@ -140,6 +144,7 @@ class MemoryQueueStore:
             duplicate_marks=frozenset(duplicate),
             fenced_marks=frozenset(fenced_marks),
             refused=frozenset(refused),
+            evicted=tuple(gone),
         )
 
     def _full(

@@ -67,6 +67,18 @@ def _inflight(flat: list[Any], start: int) -> tuple[list[Inflight], int]:
     return out, start + 1 + 2 * count
 
 
+def _evicted(
+    flat: list[Any], start: int, items: Sequence[tuple[str, Message]], groups: list[list[int]]
+) -> tuple[tuple[str, Message], ...]:
+    """The (group number, message) pairs enqueue_take.lua returns after the
+    groups: each group's client is that of its first item (a group whose
+    queue dropped a message had items)."""
+    return tuple(
+        (items[groups[int(flat[i]) - 1][0]][0], loads(flat[i + 1]))
+        for i in range(start, len(flat), 2)
+    )
+
+
 class RedisQueueStore:
     def __init__(
         self,
@@ -121,6 +133,7 @@ class RedisQueueStore:
         items: Sequence[tuple[str, Message]],
         takers: Mapping[str, tuple[int, int]],
         marks: Sequence[IncomingMark] = (),
+        evicted: bool = False,
     ) -> tuple[list[bytes], list[Any], list[str], list[list[int]]]:
         """KEYS and ARGV of enqueue_take.lua: 2 keys (s, r) per mark, 8 per taker,
         4 (s, q, o, z) per other client; a message fanned out to many clients
@@ -138,7 +151,7 @@ class RedisQueueStore:
         for client_id in takers:
             groups.setdefault(client_id, [])
         keys: list[bytes] = []
-        args: list[Any] = [self._limit, self._refuse, len(marks)]
+        args: list[Any] = [self._limit, self._refuse, 1 if evicted else 0, len(marks)]
         for mark in marks:
             publisher = client_keys(mark.client_id)
             keys.extend((publisher[_S], publisher[_R]))
@@ -168,6 +181,7 @@ class RedisQueueStore:
         takers: Mapping[str, tuple[int, int]],
         marks: Mapping[IncomingMark, Sequence[int]] | None = None,
         together: Sequence[Sequence[int]] = (),
+        evicted: bool = False,
     ) -> TakeResult:
         left = dict(marks or {})
         groups = [list(g) for g in together if g]
@@ -181,11 +195,11 @@ class RedisQueueStore:
                     0, 0, {}, frozenset(), frozenset(duplicate), frozenset(fenced),
                     frozenset(refused),
                 )  # fmt: skip
-            keys, args, order, group_items = self._batch(items, takers, list(left))
+            keys, args, order, group_items = self._batch(items, takers, list(left), evicted)
             flat = await self._run(self._enqueue_take, keys, args)
             status = int(flat[0])
             if status >= 0:
-                result = self._parse_take(flat, order)
+                result, end = self._parse_take(flat, order)
                 return TakeResult(
                     result.accepted,
                     result.dropped,
@@ -194,6 +208,7 @@ class RedisQueueStore:
                     frozenset(duplicate),
                     frozenset(fenced),
                     frozenset(refused),
+                    _evicted(flat, end, items, group_items) if evicted else (),
                 )
             left_out: set[int] = set()
             if status == FULL:
@@ -218,7 +233,8 @@ class RedisQueueStore:
             groups = [kept for g in groups if (kept := shifted(g, left_out))]
 
     @staticmethod
-    def _parse_take(flat: list[Any], order: list[str]) -> TakeResult:
+    def _parse_take(flat: list[Any], order: list[str]) -> tuple[TakeResult, int]:
+        """The result, and where in `flat` the dropped messages start (if asked)."""
         taken: dict[str, list[Inflight]] = {}
         fenced: set[str] = set()
         pos = 2
@@ -228,7 +244,7 @@ class RedisQueueStore:
                 pos += 1
             else:
                 taken[client_id], pos = _inflight(flat, pos)
-        return TakeResult(int(flat[0]), int(flat[1]), taken, frozenset(fenced))
+        return TakeResult(int(flat[0]), int(flat[1]), taken, frozenset(fenced)), pos
 
     async def take(self, client_id: str, epoch: int, window: int) -> list[Inflight]:
         result = await self.enqueue_and_take((), {client_id: (epoch, window)})
@@ -258,12 +274,12 @@ class RedisQueueStore:
         await self._ack(
             keys=[keys[i] for i in (_S, _F, _FO, _X)], args=[epoch, *packet_ids], client=pipe
         )
-        args = [self._limit, self._refuse, 0, epoch, window, 0]
+        args = [self._limit, self._refuse, 0, 0, epoch, window, 0]
         await self._enqueue_take(keys=list(keys), args=args, client=pipe)
         acked, flat = await bounded(pipe.execute(), self._timeout)
         if acked == FENCED:
             raise Fenced(client_id)
-        result = self._parse_take(flat, [client_id])
+        result, _ = self._parse_take(flat, [client_id])
         if client_id in result.fenced:
             raise Fenced(client_id)
         return result.taken[client_id]

@@ -149,6 +149,28 @@ async def test_bound_drops_qos0_first_then_oldest(stores: Stores) -> None:
     assert payloads(await q.take("d", other, 10)) == [b"9"]
 
 
+@pytest.mark.parametrize("full", [REFUSE, DROP_OLDEST])
+async def test_the_bound_says_which_messages_it_dropped_when_asked(
+    stores: Stores, full: str
+) -> None:
+    q = stores.make_queue(2, full)
+    await stores.claim("c")
+    await stores.claim("d", clean=True)  # in a tiered store: the memory tier
+    batch = [("c", msg(0, 0)), ("d", msg(5, 1)), ("c", msg(1, 1)), ("d", msg(6, 1)),
+             ("c", msg(2, 0)), ("d", msg(7, 1)), ("c", msg(3, 1))]  # fmt: skip
+    quiet = await q.enqueue_and_take(batch[:2], {})
+    assert (quiet.dropped, quiet.evicted) == (0, ())
+    r = await q.enqueue_and_take(batch[2:], {}, evicted=True)
+    gone = sorted((c, m.payload) for c, m in r.evicted)
+    if full == DROP_OLDEST:  # c: QoS 0 first (0, 2), d: the oldest (5)
+        assert gone == [("c", b"0"), ("c", b"2"), ("d", b"5")]
+    else:  # refuse: only QoS 0 messages are dropped; d's last and c's 3 are refused
+        assert gone == [("c", b"0"), ("c", b"2")]
+    assert r.dropped == len(gone)
+    unasked = await q.enqueue_and_take([("c", msg(8, 0))], {})
+    assert unasked.dropped == 1 and unasked.evicted == ()
+
+
 async def test_full_queue_refuses_qos12_and_never_drops_what_it_took(stores: Stores) -> None:
     """REFUSE: QoS 0 makes room first; then new QoS 1/2 copies past the bound are
     refused (listed, not stored); nothing stored is ever dropped for them."""

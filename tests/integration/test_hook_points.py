@@ -15,7 +15,7 @@ from services.auth.api import ClientInfo
 from services.broker.seams import Seams
 from services.hooks.api import HOOK_POINTS, Hooks
 from services.mqtt.packets import Message, Properties, Puback, Publish, Pubrec, Subscription
-from tests.integration.conftest import NodeRunner
+from tests.integration.conftest import NodeRunner, node_settings
 from tests.integration.rawclient import V5, V311, Raw, opened
 from tests.integration.test_node_seams import PasswordCheck, SeamsNode
 from tests.support.wait import wait_until
@@ -188,3 +188,26 @@ def test_a_qos2_publishs_qos0_copies_are_told_as_they_go(
     pub.expect(Pubrec)
     assert sub.expect(Publish).payload == b"two"
     assert [(c, m.topic, m.qos) for c, m in seen.of("message.delivered")] == [("w-sub", "w/2", 0)]
+
+
+def test_drop_oldest_evictions_are_told_to_message_dropped(raws: list[Raw]) -> None:
+    hooks = Hooks()
+    seen = Recorded(hooks)
+    settings = node_settings(queue_limit=2, queue_full="drop_oldest")
+    node = NodeRunner(settings, seams=Seams(hooks=hooks)).start()
+    try:
+        sub = opened(raws, node, "qd-sub", V5, **PERSISTENT)
+        sub.subscribe(Subscription("qd/t", 1))
+        sub.close()
+        wait_until(lambda: seen.of("client.disconnected") != [], "the subscriber gone")
+        pub = opened(raws, node, "qd-pub", V5)
+        for i in range(1, 5):
+            pub.send(Publish("qd/t", b"%d" % i, qos=1, packet_id=i))
+            assert pub.expect(Puback).reason_code == 0
+        dropped = [(m.payload, why, c) for m, why, c in seen.of("message.dropped")]
+        assert dropped == [(b"1", "queue_full", "qd-sub"), (b"2", "queue_full", "qd-sub")]
+        assert node.node.broker.metrics.messages_dropped["queue_full"] == 2
+        back = opened(raws, node, "qd-sub", V5, **PERSISTENT)
+        assert [back.expect(Publish).payload for _ in range(2)] == [b"3", b"4"]
+    finally:
+        node.stop()

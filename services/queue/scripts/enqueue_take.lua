@@ -8,12 +8,15 @@
 --   more: f inflight hash (packet id -> message), fo inflight order zset
 --   (packet id scored by seq), x released packet ids set, r incoming ids (unused)
 -- ARGV: 1 queue limit, 2 at the bound: "1" refuse QoS 1/2, "0" drop the oldest,
---   3 m marks, then m pairs (publisher epoch, packet id),
+--   3 "1" to return the messages the bound dropped (else "0"),
+--   4 m marks, then m pairs (publisher epoch, packet id),
 --   then per group: epoch ("-" = enqueue only), window, n, then n serialized
 --   messages (services/store/serial.py: byte 2 holds the QoS in bits 0-1 and
 --   "has expiry" in bit 3, bytes 3-10 the expiry in ms)
 -- Returns: {accepted, dropped, then for each group whose epoch is not "-":
---   -1 if fenced, else k followed by k pairs (packet id or 0 for QoS 0, message)}
+--   -1 if fenced, else k followed by k pairs (packet id or 0 for QoS 0, message),
+--   then (ARGV 3 = "1") per dropped message a pair (its group's number in ARGV
+--   order, from 1; the message)}
 --   or, when a mark is refused, {-1, then per mark 1 fresh, 0 duplicate (the id
 --   is there already), -1 fenced (publisher epoch stale)} and nothing changed;
 --   or, when a queue is full (ARGV 2 = "1"), {-2, then per group in ARGV order
@@ -108,7 +111,19 @@ local function take_queued(ctx, q, o, z)
   end
 end
 
-local function enqueue(s, q, o, z, first, last, base)
+local evicted = {} -- (group number, message) pairs the bound dropped, when ARGV 3 asks
+local function note(g, q, seqs)
+  if ARGV[3] ~= '1' or #seqs == 0 then return end
+  for i = 1, #seqs, CHUNK do
+    local msgs = redis.call('HMGET', q, unpack(seqs, i, math.min(i + CHUNK - 1, #seqs)))
+    for j = 1, #msgs do
+      evicted[#evicted + 1] = g
+      evicted[#evicted + 1] = msgs[j]
+    end
+  end
+end
+
+local function enqueue(g, s, q, o, z, first, last, base)
   local qa, oa, za = {}, {}, {}
   for j = first, last do
     local m, seq = ARGV[j], base + j - first + 1
@@ -125,12 +140,14 @@ local function enqueue(s, q, o, z, first, last, base)
   if excess > 0 then
     local victims = redis.call('LPOP', z, excess) or {}
     if #victims > 0 then
+      note(g, q, victims)
       bulk('ZREM', o, victims)
       bulk('HDEL', q, victims)
     end
     local rest = excess - #victims
     if rest > 0 and ARGV[2] ~= '1' then
       local oldest = redis.call('ZRANGE', o, 0, rest - 1)
+      note(g, q, oldest)
       bulk('ZREM', o, oldest)
       bulk('HDEL', q, oldest)
     end
@@ -148,13 +165,13 @@ local function enqueue(s, q, o, z, first, last, base)
   return excess
 end
 
-local marks = tonumber(ARGV[3])
+local marks = tonumber(ARGV[4])
 if marks > 0 then
   local status, refused, seen = {-1}, false, {}
   for i = 1, marks do
-    local s, r, pid = KEYS[2 * i - 1], KEYS[2 * i], ARGV[3 + 2 * i]
+    local s, r, pid = KEYS[2 * i - 1], KEYS[2 * i], ARGV[4 + 2 * i]
     local st = 1
-    if redis.call('HGET', s, 'epoch') ~= ARGV[2 + 2 * i] then
+    if redis.call('HGET', s, 'epoch') ~= ARGV[3 + 2 * i] then
       st = -1
     elseif seen[r .. ' ' .. pid] or redis.call('SISMEMBER', r, pid) == 1 then
       st = 0
@@ -168,7 +185,7 @@ end
 
 if ARGV[2] == '1' then
   local fits, full = {-2}, false
-  local a, k = 4 + 2 * marks, 2 * marks
+  local a, k = 5 + 2 * marks, 2 * marks
   while a <= #ARGV do
     local epoch, n = ARGV[a], tonumber(ARGV[a + 2])
     local s, o, z, f = KEYS[k + 1], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
@@ -196,12 +213,13 @@ if ARGV[2] == '1' then
   if full then return fits end
 end
 
-for i = 1, marks do redis.call('SADD', KEYS[2 * i], ARGV[3 + 2 * i]) end
+for i = 1, marks do redis.call('SADD', KEYS[2 * i], ARGV[4 + 2 * i]) end
 
 local accepted, dropped = 0, 0
 local out = {0, 0}
-local a, k = 4 + 2 * marks, 2 * marks
+local a, k, g = 5 + 2 * marks, 2 * marks, 0
 while a <= #ARGV do
+  g = g + 1
   local epoch, n = ARGV[a], tonumber(ARGV[a + 2])
   local s, q, o, z, f, fo = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6]
   local first, last = a + 3, a + 2 + n
@@ -223,7 +241,7 @@ while a <= #ARGV do
     if ctx and not ctx.blocked then
       while j <= last and deliver(ctx, ARGV[j], base + j - first + 1) do j = j + 1 end
     end
-    if j <= last then dropped = dropped + enqueue(s, q, o, z, j, last, base + j - first) end
+    if j <= last then dropped = dropped + enqueue(g, s, q, o, z, j, last, base + j - first) end
   end
   if ctx then
     redis.call('HSET', s, 'pid', ctx.pid)
@@ -236,4 +254,5 @@ while a <= #ARGV do
 end
 out[1] = accepted
 out[2] = dropped
+for i = 1, #evicted do out[#out + 1] = evicted[i] end
 return out

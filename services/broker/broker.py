@@ -384,6 +384,18 @@ class Broker:
             self.retained.set(message)
         self.dispatch.publish_message(message, store_retained=False)
 
+    def publish_local(self, topic: str, payload: bytes, retain: bool) -> None:
+        """`publish_sys` to this node's own subscribers only (no shared group, no
+        peer): what every node publishes alike ($SYS/cluster/...) reaches each
+        subscriber once, from its own node."""
+        message = Message(topic, payload, 0, retain)
+        if retain:
+            self.retained.set(message)
+        plain = self.routes.plan(topic)[0]
+        if plain:
+            self.turn.work += self.dispatch.deliver_plain(message, plain)
+            self.delivery.schedule()
+
     def figures(self, m: Metrics) -> None:
         """The gauges only the routing table knows, filled before a read."""
         sessions = self.routes.sessions

@@ -195,6 +195,7 @@ async def open_backends(
     from services.broker.seams import admitting
     from services.broker.stores import TieredQueueStore, TieredSessionStore, Tiers
     from services.embedded.redis_server import RedisServer
+    from services.metrics.cluster import RedisFigures
     from services.node.node import Services
     from services.queue.api import DROP_OLDEST
     from services.queue.memory import MemoryQueueStore
@@ -241,6 +242,7 @@ async def open_backends(
             endpoints=(redis_url, bootstrap),
             seams=admitting(seams_for(settings, client), settings.limits, client),
             wills=wills,
+            figures=RedisFigures(client),
         )
         what = f"redis {redis_url}, kafka {bootstrap}"
         if started:

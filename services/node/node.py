@@ -39,6 +39,7 @@ from services.event.api import EventLog
 from services.listener.connection import Connection
 from services.listener.listeners import Listener
 from services.listener.websocket import WebSocketProtocol
+from services.metrics.cluster import ClusterFigures, FigureStore, MemoryFigures
 from services.metrics.registry import Metrics
 from services.metrics.service import MetricsService
 from services.metrics.systopics import ClientEvents
@@ -67,6 +68,7 @@ class Services:
     state: StateStore | None = None  # the Spark job's state store: start from it (DESIGN 6)
     endpoints: tuple[str, str] | None = None  # (redis URL, kafka bootstrap) when not memory
     wills: WillStore = field(default_factory=MemoryWillStore)  # Redis beside a Redis store
+    figures: FigureStore | None = None  # every node's figures (Redis); None: this node only
 
 
 def channel_config(settings: Settings, authenticate: bool = False) -> ChannelConfig:
@@ -136,6 +138,7 @@ class Node:
         # management API starts, lists, stops, deletes and reads them through it
         self.tracer = Tracer(Path(settings.data_dir) / "trace", settings.node_id)
         self.client_events: ClientEvents | None = None  # --sys-client-events
+        self.cluster_figures: ClusterFigures | None = None  # the sum over live nodes
 
     async def start(self) -> None:
         """Bind the listeners; raises OSError (e.g. port in use) with nothing left open."""
@@ -199,6 +202,12 @@ class Node:
         self.mqtt_port, self.ws_port = ports["mqtt"], ports.get("ws")
         broker.logstate.start_tail()
         self._viewdump = viewdump.start(broker, self.services.state)
+        self.cluster_figures = ClusterFigures(
+            settings.node_id, broker.metrics, self.services.figures or MemoryFigures(),
+            broker.publish_local if settings.sys_interval_s > 0 else None,
+            settings.sys_interval_s, refresh=self.metrics_service.refresh,
+        )  # fmt: skip
+        self.cluster_figures.start(loop)
 
     def _client_events(self, broker: Broker) -> None:
         """$SYS/.../clients/<id>/connected|disconnected, on the client hook points."""
@@ -232,6 +241,8 @@ class Node:
             listener.close()
         if self.metrics_service is not None:
             await self.metrics_service.stop()
+        if self.cluster_figures is not None:
+            await self.cluster_figures.stop()
         self.tracer.close()  # running traces end ("node"); their files stay
         if broker is not None:
             broker.disconnect_all(reason_code, reference)

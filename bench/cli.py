@@ -30,6 +30,7 @@ from bench.proc import find_listener_pid, is_local
 from bench.redisstats import figures, snapshot
 from bench.report import Result, comparison
 from bench.scenarios import FAN_OUT_SUBSCRIBERS, SCENARIOS, plan_for, run_plan
+from bench.scrape import timed_gets
 from services.cli import CONTEXT
 from services.cli import run as run_command
 
@@ -60,7 +61,8 @@ EPILOG = """scenarios:
   idle     --connections idle connections from 127.0.0.2-250; connect rate and
            the broker's RSS per connection (VmRSS of --broker-pid, or of the
            process found listening on --port); --username/--password or
-           --jwt-secret connect with credentials (connects/s with authentication)
+           --jwt-secret connect with credentials (connects/s with authentication);
+           --scrape URL times GET /metrics while they are all connected
 
 Publishers send as fast as the broker takes (QoS 1: at most --window unacked
 each); msg/s = received / (last receive - first send).
@@ -156,6 +158,10 @@ PORT = _Checked("PORT", _port)
 @click.option("--password", help="idle: and this password ({i} as in --username)")
 @click.option("--jwt-secret",
               help="idle: the password is an HS256 JWT signed with this secret (sub: --username)")
+@click.option("--scrape", multiple=True, metavar="URL", help="idle: once every connection is "
+              "open, GET this URL (a node's /metrics; repeat for each node) --scrapes times: "
+              "p50/p99/max ms")  # fmt: skip
+@click.option("--scrapes", type=POSITIVE, default=20, show_default=True)
 @click.option("--vs", type=_Checked("HOST:PORT", _address), help="peer broker to compare")
 @click.option("--rounds", type=POSITIVE, default=3, help="with --vs: A,B rounds")
 @click.option("--spawn-mosquitto", is_flag=True, help=f"run {MOSQUITTO} as the --vs peer")
@@ -208,7 +214,8 @@ def _run_once(args: SimpleNamespace, host: str, port: int, pid: int | None) -> R
             password=args.password,
             jwt_secret=args.jwt_secret,
         )
-        return run_idle(idle)
+        urls, count = list(args.scrape), args.scrapes
+        return run_idle(idle, (lambda: {"scrape": timed_gets(urls, count)}) if urls else None)
     messages = args.messages or DEFAULT_MESSAGES.get(
         args.scenario, int(args.rate * LATENCY_SECONDS)
     )
@@ -268,6 +275,8 @@ def _validate(args: SimpleNamespace) -> None:
         raise UsageError(
             "--persistent, --redis-url and --sub-port apply to the message scenarios, not idle"
         )
+    if args.scrape and (args.scenario != "idle" or args.vs or args.spawn_mosquitto):
+        raise UsageError("--scrape applies to idle, on our broker (no --vs)")
     if args.ports > 1 and args.scenario != "idle":
         raise UsageError("--ports applies to idle; the message scenarios take --sub-port")
     if args.port + args.ports - 1 > MAX_PORT:

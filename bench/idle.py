@@ -23,8 +23,10 @@ import multiprocessing
 import resource
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Any
 
 import uvloop
 
@@ -183,8 +185,9 @@ def _collect(conns: list[Connection], wait_s: float) -> list[WorkerReport]:
     return reports
 
 
-def run_idle(cfg: IdleConfig) -> Result:
-    """Open `cfg.connections` idle connections and report rate and the broker's RSS."""
+def run_idle(cfg: IdleConfig, held: Callable[[], dict[str, Any]] | None = None) -> Result:
+    """Open `cfg.connections` idle connections and report rate and the broker's RSS;
+    `held` runs while they are all open (scrapes: bench.scrape), its figures added."""
     broker_pids = [cfg.broker_pid] if cfg.broker_pid else []
     if not broker_pids and is_local(cfg.host):
         # several with SO_REUSEPORT workers or --ports: RSS summed
@@ -208,6 +211,7 @@ def run_idle(cfg: IdleConfig) -> Result:
             first += count
         reports = _collect(conns, cfg.duration + cfg.connect_timeout + 30)
         rss_after = _rss_sum(broker_pids)
+        while_held = held() if held is not None else {}
     finally:
         for conn in conns:
             with contextlib.suppress(OSError):
@@ -219,7 +223,9 @@ def run_idle(cfg: IdleConfig) -> Result:
                 proc.join()
     if not any(r.connected for r in reports):
         raise BrokerUnavailable(next((r.error for r in reports if r.error), "no connection"))
-    return _idle_result(cfg, broker_pids, reports, rss_before, rss_after)
+    result = _idle_result(cfg, broker_pids, reports, rss_before, rss_after)
+    result.extra.update(while_held)
+    return result
 
 
 def _rss_sum(pids: list[int]) -> int | None:

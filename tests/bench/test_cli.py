@@ -30,6 +30,7 @@ from bench.cli import main
         (["idle", "--port", "65535", "--ports", "2"], "passes port 65535"),
         (["pairs", "--sub-port", "1884", "--vs", "h:1"], "--vs compares one broker"),
         (["idle", "--ports", "2", "--spawn-mosquitto"], "--vs compares one broker"),
+        (["pairs", "--scrape", "http://127.0.0.1:1/metrics"], "--scrape applies to idle"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(

@@ -157,6 +157,8 @@ class Broker:
             view=logstate.view,
             turn=turn,
             mark_durable=sessions.mark_durable,
+            metrics=seams.metrics,
+            hooks=seams.hooks,
         )
         self.dispatch = dispatch = Dispatch(
             node_id=node_id,

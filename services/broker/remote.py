@@ -32,6 +32,8 @@ from services.broker.ports import (
 )
 from services.broker.routes import RemoteEntry, Routes, delivered_form
 from services.cluster.api import InboundLink
+from services.hooks.api import Hooks
+from services.metrics.registry import Metrics
 from services.mqtt.packets import Message
 from services.state.view import ClusterView, SessionEntry
 
@@ -113,8 +115,12 @@ class Remote:
         view: ClusterView,
         turn: Turn,
         mark_durable: Callable[[str], None],
+        metrics: Metrics,
+        hooks: Hooks,
     ) -> None:
         self.node_id = node_id
+        self.metrics = metrics  # copies a backed-up link dropped (messages_dropped)
+        self.hooks = hooks  # ... and message.dropped for each
         self.cluster = cluster  # None: a node on its own
         self.routes = routes
         self.delivery = delivery
@@ -159,10 +165,20 @@ class Remote:
             self._deferred.append(functools.partial(self._forward, message, targets))
             return
         if self.cluster is not None:
-            self.cluster.forward(message, targets)
+            missed = self.cluster.forward_missed(message, targets)
+            if missed:
+                self._dropped(message, [c for node in missed for c in targets[node]])
             if message.qos:
                 for node in targets:
                     self._hold_for(node)
+
+    def _dropped(self, message: Message, client_ids: list[str]) -> None:
+        """Copies for clients on a peer whose link did not take them (a QoS 0
+        message past the link's buffer limit, or a node no longer known)."""
+        self.metrics.messages_dropped["cluster_link"] += len(client_ids)
+        if self.hooks.has("message.dropped"):
+            for client_id in client_ids:
+                self.hooks.run("message.dropped", message, "cluster_link", client_id)
 
     def link_publisher(self) -> Publisher | None:
         """The hold on the peer link whose frame is being handled, if any."""

@@ -265,12 +265,17 @@ class ClusterRouter(LinkHandler):
     def forward(self, message: Message, targets: Mapping[str, Sequence[str]]) -> int:
         """Forward to clean sessions on other nodes; the count of nodes that
         took it (the rest dropped it: QoS 0 back-pressure or unknown node)."""
+        return len(targets) - len(self.forward_missed(message, targets))
+
+    def forward_missed(self, message: Message, targets: Mapping[str, Sequence[str]]) -> list[str]:
+        """`forward`; the nodes that dropped it (its copies for their clients are lost)."""
         blob = serial.dumps(message)
-        took = 0
+        missed = []
         for node_id, client_ids in targets.items():
             frame = forward_frame_serialized(blob, client_ids)
-            took += self.links.forward_encoded(node_id, frame, message.qos)
-        return took
+            if not self.links.forward_encoded(node_id, frame, message.qos):
+                missed.append(node_id)
+        return missed
 
     def notify(self, node_id: str, client_id: str) -> None:
         pending = self._notify.get(node_id)

@@ -42,6 +42,7 @@ DROP_REASONS: Final = (
     "expired",  # Message Expiry Interval passed before delivery
     "acl",  # the authorizer refused the PUBLISH (or a retained delivery)
     "too_large",  # larger than the receiver's Maximum Packet Size
+    "cluster_link",  # QoS 0 copies for clients on a peer whose link buffer was full
 )
 # Why a connection was refused before it had a session.
 REFUSE_REASONS: Final = (

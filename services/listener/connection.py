@@ -218,6 +218,7 @@ class Connection(asyncio.Protocol):
         broker = self.broker
         max_size = broker.flow.max_packet_size
         channel = self.channel
+        tracer = self.tracer
         turn = broker.turn
         budget = turn.work + WORK_BUDGET
         rate, over = self.budget, False
@@ -239,8 +240,8 @@ class Connection(asyncio.Protocol):
                     break
                 used += size
                 turn.work += 1
-                if self.tracer.on:
-                    self.tracer.received(channel.client_id, self.peer, packet)
+                if tracer.on:
+                    tracer.received(channel.client_id, self.peer, packet)
                 self._carry_out(channel.receive(packet, now))
                 proto = proto or channel.protocol_level
                 if channel.inbound_full:  # past the Receive Maximum: on hold until `routed`

@@ -46,7 +46,7 @@ class MetricsService:
             if refresh is not None:
                 refresh(m)
 
-        self.refresh: Refresh = figures  # every gauge filled before a read
+        self.figures = figures
         self.collector = NodeCollector(metrics, node, version, figures)
         self.http = None
         if http_port is not None:

@@ -205,7 +205,7 @@ class Node:
         self.cluster_figures = ClusterFigures(
             settings.node_id, broker.metrics, self.services.figures or MemoryFigures(),
             broker.publish_local if settings.sys_interval_s > 0 else None,
-            settings.sys_interval_s, refresh=self.metrics_service.refresh,
+            settings.sys_interval_s, refresh=self.metrics_service.figures,
         )  # fmt: skip
         self.cluster_figures.start(loop)
 

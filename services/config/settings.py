@@ -264,6 +264,10 @@ class Settings:
     http_host: Text = opt(
         "127.0.0.1", "address of the HTTP port (loopback by default: /metrics asks no login)",
         env="WEIR_HTTP_HOST")  # fmt: skip
+    api_key_file: Text | None = opt(
+        None, "the management API's first keys: a file of key:secret lines (EMQX's bootstrap "
+        "file), stored hashed at start; more with POST /api/v5/api_key (docs/api.md)",
+        env="WEIR_API_KEY_FILE")  # fmt: skip
     sys_interval_s: Annotated[Seconds, Field(ge=0.0)] = opt(
         SYS_INTERVAL_S, "how often the node publishes its $SYS/brokers/<node>/... topics, "
         "retained (0: never)", flag="--sys-interval", unit="s")  # fmt: skip

@@ -59,6 +59,14 @@ class HttpServer:
             runner, self._runner = self._runner, None
             await runner.cleanup()
 
+    def served(self) -> set[tuple[str, str]]:
+        """(method, path) of every route this server answers (HEAD aside)."""
+        return {
+            (route.method, route.resource.canonical)
+            for route in self._app.router.routes()
+            if route.resource is not None and route.method != "HEAD"
+        }
+
     def url(self, path: str = "") -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}{path}"

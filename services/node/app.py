@@ -86,6 +86,10 @@ def up(
     if exposed is not None:
         raise SettingsError(exposed)
     seams_for(settings)  # a missing or malformed password, key, ACL file or plugin: exit 2
+    if settings.api_key_file:  # a missing or malformed API key file: exit 2, before anything
+        from services.api.keys import read_key_file
+
+        read_key_file(settings.api_key_file)
     if workers is not None or nodes is not None:
         from services.machine.supervisor import supervise
 
@@ -315,6 +319,7 @@ async def _serve(
     from services.node import authn, embedded, logcut
     from services.node.node import Node
     from services.state.store import StateStoreError
+    from services.store.errors import StoreUnavailable
 
     node = Node(settings, services, reuse_port=reuse_port)
     try:
@@ -331,6 +336,10 @@ async def _serve(
         return EXIT_START_FAILED
     except (EventLogError, StateStoreError) as exc:
         print(f"weir: cannot read the event log: {exc}", file=sys.stderr)
+        await node.stop()
+        return EXIT_START_FAILED
+    except StoreUnavailable as exc:  # Redis went away since the start's PING
+        print(f"weir: cannot store the --api-key-file keys: {exc}", file=sys.stderr)
         await node.stop()
         return EXIT_START_FAILED
     stop = asyncio.Event()

@@ -28,6 +28,8 @@ import gc
 import importlib.metadata
 from dataclasses import dataclass, field
 
+from services.api.keys import read_key_file
+from services.api.service import Api, key_store
 from services.broker.broker import Broker
 from services.broker.ports import Flow
 from services.broker.seams import Seams
@@ -128,6 +130,7 @@ class Node:
         self._viewdump: asyncio.Task[None] | None = None  # answers the drift check
         self.version = weir_version()
         self.metrics_service: MetricsService | None = None  # /metrics, $SYS, alarms
+        self.api: Api | None = None  # the management API, on the HTTP port
         self.http_port: int | None = None
 
     async def start(self) -> None:
@@ -165,11 +168,20 @@ class Node:
         broker.orphans.restarted()  # wills a previous run of this node was to publish
         await self.services.events.warm()  # else the first CONNACK waits ~0.5 s for it
         gc.freeze()
+        if settings.http_port is not None:
+            endpoints = self.services.endpoints
+            self.api = Api(
+                broker, settings.node_id, self.version,
+                key_store(endpoints[0] if endpoints is not None else None, settings.data_dir),
+                read_key_file(settings.api_key_file) if settings.api_key_file else (),
+            )  # fmt: skip
+            await self.api.start()  # the key file's keys, before the port answers
         self.metrics_service = MetricsService(
             broker.metrics, settings.node_id, self.version, broker.publish_sys,
             http_host=settings.http_host, http_port=settings.http_port,
             sys_interval_s=settings.sys_interval_s,
             max_connections=settings.limits.max_connections, refresh=broker.figures,
+            routes=self.api.routes() if self.api is not None else (),
         )  # fmt: skip
         try:
             self.listeners = open_listeners(settings, broker, self.services.seams.metrics)
@@ -221,6 +233,8 @@ class Node:
         await viewdump.stop(self._viewdump)
         await self.services.seams.stop()
         await self.services.seams.close()
+        if self.api is not None:
+            await self.api.close()
         if self.services.cluster is not None:
             await self.services.cluster.stop()
         if self.wheel is not None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,8 +45,7 @@ def _operation(route: Route) -> dict[str, Any]:
     op: dict[str, Any] = {
         "summary": route.summary,
         "tags": [route.tag],
-        "operationId": f"{route.method.lower()}{route.path.replace('/', '_')}".replace("{", "")
-        .replace("}", ""),
+        "operationId": route.method.lower() + re.sub(r"[^A-Za-z0-9]+", "_", route.doc_path),
         "parameters": [_parameter(p) for p in route.params],
         "responses": responses,
     }
@@ -62,7 +62,7 @@ def _operation(route: Route) -> dict[str, Any]:
 def document(routes: Sequence[Route], version: str) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
-        paths.setdefault(route.full_path, {})[route.method.lower()] = _operation(route)
+        paths.setdefault(route.doc_path, {})[route.method.lower()] = _operation(route)
     return {
         "openapi": "3.0.3",
         "info": {

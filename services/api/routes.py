@@ -72,7 +72,13 @@ class Route:
 
     @property
     def full_path(self) -> str:
+        """aiohttp's path: `{topic:.+}` (a segment that may hold slashes) kept."""
         return PREFIX + self.path
+
+    @property
+    def doc_path(self) -> str:
+        """OpenAPI's path: `{topic}`."""
+        return re.sub(r"\{([^}:]+):[^}]+\}", r"{\1}", self.full_path)
 
 
 def page_params(*filters: Param) -> tuple[Param, ...]:
@@ -164,13 +170,18 @@ def _audit(request: web.Request, who: str, status: int) -> None:
     )  # fmt: skip
 
 
-def _pattern(path: str) -> re.Pattern[str]:
-    return re.compile(re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(path)) + "$")
+def _pattern(route: Route) -> re.Pattern[str]:
+    """What paths `route` answers: a `{name}` is one segment, `{name:.+}` any."""
+    parts = re.split(r"(\{[^}]+\})", route.full_path)
+    return re.compile("".join(
+        (".+" if ":" in part else "[^/]+") if part.startswith("{") else re.escape(part)
+        for part in parts
+    ) + "$")  # fmt: skip
 
 
 def aiohttp_routes(routes: Sequence[Route], guard: Guard) -> list[web.RouteDef]:
     """The aiohttp routes of `routes`, then the JSON 404/405 for the rest of /api/v5."""
-    patterns = [(_pattern(r.full_path), r.method) for r in routes]
+    patterns = [(_pattern(r), r.method) for r in routes]
 
     async def unknown(request: web.Request) -> web.Response:
         allowed = sorted({m for p, m in patterns if p.match(request.path)})

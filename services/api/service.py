@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from services.api import apikeys, clients
+from services.api import apikeys, banned, clients, nodes, pubsub
 from services.api.context import Context, Forward
 from services.api.errors import json_response
 from services.api.keys import FileKeyStore, KeyCheck, KeyStore, RedisKeyStore, bootstrap
@@ -28,6 +28,7 @@ from services.api.routes import Param, Route, aiohttp_routes
 
 if TYPE_CHECKING:
     from services.broker.broker import Broker
+    from services.metrics.service import MetricsService
 
 STATUS: dict[str, Any] = {
     "type": "object",
@@ -63,8 +64,7 @@ class Api:
         self.key_pairs = list(key_pairs)
         self.ctx = Context(broker, node_id, version, time.time(), forward)
         self.check = KeyCheck(store, broker.metrics)
-        self.declared: list[Route] = [*self._own(), *clients.routes(self.ctx),
-                                      *apikeys.routes(store)]  # fmt: skip
+        self.declared: list[Route] = []  # made with the routes (`routes`)
 
     def _own(self) -> list[Route]:
         ctx = self.ctx
@@ -87,7 +87,13 @@ class Api:
                   {"type": "object"}),
         ]  # fmt: skip
 
-    def routes(self) -> list[web.RouteDef]:
+    def routes(self, watched: MetricsService) -> list[web.RouteDef]:
+        """The API's routes over this node and its metrics service (`watched`:
+        figures, alarms), for the HTTP port the metrics service serves."""
+        self.declared = [
+            *self._own(), *nodes.routes(self.ctx, watched), *clients.routes(self.ctx),
+            *pubsub.routes(self.ctx), *banned.routes(self.ctx), *apikeys.routes(self.store),
+        ]  # fmt: skip
         return aiohttp_routes(self.declared, self.check)
 
     async def start(self) -> None:

@@ -10,7 +10,7 @@ reports ready and stops it in its ordered shutdown, after the listeners
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
@@ -37,7 +37,9 @@ class MetricsService:
         max_connections: int,
         refresh: Refresh | None = None,
         thresholds: Thresholds = DEFAULT_THRESHOLDS,
-        routes: Sequence[web.RouteDef] = (),  # more of the HTTP port (the management API)
+        # More of the HTTP port (the management API), made from this service once
+        # its parts (the alarms) exist.
+        routes: Callable[[MetricsService], Sequence[web.RouteDef]] | None = None,
     ) -> None:
         self.metrics = metrics
 
@@ -46,15 +48,18 @@ class MetricsService:
             if refresh is not None:
                 refresh(m)
 
+        self.figures = figures
         self.collector = NodeCollector(metrics, node, version, figures)
-        self.http = None
-        if http_port is not None:
-            routes = [*metrics_routes(Exposition(self.collector)), *routes]
-            self.http = HttpServer(http_host, http_port, routes)
         self.sys = SysTopics(metrics, node, version, publish, sys_interval_s, figures)
         self.alarms = Alarms(metrics, node, publish)
         self.watch = Watch(metrics, self.alarms, max_connections, thresholds, refresh=figures)
         self.lag = LagMonitor(metrics)
+        self.http = None
+        if http_port is not None:
+            more = routes(self) if routes is not None else ()
+            self.http = HttpServer(
+                http_host, http_port, [*metrics_routes(Exposition(self.collector)), *more]
+            )
 
     @property
     def http_port(self) -> int | None:

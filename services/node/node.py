@@ -181,7 +181,7 @@ class Node:
             http_host=settings.http_host, http_port=settings.http_port,
             sys_interval_s=settings.sys_interval_s,
             max_connections=settings.limits.max_connections, refresh=broker.figures,
-            routes=self.api.routes() if self.api is not None else (),
+            routes=self.api.routes if self.api is not None else None,
         )  # fmt: skip
         try:
             self.listeners = open_listeners(settings, broker, self.services.seams.metrics)

@@ -166,7 +166,7 @@ def _audit(request: web.Request, who: str, status: int) -> None:
     audit.info(
         "api %s %s -> %d by key %s", request.method, request.path_qs, status, who,
         extra={"api_key": who, "method": request.method, "path": request.path,
-               "status": status, "remote": request.remote or ""},
+               "status": status, "remote": request.remote or "", "unlimited": True},
     )  # fmt: skip
 
 

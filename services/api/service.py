@@ -13,6 +13,7 @@ session store's pool).
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from services.api import apikeys, banned, clients, nodes, pubsub
-from services.api.context import Context, Forward
+from services.api.context import Context
 from services.api.errors import json_response
 from services.api.keys import FileKeyStore, KeyCheck, KeyStore, RedisKeyStore, bootstrap
 from services.api.openapi import document
+from services.api.peers import Peers
 from services.api.routes import Param, Route, aiohttp_routes
 
 if TYPE_CHECKING:
@@ -41,13 +43,18 @@ STATUS: dict[str, Any] = {
 }
 
 
-def key_store(redis_url: str | None, data_dir: str) -> KeyStore:
-    """Redis (shared by the cluster) when the node has one, else the data dir."""
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+
+
+def backends(redis_url: str | None, data_dir: str, node_id: str) -> tuple[KeyStore, Peers | None]:
+    """The key store and the peers' addresses: Redis (shared by the cluster)
+    when the node has one, else the data dir and no peers."""
     if redis_url is None:
-        return FileKeyStore(data_dir)
+        return FileKeyStore(data_dir), None
     from services.store.redis import connect
 
-    return RedisKeyStore(connect(redis_url))
+    client = connect(redis_url)  # the API's own: a slow call never holds the stores' pool
+    return RedisKeyStore(client), Peers(client, node_id)
 
 
 class Api:
@@ -58,10 +65,12 @@ class Api:
         version: str,
         store: KeyStore,
         key_pairs: Sequence[tuple[str, str]] = (),
-        forward: Forward | None = None,
+        peers: Peers | None = None,
     ) -> None:
         self.store = store
+        self.peers = peers
         self.key_pairs = list(key_pairs)
+        forward = peers.forward if peers is not None else None
         self.ctx = Context(broker, node_id, version, time.time(), forward)
         self.check = KeyCheck(store, broker.metrics)
         self.declared: list[Route] = []  # made with the routes (`routes`)
@@ -100,5 +109,16 @@ class Api:
         """Store the key file's keys (StoreUnavailable if Redis does not answer)."""
         await bootstrap(self.store, self.key_pairs)
 
+    async def announce(self, host: str, port: int, scheme: str = "http") -> None:
+        """Tell the peers where this node's API answers (StoreUnavailable if Redis does not)."""
+        if self.peers is None:
+            return
+        if host in WILDCARD_HOSTS:
+            host = socket.gethostname()
+        host = f"[{host}]" if ":" in host else host
+        await self.peers.announce(f"{scheme}://{host}:{port}")
+
     async def close(self) -> None:
+        if self.peers is not None:
+            await self.peers.close()
         await self.store.close()

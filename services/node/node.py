@@ -29,7 +29,7 @@ import importlib.metadata
 from dataclasses import dataclass, field
 
 from services.api.keys import read_key_file
-from services.api.service import Api, key_store
+from services.api.service import Api, backends
 from services.broker.broker import Broker
 from services.broker.ports import Flow
 from services.broker.seams import Seams
@@ -170,10 +170,13 @@ class Node:
         gc.freeze()
         if settings.http_port is not None:
             endpoints = self.services.endpoints
+            store, peers = backends(
+                endpoints[0] if endpoints is not None else None, settings.data_dir,
+                settings.node_id,
+            )  # fmt: skip
             self.api = Api(
-                broker, settings.node_id, self.version,
-                key_store(endpoints[0] if endpoints is not None else None, settings.data_dir),
-                read_key_file(settings.api_key_file) if settings.api_key_file else (),
+                broker, settings.node_id, self.version, store,
+                read_key_file(settings.api_key_file) if settings.api_key_file else (), peers,
             )  # fmt: skip
             await self.api.start()  # the key file's keys, before the port answers
         self.metrics_service = MetricsService(
@@ -191,6 +194,8 @@ class Node:
                 self._servers.append(listener.server)
             await self.metrics_service.start()  # /metrics answers before the node is ready
             self.http_port = self.metrics_service.http_port
+            if self.api is not None and self.http_port is not None:
+                await self.api.announce(settings.http_host, self.http_port)
         except OSError:
             await self.metrics_service.stop()
             await self._close_servers()

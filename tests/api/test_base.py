@@ -183,3 +183,22 @@ def test_every_route_served_is_in_the_openapi_document() -> None:
     api = {(m, p) for m, p in served if p.startswith("/api/v5/") and "{tail" not in p}
     assert api == documented
     assert ("GET", "/metrics") in served and ("*", "/api/v5/{tail}") in served
+
+
+def test_writes_are_audited_in_the_log(node: ApiNode) -> None:
+    """One structured line per write, with who and how it ended; reads leave none."""
+
+    def lines() -> list[dict[str, object]]:
+        return [json.loads(x) for x in list(node.log) if '"weir.api.audit"' in x]
+
+    before = len(lines())
+    node.call("GET", "/api/v5/api_key")
+    node.call("POST", "/api/v5/api_key", {"name": "audited"})
+    node.call("DELETE", "/api/v5/api_key/audited")
+    node.call("DELETE", "/api/v5/api_key/never-was")
+    wait_until(lambda: len(lines()) >= before + 3, "the audit lines")
+    new = lines()[before:]
+    assert [(x["method"], x["path"], x["status"]) for x in new] == [
+        ("POST", "/api/v5/api_key", 200), ("DELETE", "/api/v5/api_key/audited", 204),
+        ("DELETE", "/api/v5/api_key/never-was", 404)]  # fmt: skip
+    assert all(x["api_key"] == KEY and x["remote"] == "127.0.0.1" for x in new)

@@ -132,6 +132,10 @@ def _check_query(route: Route, request: web.Request) -> None:
     for param in route.params:
         if param.required and param.where == "query" and param.name not in request.query:
             raise BadRequest(f"{param.name} is required")
+        segment = request.match_info.get(param.name) if param.where == "path" else None
+        if param.enum and segment is not None and segment not in param.enum:
+            raise BadRequest(f"{param.name} must be one of {', '.join(param.enum)}, "
+                             f"not {segment!r}")  # fmt: skip
 
 
 def _wrap(route: Route, guard: Guard) -> Handler:

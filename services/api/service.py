@@ -15,21 +15,25 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from services.api import apikeys, banned, clients, nodes, pubsub
+from services.api import apikeys, banned, clients, nodes, pubsub, system, users
 from services.api.context import Context
 from services.api.errors import json_response
 from services.api.keys import FileKeyStore, KeyCheck, KeyStore, RedisKeyStore, bootstrap
 from services.api.openapi import document
 from services.api.peers import Peers
 from services.api.routes import Param, Route, aiohttp_routes
+from services.api.system import System, signal_drain
+from services.api.users import Users
 
 if TYPE_CHECKING:
     from services.broker.broker import Broker
+    from services.listener.listeners import Listener
     from services.metrics.service import MetricsService
 
 STATUS: dict[str, Any] = {
@@ -46,33 +50,44 @@ STATUS: dict[str, Any] = {
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
 
-def backends(redis_url: str | None, data_dir: str, node_id: str) -> tuple[KeyStore, Peers | None]:
-    """The key store and the peers' addresses: Redis (shared by the cluster)
-    when the node has one, else the data dir and no peers."""
-    if redis_url is None:
-        return FileKeyStore(data_dir), None
-    from services.store.redis import connect
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    """What the API needs of the node's settings (the node picks them)."""
 
-    client = connect(redis_url)  # the API's own: a slow call never holds the stores' pool
-    return RedisKeyStore(client), Peers(client, node_id)
+    node_id: str
+    version: str
+    data_dir: str  # the key store on --backend memory
+    redis_url: str | None  # None: --backend memory (no peers, no Redis users or rules)
+    key_pairs: tuple[tuple[str, str], ...] = ()  # --api-key-file
+    password_file: str | None = None  # the users `weir passwd FILE` writes
+    plugin_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 class Api:
     def __init__(
         self,
         broker: Broker,
-        node_id: str,
-        version: str,
-        store: KeyStore,
-        key_pairs: Sequence[tuple[str, str]] = (),
-        peers: Peers | None = None,
+        listeners: Sequence[Listener],
+        config: ApiConfig,
+        drain: Callable[[], None] = signal_drain,
     ) -> None:
-        self.store = store
-        self.peers = peers
-        self.key_pairs = list(key_pairs)
-        forward = peers.forward if peers is not None else None
-        self.ctx = Context(broker, node_id, version, time.time(), forward)
-        self.check = KeyCheck(store, broker.metrics)
+        self.config = config
+        client = None
+        if config.redis_url is None:
+            self.store: KeyStore = FileKeyStore(config.data_dir)
+            self.peers: Peers | None = None
+        else:
+            from services.store.redis import connect
+
+            client = connect(config.redis_url)  # the API's own: never holds the stores' pool
+            self.store = RedisKeyStore(client)
+            self.peers = Peers(client, config.node_id)
+        forward = self.peers.forward if self.peers is not None else None
+        self.ctx = Context(broker, config.node_id, config.version, time.time(), forward)
+        self.check = KeyCheck(self.store, broker.metrics)
+        self.users = Users(config.password_file, config.redis_url, client)
+        self.system = System(self.ctx, broker.seams.plugins, config.plugin_configs, listeners,
+                             drain)  # fmt: skip
         self.declared: list[Route] = []  # made with the routes (`routes`)
 
     def _own(self) -> list[Route]:
@@ -101,13 +116,14 @@ class Api:
         figures, alarms), for the HTTP port the metrics service serves."""
         self.declared = [
             *self._own(), *nodes.routes(self.ctx, watched), *clients.routes(self.ctx),
-            *pubsub.routes(self.ctx), *banned.routes(self.ctx), *apikeys.routes(self.store),
+            *pubsub.routes(self.ctx), *banned.routes(self.ctx), *users.routes(self.users),
+            *system.routes(self.system), *apikeys.routes(self.store),
         ]  # fmt: skip
         return aiohttp_routes(self.declared, self.check)
 
     async def start(self) -> None:
         """Store the key file's keys (StoreUnavailable if Redis does not answer)."""
-        await bootstrap(self.store, self.key_pairs)
+        await bootstrap(self.store, list(self.config.key_pairs))
 
     async def announce(self, host: str, port: int, scheme: str = "http") -> None:
         """Tell the peers where this node's API answers (StoreUnavailable if Redis does not)."""

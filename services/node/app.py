@@ -151,14 +151,16 @@ def seams_for(settings: Settings, redis: Any = None) -> Seams:
         raise SettingsError(str(exc)) from None
     authn = authenticator(settings, redis)
     hooks = Hooks()
+    plugins = Plugins(hooks)
     try:
-        Plugins(hooks).load_named((p.name, p.config) for p in settings.plugin)
+        plugins.load_named((p.name, p.config) for p in settings.plugin)
     except PluginError as exc:
         raise SettingsError(str(exc)) from None
     # Unknown SCRAM users' salts: from a secret every worker and node shares
     # (read lazily: a settings check creates nothing).
     mock = RedisSecret(redis) if redis is not None else FileSecret(settings.data_dir)
-    return Seams(authenticator=authn, authorizer=acl, hooks=hooks, enhanced=enhanced(authn, mock))
+    return Seams(authenticator=authn, authorizer=acl, hooks=hooks, enhanced=enhanced(authn, mock),
+                 plugins=plugins)  # fmt: skip
 
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")

@@ -29,13 +29,14 @@ import importlib.metadata
 from dataclasses import dataclass, field
 
 from services.api.keys import read_key_file
-from services.api.service import Api, backends
+from services.api.service import Api, ApiConfig
 from services.broker.broker import Broker
 from services.broker.ports import Flow
 from services.broker.seams import Seams
 from services.broker.timers import TimerWheel
 from services.cluster.router import ClusterRouter
 from services.config import Settings
+from services.config.auth import AuthKind
 from services.event.api import EventLog
 from services.listener.connection import Connection
 from services.listener.listeners import Listener
@@ -107,6 +108,19 @@ def open_listeners(settings: Settings, broker: Broker, metrics: Metrics) -> list
     ]
 
 
+def api_config(settings: Settings, services: Services, version: str) -> ApiConfig:
+    password_files = [a.path for a in settings.auth if a.backend == AuthKind.PASSWORD_FILE]
+    return ApiConfig(
+        node_id=settings.node_id,
+        version=version,
+        data_dir=settings.data_dir,
+        redis_url=services.endpoints[0] if services.endpoints is not None else None,
+        key_pairs=tuple(read_key_file(settings.api_key_file) if settings.api_key_file else ()),
+        password_file=password_files[0] if password_files else None,
+        plugin_configs={p.name: p.config for p in settings.plugin},
+    )
+
+
 def weir_version() -> str:
     try:
         return importlib.metadata.version("weir")
@@ -168,16 +182,10 @@ class Node:
         broker.orphans.restarted()  # wills a previous run of this node was to publish
         await self.services.events.warm()  # else the first CONNACK waits ~0.5 s for it
         gc.freeze()
+        self.listeners = open_listeners(settings, broker, self.services.seams.metrics)
         if settings.http_port is not None:
-            endpoints = self.services.endpoints
-            store, peers = backends(
-                endpoints[0] if endpoints is not None else None, settings.data_dir,
-                settings.node_id,
-            )  # fmt: skip
-            self.api = Api(
-                broker, settings.node_id, self.version, store,
-                read_key_file(settings.api_key_file) if settings.api_key_file else (), peers,
-            )  # fmt: skip
+            config = api_config(settings, self.services, self.version)
+            self.api = Api(broker, self.listeners, config)
             await self.api.start()  # the key file's keys, before the port answers
         self.metrics_service = MetricsService(
             broker.metrics, settings.node_id, self.version, broker.publish_sys,
@@ -187,7 +195,6 @@ class Node:
             routes=self.api.routes if self.api is not None else None,
         )  # fmt: skip
         try:
-            self.listeners = open_listeners(settings, broker, self.services.seams.metrics)
             for listener in self.listeners:
                 await listener.bind(loop, self.reuse_port)
                 assert listener.server is not None

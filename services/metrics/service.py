@@ -10,6 +10,7 @@ reports ready and stops it in its ordered shutdown, after the listeners
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable, Sequence
 
 from aiohttp import web
@@ -40,6 +41,7 @@ class MetricsService:
         # More of the HTTP port (the management API), made from this service once
         # its parts (the alarms) exist.
         routes: Callable[[MetricsService], Sequence[web.RouteDef]] | None = None,
+        http_ssl: ssl.SSLContext | None = None,  # TLS on the HTTP port
     ) -> None:
         self.metrics = metrics
 
@@ -58,7 +60,8 @@ class MetricsService:
         if http_port is not None:
             more = routes(self) if routes is not None else ()
             self.http = HttpServer(
-                http_host, http_port, [*metrics_routes(Exposition(self.collector)), *more]
+                http_host, http_port, [*metrics_routes(Exposition(self.collector)), *more],
+                http_ssl,
             )
 
     @property

@@ -37,6 +37,7 @@ from services.broker.timers import TimerWheel
 from services.cluster.router import ClusterRouter
 from services.config import Settings
 from services.config.auth import AuthKind
+from services.config.settings import http_ssl_context
 from services.event.api import EventLog
 from services.listener.connection import Connection
 from services.listener.listeners import Listener
@@ -193,6 +194,8 @@ class Node:
             sys_interval_s=settings.sys_interval_s,
             max_connections=settings.limits.max_connections, refresh=broker.figures,
             routes=self.api.routes if self.api is not None else None,
+            http_ssl=http_ssl_context(settings.http_certfile, settings.http_keyfile)
+            if settings.http_certfile and settings.http_keyfile else None,
         )  # fmt: skip
         try:
             for listener in self.listeners:
@@ -202,7 +205,8 @@ class Node:
             await self.metrics_service.start()  # /metrics answers before the node is ready
             self.http_port = self.metrics_service.http_port
             if self.api is not None and self.http_port is not None:
-                await self.api.announce(settings.http_host, self.http_port)
+                scheme = "https" if settings.http_certfile else "http"
+                await self.api.announce(settings.http_host, self.http_port, scheme)
         except OSError:
             await self.metrics_service.stop()
             await self._close_servers()

@@ -72,6 +72,7 @@ from services.bridge.api import Egress
 from services.broker.ports import ConnectionPort
 from services.config import Limits
 from services.hooks.api import Hooks
+from services.hooks.plugins import Plugins
 from services.logs import client_fields
 from services.metrics.registry import Metrics
 from services.mqtt.actions import Authenticate, AuthExchange
@@ -132,6 +133,7 @@ class Seams:
     admission: Admission | None = None  # bans, flapping, rates (None: everyone may connect)
     enhanced: EnhancedAuthenticator | None = None  # MQTT 5 Authentication Methods (SCRAM)
     kicks: Kicks | None = None  # what a new ban disconnects (with `admission`'s ban table)
+    plugins: Plugins | None = None  # the loaded plugins (the management API starts, stops them)
     egress: Egress | None = None  # data bridges (services.bridge): None, nothing bridged
     authenticates: bool = field(init=False)  # CONNECTs wait for the authenticator
     authorizes: bool = field(init=False)  # PUBLISH / SUBSCRIBE ask the authorizer

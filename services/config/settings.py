@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import socket
+import ssl
 from typing import Annotated
 
 from pydantic import Field, model_validator
@@ -262,8 +263,22 @@ class Settings:
         HTTP_PORT, "the node's HTTP port: Prometheus text at /metrics (0: a free port, off: "
         "none)", env="WEIR_HTTP_PORT")  # fmt: skip
     http_host: Text = opt(
-        "127.0.0.1", "address of the HTTP port (loopback by default: /metrics asks no login)",
+        "127.0.0.1", "address of the HTTP port (loopback by default; another one needs "
+        "--http-certfile or --http-allow-insecure)",
         env="WEIR_HTTP_HOST")  # fmt: skip
+    http_certfile: Text | None = opt(
+        None, "serve the HTTP port (/metrics, the API) over TLS with this PEM certificate "
+        "(with --http-keyfile)", env="WEIR_HTTP_CERTFILE")  # fmt: skip
+    http_keyfile: Text | None = opt(
+        None, "the HTTP port's TLS private key (PEM)", env="WEIR_HTTP_KEYFILE")
+    http_allow_insecure: Bool = opt(
+        False, "let the HTTP port listen on a non-loopback --http-host without TLS (API keys "
+        "and secrets then cross the network in the clear)",
+        env="WEIR_HTTP_ALLOW_INSECURE")  # fmt: skip
+    api_key_file: Text | None = opt(
+        None, "the management API's first keys: a file of key:secret lines (EMQX's bootstrap "
+        "file), stored hashed at start; more with POST /api/v5/api_key (docs/api.md)",
+        env="WEIR_API_KEY_FILE")  # fmt: skip
     sys_interval_s: Annotated[Seconds, Field(ge=0.0)] = opt(
         SYS_INTERVAL_S, "how often the node publishes its $SYS/brokers/<node>/... topics, "
         "retained (0: never)", flag="--sys-interval", unit="s")  # fmt: skip
@@ -284,6 +299,17 @@ class Settings:
                if (v := getattr(self, f"jwt_{k}")) is not None}  # fmt: skip
         built = chain(self.auth, self.password_file, self.auth_redis, jwt, self.auth_http)
         object.__setattr__(self, "auth", built)  # frozen; idempotent (chain dedupes)
+        return self
+
+    @model_validator(mode="after")
+    def _http_tls(self) -> Settings:
+        if (self.http_certfile is None) != (self.http_keyfile is None):
+            raise ValueError("--http-certfile and --http-keyfile go together")
+        if self.http_certfile is not None and self.http_keyfile is not None:
+            try:
+                http_ssl_context(self.http_certfile, self.http_keyfile)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"--http-certfile/--http-keyfile: {exc}") from None
         return self
 
     @model_validator(mode="after")
@@ -310,6 +336,29 @@ def is_loopback(host: str) -> bool:
         return False  # a name: it may resolve to any interface
 
 
+def http_ssl_context(certfile: str, keyfile: str) -> ssl.SSLContext:
+    """The HTTP port's server context (TLS 1.2+); OSError / ssl.SSLError for bad files."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(certfile, keyfile)
+    return context
+
+
+def http_exposure_error(settings: Settings) -> str | None:
+    """A non-loopback HTTP port needs TLS or an explicit flag: it carries API
+    keys and secrets (and answers /metrics without one)."""
+    if settings.http_port is None or is_loopback(settings.http_host):
+        return None
+    if settings.http_certfile is not None or settings.http_allow_insecure:
+        return None
+    return (
+        f"the HTTP port (/metrics, the management API) listening on {settings.http_host} (not "
+        "loopback) would carry API keys in the clear; give it TLS (--http-certfile and "
+        "--http-keyfile), set http_allow_insecure = true (--http-allow-insecure) to accept "
+        "that, or listen on 127.0.0.1"
+    )
+
+
 def exposure_error(settings: Settings) -> str | None:
     """Why a node with these settings must not start, or None. A listener
     that other machines can reach needs an authentication backend, client
@@ -317,6 +366,9 @@ def exposure_error(settings: Settings) -> str | None:
     its own), as Mosquitto 2 asks. Checked when a node starts (`weir up`,
     `weir config check`), not by every reader of the settings: `weir ban`
     and `weir drain` read the same file to find Redis or the data dir."""
+    http = http_exposure_error(settings)
+    if http is not None:
+        return http
     if settings.auth:
         return None
     for listener in settings.listeners.all():

@@ -15,7 +15,8 @@ names are fixed (`CLIENT_FIELDS`) so the formatters know what to print.
 let through once per `window_s`; what it held back is counted and the
 next line let through says how many were suppressed. A flood of one
 failure (a plugin raising per message, a client retrying a refused
-CONNECT) costs one line per window, not one per event.
+CONNECT) costs one line per window, not one per event. A line logged with
+`extra={"unlimited": True}` (the API's audit trail) is never held back.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from collections.abc import MutableMapping
 from typing import Any, Final, TextIO
 
 CLIENT_FIELDS: Final = ("client_id", "user", "peer", "node")
+# An audit line of the management API (services.api.routes): who wrote what, and how it ended.
+AUDIT_FIELDS: Final = ("api_key", "method", "path", "status", "remote")
 RATE_WINDOW_S: Final = 10.0  # one line per template per 10 s: enough to see it, not a flood
 _RATE_KEYS_MAX: Final = 10_000  # templates remembered; past it the table starts again
 
@@ -51,7 +54,11 @@ class ClientLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: getattr(record, k) for k in CLIENT_FIELDS if getattr(record, k, None) is not None}
+    return {
+        k: getattr(record, k)
+        for k in (*CLIENT_FIELDS, *AUDIT_FIELDS)
+        if getattr(record, k, None) is not None
+    }
 
 
 class JsonLines(logging.Formatter):
@@ -87,6 +94,8 @@ class RateLimit(logging.Filter):
         self._last: dict[tuple[str, int, object], tuple[float, int]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "unlimited", False):  # an audit line: every one of them counts
+            return True
         key = (record.pathname, record.lineno, record.msg)
         now = time.monotonic()
         seen = self._last.get(key)

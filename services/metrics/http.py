@@ -10,6 +10,7 @@ scrape costs one pass over the figures and a few system calls.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Sequence
 from typing import Final
 
@@ -33,9 +34,13 @@ def metrics_routes(exposition: Exposition) -> list[web.RouteDef]:
 
 
 class HttpServer:
-    def __init__(self, host: str, port: int, routes: Sequence[web.RouteDef]) -> None:
+    def __init__(
+        self, host: str, port: int, routes: Sequence[web.RouteDef],
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:  # fmt: skip
         self.host = host
         self.port = port  # 0: a free port, known after start
+        self.ssl_context = ssl_context  # None: plain HTTP
         self._app = web.Application()
         self._app.add_routes(routes)
         self._runner: web.AppRunner | None = None
@@ -44,7 +49,9 @@ class HttpServer:
         """Listen; returns the port. OSError (a port in use) leaves nothing open."""
         runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        site = web.TCPSite(
+            runner, self.host, self.port, reuse_address=True, ssl_context=self.ssl_context
+        )
         try:
             await site.start()
         except OSError:
@@ -59,6 +66,15 @@ class HttpServer:
             runner, self._runner = self._runner, None
             await runner.cleanup()
 
+    def served(self) -> set[tuple[str, str]]:
+        """(method, path) of every route this server answers (HEAD aside)."""
+        return {
+            (route.method, route.resource.canonical)
+            for route in self._app.router.routes()
+            if route.resource is not None and route.method != "HEAD"
+        }
+
     def url(self, path: str = "") -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}{path}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://{host}:{self.port}{path}"

@@ -56,6 +56,12 @@ REFUSE_REASONS: Final = (
     "not_authorized",  # the authentication chain (or its hook) said no
 )
 ACTIONS: Final = ("publish", "subscribe")
+# Why the management API refused a request's key (services.api.keys).
+API_KEY_REFUSALS: Final = (
+    "missing",  # no Authorization header, or not a Basic key:secret one
+    "unknown",  # no such key: never made, or revoked
+    "wrong_secret",  # the key exists; its secret is not the one sent
+)
 
 Kind = Literal["counter", "gauge"]
 
@@ -151,6 +157,10 @@ class Metrics:
     )
     authorization_deny: dict[str, int] = counter(
         "PUBLISH topics and SUBSCRIBE filters the authorizer refused", "action", ACTIONS
+    )
+    # The management API (services.api).
+    api_unauthorized: dict[str, int] = counter(
+        "API requests refused with 401 for their key, by reason", "reason", API_KEY_REFUSALS
     )
     # The cluster and the backends.
     nodes_live: int = gauge("cluster nodes alive, this one included")

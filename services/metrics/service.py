@@ -10,7 +10,8 @@ reports ready and stops it in its ordered shutdown, after the listeners
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import ssl
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
@@ -37,7 +38,10 @@ class MetricsService:
         max_connections: int,
         refresh: Refresh | None = None,
         thresholds: Thresholds = DEFAULT_THRESHOLDS,
-        routes: Sequence[web.RouteDef] = (),  # more of the HTTP port (the management API)
+        # More of the HTTP port (the management API), made from this service once
+        # its parts (the alarms) exist.
+        routes: Callable[[MetricsService], Sequence[web.RouteDef]] | None = None,
+        http_ssl: ssl.SSLContext | None = None,  # TLS on the HTTP port
     ) -> None:
         self.metrics = metrics
 
@@ -48,14 +52,17 @@ class MetricsService:
 
         self.figures = figures
         self.collector = NodeCollector(metrics, node, version, figures)
-        self.http = None
-        if http_port is not None:
-            routes = [*metrics_routes(Exposition(self.collector)), *routes]
-            self.http = HttpServer(http_host, http_port, routes)
         self.sys = SysTopics(metrics, node, version, publish, sys_interval_s, figures)
         self.alarms = Alarms(metrics, node, publish)
         self.watch = Watch(metrics, self.alarms, max_connections, thresholds, refresh=figures)
         self.lag = LagMonitor(metrics)
+        self.http = None
+        if http_port is not None:
+            more = routes(self) if routes is not None else ()
+            self.http = HttpServer(
+                http_host, http_port, [*metrics_routes(Exposition(self.collector)), *more],
+                http_ssl,
+            )
 
     @property
     def http_port(self) -> int | None:

@@ -86,6 +86,10 @@ def up(
     if exposed is not None:
         raise SettingsError(exposed)
     seams_for(settings)  # a missing or malformed password, key, ACL file or plugin: exit 2
+    if settings.api_key_file:  # a missing or malformed API key file: exit 2, before anything
+        from services.api.keys import read_key_file
+
+        read_key_file(settings.api_key_file)
     if workers is not None or nodes is not None:
         from services.machine.supervisor import supervise
 
@@ -147,14 +151,16 @@ def seams_for(settings: Settings, redis: Any = None) -> Seams:
         raise SettingsError(str(exc)) from None
     authn = authenticator(settings, redis)
     hooks = Hooks()
+    plugins = Plugins(hooks)
     try:
-        Plugins(hooks).load_named((p.name, p.config) for p in settings.plugin)
+        plugins.load_named((p.name, p.config) for p in settings.plugin)
     except PluginError as exc:
         raise SettingsError(str(exc)) from None
     # Unknown SCRAM users' salts: from a secret every worker and node shares
     # (read lazily: a settings check creates nothing).
     mock = RedisSecret(redis) if redis is not None else FileSecret(settings.data_dir)
-    return Seams(authenticator=authn, authorizer=acl, hooks=hooks, enhanced=enhanced(authn, mock))
+    return Seams(authenticator=authn, authorizer=acl, hooks=hooks, enhanced=enhanced(authn, mock),
+                 plugins=plugins)  # fmt: skip
 
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -317,6 +323,7 @@ async def _serve(
     from services.node import authn, embedded, logcut
     from services.node.node import Node
     from services.state.store import StateStoreError
+    from services.store.errors import StoreUnavailable
 
     node = Node(settings, services, reuse_port=reuse_port)
     try:
@@ -333,6 +340,10 @@ async def _serve(
         return EXIT_START_FAILED
     except (EventLogError, StateStoreError) as exc:
         print(f"weir: cannot read the event log: {exc}", file=sys.stderr)
+        await node.stop()
+        return EXIT_START_FAILED
+    except StoreUnavailable as exc:  # Redis went away since the start's PING
+        print(f"weir: cannot store the --api-key-file keys: {exc}", file=sys.stderr)
         await node.stop()
         return EXIT_START_FAILED
     stop = asyncio.Event()

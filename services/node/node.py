@@ -29,12 +29,16 @@ import importlib.metadata
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.api.keys import read_key_file
+from services.api.service import Api, ApiConfig
 from services.broker.broker import Broker
 from services.broker.ports import Flow
 from services.broker.seams import Seams
 from services.broker.timers import TimerWheel
 from services.cluster.router import ClusterRouter
 from services.config import Settings
+from services.config.auth import AuthKind
+from services.config.settings import http_ssl_context
 from services.event.api import EventLog
 from services.listener.connection import Connection
 from services.listener.listeners import Listener
@@ -110,6 +114,19 @@ def open_listeners(settings: Settings, broker: Broker, metrics: Metrics) -> list
     ]
 
 
+def api_config(settings: Settings, services: Services, version: str) -> ApiConfig:
+    password_files = [a.path for a in settings.auth if a.backend == AuthKind.PASSWORD_FILE]
+    return ApiConfig(
+        node_id=settings.node_id,
+        version=version,
+        data_dir=settings.data_dir,
+        redis_url=services.endpoints[0] if services.endpoints is not None else None,
+        key_pairs=tuple(read_key_file(settings.api_key_file) if settings.api_key_file else ()),
+        password_file=password_files[0] if password_files else None,
+        plugin_configs={p.name: p.config for p in settings.plugin},
+    )
+
+
 def weir_version() -> str:
     try:
         return importlib.metadata.version("weir")
@@ -133,6 +150,7 @@ class Node:
         self._viewdump: asyncio.Task[None] | None = None  # answers the drift check
         self.version = weir_version()
         self.metrics_service: MetricsService | None = None  # /metrics, $SYS, alarms
+        self.api: Api | None = None  # the management API, on the HTTP port
         self.http_port: int | None = None
         # per-client and per-topic packet traces, files under <data-dir>/trace; the
         # management API starts, lists, stops, deletes and reads them through it
@@ -176,22 +194,32 @@ class Node:
         broker.orphans.restarted()  # wills a previous run of this node was to publish
         await self.services.events.warm()  # else the first CONNACK waits ~0.5 s for it
         gc.freeze()
+        self.listeners = open_listeners(settings, broker, self.services.seams.metrics)
+        if settings.http_port is not None:
+            config = api_config(settings, self.services, self.version)
+            self.api = Api(broker, self.listeners, config)
+            await self.api.start()  # the key file's keys, before the port answers
         self.metrics_service = MetricsService(
             broker.metrics, settings.node_id, self.version, broker.publish_sys,
             http_host=settings.http_host, http_port=settings.http_port,
             sys_interval_s=settings.sys_interval_s,
             max_connections=settings.limits.max_connections, refresh=broker.figures,
+            routes=self.api.routes if self.api is not None else None,
+            http_ssl=http_ssl_context(settings.http_certfile, settings.http_keyfile)
+            if settings.http_certfile and settings.http_keyfile else None,
         )  # fmt: skip
         if settings.sys_client_events:
             self._client_events(broker)
         try:
-            self.listeners = open_listeners(settings, broker, self.services.seams.metrics)
             for listener in self.listeners:
                 await listener.bind(loop, self.reuse_port)
                 assert listener.server is not None
                 self._servers.append(listener.server)
             await self.metrics_service.start()  # /metrics answers before the node is ready
             self.http_port = self.metrics_service.http_port
+            if self.api is not None and self.http_port is not None:
+                scheme = "https" if settings.http_certfile else "http"
+                await self.api.announce(settings.http_host, self.http_port, scheme)
         except OSError:
             await self.metrics_service.stop()
             await self._close_servers()
@@ -263,6 +291,8 @@ class Node:
             hooks.remove("client.disconnected", self.client_events.disconnected)
         await self.services.seams.stop()
         await self.services.seams.close()
+        if self.api is not None:
+            await self.api.close()
         if self.services.cluster is not None:
             await self.services.cluster.stop()
         if self.wheel is not None:

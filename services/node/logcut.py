@@ -18,10 +18,12 @@ what it saves), the single node of `weir up` cuts it:
 3. the embedded Kafka is stopped and started again on its port, empty
    (`renew`, from the composition root), and the write-through log gets
    the new log;
-4. the store's live state (`StateSnapshot.live_events`: sessions that did
-   not end, live subscriptions, retained messages) is appended to it, and
-   the store starts a new log generation (its offsets belonged to the old
-   log: a Spark job's checkpoint knows it is void);
+4. the store starts a new log generation (its offsets belonged to the old
+   log: a Spark job's checkpoint knows it is void), then the store's live
+   state (`StateSnapshot.live_events`: sessions that did not end, live
+   subscriptions, retained messages) is appended to the new log (in that
+   order, as a re-seed at start: a crash between them leaves no offsets of
+   the old log behind; the next start re-seeds from the store again);
 5. appends go on, and the tail starts over on the new log (the re-seeded
    events are all stale to the node's view: ignored by version).
 
@@ -107,11 +109,11 @@ class LogCutter:
                 await events.log.close()
                 events.log = await renew()
                 events.appended = 0
+                await self.state.new_generation(self.node_id)
                 seeded = 0
                 if snapshot is not None:
                     live = snapshot.live_events()
                     seeded = await bootstrap.append_all(events.log, live)
-                await self.state.reseeded(self.node_id)
             except StateStoreError as exc:
                 log.warning("log cut: %s", exc)
                 raise

@@ -250,6 +250,7 @@ def test_the_embedded_default_of_nodes_keeps_everything_across_a_sigkill(tmp_pat
     nodes_ready = ("weir: node n1-1 ready", "weir: node n1-2 ready")
     up = Up(data, port, *nodes, ready=nodes_ready)
     try:
+        assert "weir: with --nodes/--workers the embedded log is not cut" in up.text()
         assert endpoints.find(data).redis_url == up.redis_url
         keeper = Paho(port, "keeper", clean=False)  # on node 1
         assert keeper.connack()[1] == 0

@@ -130,9 +130,10 @@ async def test_a_reseed_cut_short_leaves_no_old_offsets_and_every_node_starts_wh
     and dies after its first appended window. The store then holds no offsets
     of the old log and a new generation (a Spark checkpoint of the old log is
     void). n2, on the log as n1 left it (one record of the re-seed), starts
-    at once from the snapshot and the whole log (no offsets: from its start); n3, on a log emptied again,
-    takes n1's lapsed lease over and re-seeds it whole; n4 waits for another
-    node's re-seed to show, then starts from the snapshot and that log."""
+    at once from the snapshot and the whole log (no offsets: from its
+    start); n3, on a log emptied again, takes n1's lapsed lease over and
+    re-seeds it whole; n4 waits for another node's re-seed to show, then
+    starts from the snapshot and that log."""
     monkeypatch.setattr(bootstrap, "RESEED_WINDOW", 1)
     monkeypatch.setattr(bootstrap, "RESEED_CLAIM_S", 0.3)
     client = aioredis.Redis.from_url(redis_url)

@@ -189,10 +189,16 @@ async def _reseed_once(
     # for them to refuse, and a store that keeps 100,000 ended clients would
     # make every restart re-seed them (the view learns them from the snapshot).
     items = snapshot.live_events()
+    # The events come from the store: the embedded default's write-through
+    # would write each back into it unchanged (its version is not newer), a
+    # third of a re-seed's time. So they go to the log under it.
+    target = events.log if isinstance(events, WriteThroughLog) else events
     for start in range(0, len(items), RESEED_WINDOW):
         if start and not await state.claim_reseed(node_id, RESEED_CLAIM_S):
             log.warning("the re-seed lease passed to another node; appending the rest anyway")
-        await reseed_window(events, items[start : start + RESEED_WINDOW])
+        await reseed_window(target, items[start : start + RESEED_WINDOW])
+    if isinstance(events, WriteThroughLog):
+        events.appended += len(items)  # the events in the current log (the log cut's count)
     await state.release_reseed(node_id)
     # On the embedded default an empty log is every start's (its Kafka
     # keeps the log in memory); elsewhere it is news.

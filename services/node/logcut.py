@@ -153,6 +153,9 @@ def start(logstate: LogState, state: StateStore | None, node_id: str) -> asyncio
     if state is None or not isinstance(events, WriteThroughLog) or events.renew is None:
         return None
     cutter = LogCutter(logstate, state, node_id)
+    # The start's re-seed counts as the last cut's: a live state bigger than
+    # cut_events is not cut again before the log has twice as much.
+    cutter.seeded = events.appended
     return asyncio.get_running_loop().create_task(cutter.run(), name="weir-logcut")
 
 

@@ -3,8 +3,10 @@
 Jobs: `state` (the state store, streams.statestore) and `analytics`
 (Parquet tables for `weir report`, streams.analytics). Where the log and
 the store are comes from Weir's settings (--kafka / --redis, or
-WEIR_KAFKA_BOOTSTRAP / WEIR_REDIS_URL, or the config file); the embedded
-default starts the state job itself with `weir up --spark`.
+WEIR_KAFKA_BOOTSTRAP / WEIR_REDIS_URL, or the config file); with neither,
+from the `weir up` running on the data dir (its endpoints.json: the
+embedded default's random ports), or one line saying none runs there. The
+embedded default also starts the state job itself with `weir up --spark`.
 
 Exit codes: 0 after a clean stop (or, with --available-now, once the log
 as it was is folded), 1 when the job fails for good (a data-loss error),
@@ -16,6 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 import click
@@ -24,6 +27,7 @@ from services.cli import CONTEXT, Command, fail
 from services.cli import run as run_command
 from services.config import load
 from services.config.flags import given, settings_flags, some
+from services.embedded import endpoints
 from streams.config import DEFAULT_TRIGGER_S, MAX_RECORDS_PER_TRIGGER, JobConfig
 
 JOBS: Final = {"state": "streams.statestore", "analytics": "streams.analytics"}
@@ -49,10 +53,17 @@ def command(
     if job not in JOBS:
         fail(f"unknown job {job!r}: expected one of {', '.join(JOBS)}")
     settings = load({"config": config, **given(flags)})
+    if settings.kafka_bootstrap is None and settings.redis_url is None:
+        # Neither named: the weir up running on the data dir (the embedded default).
+        found = endpoints.running(settings.data_dir, "weir streams run", code=2)
+        settings = replace(
+            settings, kafka_bootstrap=found.kafka_bootstrap, redis_url=found.redis_url,
+            kafka_topic_prefix=found.topic_prefix,
+        )  # fmt: skip
     if settings.kafka_bootstrap is None:
         fail(
-            "needs the log: --kafka HOST:PORT (or WEIR_KAFKA_BOOTSTRAP); the embedded default "
-            "runs the state job itself: weir up --spark"
+            "needs the log: --kafka HOST:PORT (or WEIR_KAFKA_BOOTSTRAP), or neither --kafka "
+            "nor --redis for the weir up running on --data-dir"
         )
     if job == "state" and settings.redis_url is None:
         fail("the state job needs the store: --redis URL (or WEIR_REDIS_URL)")

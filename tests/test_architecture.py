@@ -6,7 +6,8 @@ Every import counts: top level, inside functions, and under TYPE_CHECKING.
   ([tool.importlinter]), run here so the suite fails on a violation;
 - services/mqtt and services/state/keys.py import only the standard library;
 - streams/ imports only the event schema, the settings (services.config),
-  the CLI's parts and the state's key layout from services.
+  the CLI's parts, the state's key layout and where a running weir up is
+  (services.embedded.endpoints) from services.
 The last two are allow-lists, which a test says more plainly than
 import-linter's forbidden-module lists would.
 """
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 STREAMS_MAY_IMPORT = (
     "services.event.schema", "services.config", "services.cli", "services.state.keys",
+    "services.embedded.endpoints",  # where a running weir up is (reads a file; imports nothing)
 )  # fmt: skip
 
 

@@ -78,6 +78,11 @@ RESTART_MAX_S = 16.0
 RESTART_WINDOW_S = 60.0
 RESTARTS_PER_WINDOW = 5  # then the node is given up on: it fails at every start
 READY_MARK = b" ready, mqtt on "  # the node's ready line (services.node.app)
+NOT_CUT = (
+    "weir: with --nodes/--workers the embedded log is not cut (every node appends to it and "
+    "tails it): it grows by about 1.2 KiB of the embedded Kafka's memory per event until "
+    "weir up starts again"
+)
 
 
 def free_port(host: str) -> int:
@@ -298,6 +303,8 @@ def supervise(
                     slot.death_signal = signal.SIGTERM
                 slots.append(slot)
             _say_plan(settings, slots, shared, redis_url, kafka, root, others)
+            if settings.kafka_bootstrap is None:  # services.node.logcut says why
+                print(NOT_CUT, flush=True)
             endpoints.announce(
                 settings.data_dir, redis_url, kafka, settings.kafka_topic_prefix,
                 settings.node_id, f"{settings.listeners.host}:{slots[0].mqtt_port}",

@@ -398,6 +398,8 @@ async def _serve(
         print(embedded.kept_note(settings), flush=True)
     assert node.broker is not None
     cutter = None if spark else logcut.start(node.broker.logstate, services.state, settings.node_id)
+    if spark and services.endpoints is not None and "embedded" in what:
+        print(logcut.NOT_CUT_WITH_SPARK, flush=True)
     if reread is not None:  # `weir up`: structured logs from here on (services.logs); the
         # lines up to here stay plain, as scripts and the supervisor read them (ready, or why not)
         logs.setup(settings.log_level, settings.node_id)

@@ -10,11 +10,18 @@ order and the overlap (the store may be newer than its offsets) do not
 matter: snapshot + tail equals a full replay, which a test checks.
 
 When the log is empty and the store is not, the log was lost (the embedded
-Kafka keeps it in memory): one node claims the re-seed, appends the
-snapshot's live state to the log, and tells the store its offsets are void (a
-new log generation); every node then replays the re-seeded log. A node
-that loses the claim waits for the re-seed to land. A claim left by a
-killed run of the same node id is this node's to take again.
+Kafka keeps it in memory): one node takes a lease on the re-seed, tells
+the store its offsets are void (a new log generation), appends the
+snapshot's live state to the log, extending the lease as it goes, and
+releases it; it then replays the re-seeded log. The order closes the
+crash window: a re-seed cut short leaves a store with no offsets of the
+old log (a node replays the log from its start; a Spark checkpoint of the
+old log is void) and a lease that lapses within RESEED_CLAIM_S, after which
+any node takes it over (a run of the same node id at once). A node that
+does not get the lease waits until the log has a record or the lease is
+free, then loads the snapshot and replays the log from its start: the
+snapshot holds all the re-seed would append, so a re-seed still under way,
+or cut short, leaves nothing out of its view.
 
 On the embedded default (`services.state.writer.WriteThroughLog`) the
 nodes themselves keep the store current as they append, so the re-seed
@@ -28,7 +35,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from services.broker.logstate import LogState, gc_paused
@@ -41,8 +48,9 @@ from services.state.writer import WriteThroughLog
 log = logging.getLogger("weir.bootstrap")
 
 RESEED_WINDOW: Final = 2000  # appends in flight while re-seeding; the log bounds its queue
-RESEED_CLAIM_S: Final = 300.0  # a claim outlives a crashed re-seeder by this much at most
-RESEED_WAIT_S: Final = 300.0  # how long a node waits for another node's re-seed
+RESEED_CLAIM_S: Final = 10.0  # the lease, extended every RESEED_WINDOW appends; a crashed
+# re-seeder delays the others by at most this (a window takes well under a second)
+RESEED_POLL_S: Final = 0.5  # how often a node without the lease looks at the log and the lease
 
 
 def load_snapshot(
@@ -60,18 +68,10 @@ def load_snapshot(
     return len(snapshot.sessions) + len(snapshot.subscriptions) + len(snapshot.retained)
 
 
-async def reseed(events: EventLog, snapshot: StateSnapshot) -> int:
-    """Append the snapshot's live state to the log; returns how many events.
-    Tombstones and ended sessions stay out (`StateSnapshot.live_events`): a
-    new log has no late events for them to refuse, and a store that keeps
-    100,000 ended clients would make every restart re-seed them."""
-    return await append_all(events, snapshot.live_events())
-
-
 async def append_all(events: EventLog, items: list[Event]) -> int:
     """Append `items`, RESEED_WINDOW at a time; returns how many."""
     for start in range(0, len(items), RESEED_WINDOW):
-        await asyncio.gather(*(events.append(e) for e in items[start : start + RESEED_WINDOW]))
+        await reseed_window(events, items[start : start + RESEED_WINDOW])
     return len(items)
 
 
@@ -100,7 +100,13 @@ async def start(logstate: LogState, state: StateStore | None, node_id: str) -> S
             return await _load(logstate, snapshot, time.monotonic() - began)
     if snapshot is None or snapshot.empty:
         return Started("log", replayed=await logstate.replay())
-    await _reseed_once(events, state, snapshot, node_id)
+    if not await _reseed_once(events, state, snapshot, node_id):
+        # Another node re-seeds (or did and was cut short): the whole log
+        # over the snapshot, whatever part of the re-seed it holds yet.
+        offsets: dict[tuple[str, int], int] = {}
+        with gc_paused():
+            loaded = await _load(logstate, replace(snapshot, offsets=offsets), 0.0)
+        return Started("re-seeded log", loaded.loaded, loaded.replayed)
     replayed = await logstate.replay()
     # The re-seed left the ended clients out of the log; the view learns
     # them from the snapshot, so that past its bound it forgets them, and
@@ -169,25 +175,43 @@ async def _load(logstate: LogState, snapshot: StateSnapshot, read_s: float) -> S
 
 
 async def _reseed_once(
-    events: EventLog, state: StateStore | None, snapshot: StateSnapshot, node_id: str
-) -> None:
-    assert state is not None
-    if await state.claim_reseed(node_id, RESEED_CLAIM_S):
-        started = time.monotonic()
-        count = await reseed(events, snapshot)
-        await state.reseeded(node_id)
-        # On the embedded default an empty log is every start's (its Kafka
-        # keeps the log in memory); elsewhere it is news.
-        say = log.info if isinstance(events, WriteThroughLog) else log.warning
-        say(
-            "the event log was empty (an embedded Kafka restart?): re-seeded it with %d "
-            "events from the state store in %.1f s",
-            count,
-            time.monotonic() - started,
-        )
-        return
-    deadline = time.monotonic() + RESEED_WAIT_S
-    while await events.is_empty():  # another node is re-seeding: wait for its first events
-        if time.monotonic() > deadline:
-            raise StateStoreError("another node claimed the log's re-seed and never wrote it")
-        await asyncio.sleep(0.5)
+    events: EventLog, state: StateStore, snapshot: StateSnapshot, node_id: str
+) -> bool:
+    """Re-seed the empty log, or wait for another node's re-seed to show; True
+    if this node re-seeded it."""
+    while not await state.claim_reseed(node_id, RESEED_CLAIM_S):
+        if not await events.is_empty():  # another node's re-seed is under way, or done
+            return False
+        await asyncio.sleep(RESEED_POLL_S)  # until its first record, or its lease lapses
+    started = time.monotonic()
+    await state.new_generation(node_id)  # first: see the module's docstring
+    # Tombstones and ended sessions stay out: a new log has no late events
+    # for them to refuse, and a store that keeps 100,000 ended clients would
+    # make every restart re-seed them (the view learns them from the snapshot).
+    items = snapshot.live_events()
+    # The events come from the store: the embedded default's write-through
+    # would write each back into it unchanged (its version is not newer), a
+    # third of a re-seed's time. So they go to the log under it.
+    target = events.log if isinstance(events, WriteThroughLog) else events
+    for start in range(0, len(items), RESEED_WINDOW):
+        if start and not await state.claim_reseed(node_id, RESEED_CLAIM_S):
+            log.warning("the re-seed lease passed to another node; appending the rest anyway")
+        await reseed_window(target, items[start : start + RESEED_WINDOW])
+    if isinstance(events, WriteThroughLog):
+        events.appended += len(items)  # the events in the current log (the log cut's count)
+    await state.release_reseed(node_id)
+    # On the embedded default an empty log is every start's (its Kafka
+    # keeps the log in memory); elsewhere it is news.
+    say = log.info if isinstance(events, WriteThroughLog) else log.warning
+    say(
+        "the event log was empty (an embedded Kafka restart?): re-seeded it with %d "
+        "events from the state store in %.1f s",
+        len(items),
+        time.monotonic() - started,
+    )
+    return True
+
+
+async def reseed_window(events: EventLog, items: list[Event]) -> None:
+    """Append one window of a re-seed (its own function: a test injects a crash after it)."""
+    await asyncio.gather(*(events.append(e) for e in items))

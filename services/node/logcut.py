@@ -18,10 +18,12 @@ what it saves), the single node of `weir up` cuts it:
 3. the embedded Kafka is stopped and started again on its port, empty
    (`renew`, from the composition root), and the write-through log gets
    the new log;
-4. the store's live state (`StateSnapshot.live_events`: sessions that did
-   not end, live subscriptions, retained messages) is appended to it, and
-   the store starts a new log generation (its offsets belonged to the old
-   log: a Spark job's checkpoint knows it is void);
+4. the store starts a new log generation (its offsets belonged to the old
+   log: a Spark job's checkpoint knows it is void), then the store's live
+   state (`StateSnapshot.live_events`: sessions that did not end, live
+   subscriptions, retained messages) is appended to the new log (in that
+   order, as a re-seed at start: a crash between them leaves no offsets of
+   the old log behind; the next start re-seeds from the store again);
 5. appends go on, and the tail starts over on the new log (the re-seeded
    events are all stale to the node's view: ignored by version).
 
@@ -31,9 +33,21 @@ what `weir streams verify` compares the store at.
 
 A cut holds CONNACKs and SUBACKs (not message delivery) for a Kafka restart
 and the live state's re-seed: about a second for a few thousand sessions.
-Only a node on its own embedded Kafka cuts: with `--nodes` / `--workers` the
-other nodes' tails and producers would lose the log under them, and with
-`--spark` the job reads it (both keep the old behaviour, an ever-growing log).
+
+Only a node on its own embedded Kafka cuts, and not with `--spark`; both
+other modes say so at start (one line) and keep an ever-growing log until
+`weir up` starts again (a start re-seeds it with the live state only):
+- `--nodes` / `--workers`: several processes append to the supervisor's
+  Kafka and tail it. A cut would have to hold every node's appends, stop
+  every tail, restart the Kafka, seed it and move every producer and tail
+  to the new log at once, across processes, with a node that dies midway
+  holding up the others; an event one node appended after the snapshot
+  and before the restart would be in the store (write-through) but in no
+  other node's view. Not built.
+- `--spark`: the job's checkpoint holds offsets of the old log. The new
+  generation voids it (`streams.statestore.prepare_checkpoint`) once the
+  job's query fails on a log behind its checkpoint, but that path under a
+  running job is not tested, so the cut stays off there.
 """
 
 from __future__ import annotations
@@ -54,6 +68,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("weir.logcut")
 
+NOT_CUT_WITH_SPARK: Final = (
+    "weir: with --spark the embedded log is not cut (the Spark job reads it): it grows by "
+    "about 1.2 KiB of the embedded Kafka's memory per event until weir up starts again"
+)
 CUT_EVENTS: Final = 100_000  # appends between cuts: ~120 MiB of Tansu memory at most
 CHECK_S: Final = 5.0  # how often the count is looked at (one comparison)
 
@@ -107,11 +125,11 @@ class LogCutter:
                 await events.log.close()
                 events.log = await renew()
                 events.appended = 0
+                await self.state.new_generation(self.node_id)
                 seeded = 0
                 if snapshot is not None:
                     live = snapshot.live_events()
                     seeded = await bootstrap.append_all(events.log, live)
-                await self.state.reseeded(self.node_id)
             except StateStoreError as exc:
                 log.warning("log cut: %s", exc)
                 raise
@@ -135,6 +153,9 @@ def start(logstate: LogState, state: StateStore | None, node_id: str) -> asyncio
     if state is None or not isinstance(events, WriteThroughLog) or events.renew is None:
         return None
     cutter = LogCutter(logstate, state, node_id)
+    # The start's re-seed counts as the last cut's: a live state bigger than
+    # cut_events is not cut again before the log has twice as much.
+    cutter.seeded = events.appended
     return asyncio.get_running_loop().create_task(cutter.run(), name="weir-logcut")
 
 

@@ -15,9 +15,12 @@ decoded by the event catalogue; an entry that does not decode is counted
 and skipped, never a failed start.
 
 Re-seeding (DESIGN 6): a node that finds the log empty and the store not
-claims the re-seed with SET NX (one node of several), writes the store's
-events to the log, then `reseeded` drops the old offsets and starts a new
-log generation, which tells the Spark job its checkpoint is void.
+takes a short lease on the re-seed with SET NX PX (one node of several;
+it extends the lease as it goes), first drops the old offsets and starts a
+new log generation (`new_generation`: the Spark job's checkpoint is void),
+then writes the store's events to the log and releases the lease. A re-seed
+cut short by a crash thus leaves no offsets of the old log behind, and its
+lease lapses within its TTL (services.node.bootstrap).
 """
 
 from __future__ import annotations
@@ -195,33 +198,43 @@ class RedisStateStore:
         return out
 
     async def claim_reseed(self, owner: str, ttl_s: float) -> bool:
-        """SET NX; a claim `owner` itself holds (a run of this node id killed
-        mid-re-seed, whose Redis kept the claim) is taken again at once."""
+        """SET NX PX; a lease `owner` itself holds (its own re-seed going on,
+        or a run of this node id killed mid-re-seed) is extended at once."""
         lock = self.reseed_key
+        ttl_ms = int(ttl_s * 1000)
         try:
-            if await self.client.set(lock, owner, nx=True, px=int(ttl_s * 1000)):
+            if await self.client.set(lock, owner, nx=True, px=ttl_ms):
                 return True
             held = cast(bytes | None, await self.client.get(lock))
             if held is not None and held.decode() == owner:
-                await self.client.set(lock, owner, px=int(ttl_s * 1000))
+                await self.client.set(lock, owner, px=ttl_ms)
                 return True
             return False
         except (RedisError, OSError) as exc:
             raise StateStoreUnavailable(f"state store unreachable: {exc}") from exc
 
-    async def reseeded(self, owner: str) -> str:
+    async def new_generation(self, owner: str) -> str:
         generation = uuid.uuid4().hex
-        lock = self.reseed_key
         try:
             pipe: Any = self.client.pipeline(transaction=True)
             pipe.delete(self.keys["offsets"])
             pipe.hset(self.keys["meta"], "generation", generation)
-            pipe.delete(lock)
             await pipe.execute()
         except (RedisError, OSError) as exc:
             raise StateStoreUnavailable(f"state store unreachable: {exc}") from exc
-        log.info("log re-seeded by %s; state store generation %s", owner, generation)
+        log.info("log re-seed by %s: state store generation %s", owner, generation)
         return generation
+
+    async def release_reseed(self, owner: str) -> None:
+        try:
+            held = cast(bytes | None, await self.client.get(self.reseed_key))
+            # Get, then delete: a lease that lapsed between the two and was
+            # taken by another node goes too, and a third node may re-seed
+            # as well: the same events again, which the version rule ignores.
+            if held is not None and held.decode() == owner:
+                await self.client.delete(self.reseed_key)
+        except (RedisError, OSError) as exc:  # the lease lapses by itself
+            log.warning("could not release the re-seed lease: %s", exc)
 
     async def close(self) -> None:
         pass

@@ -130,12 +130,18 @@ class StateStore(Protocol):
         ...
 
     async def claim_reseed(self, owner: str, ttl_s: float) -> bool:
-        """Take the right to re-seed the log (one node of many); False if another holds it."""
+        """Take (or, when `owner` holds it, extend) a lease of `ttl_s` on the
+        log's re-seed (one node of many); False if another owner holds it."""
         ...
 
-    async def reseeded(self, owner: str) -> str:
-        """After a re-seed: forget the offsets (they belonged to the old log),
-        start a new log generation (returned), release the claim."""
+    async def new_generation(self, owner: str) -> str:
+        """Before a re-seed appends anything: forget the offsets (they belong
+        to the old log) and start a new log generation (returned), so that a
+        re-seed cut short leaves no offsets or checkpoint of the old log."""
+        ...
+
+    async def release_reseed(self, owner: str) -> None:
+        """After a re-seed: give up the lease, if `owner` still holds it."""
         ...
 
     async def close(self) -> None: ...

@@ -8,9 +8,10 @@ delivery reports and hands each to the event loop with
 `call_soon_threadsafe`, which resolves the future `append` awaits. The wait
 is bounded (`append_timeout_s`): past it `append` raises
 EventLogUnavailable while the record stays queued (it may still land;
-versions make that harmless). After such a timeout, until an append is
-acknowledged again, the bound is DOWN_APPEND_TIMEOUT_S: a node cut off from
-Kafka refuses what needs the log at once instead of after the full bound.
+versions make that harmless). After such a timeout, until a record is
+acknowledged again (any record, one whose wait was given up too), the
+bound is DOWN_APPEND_TIMEOUT_S: a node cut off from Kafka refuses what
+needs the log at once instead of after the full bound.
 The producer queue is bounded (`max_pending` records): a full queue raises
 EventLogBackpressure at once instead of growing memory. A fatal producer
 error (an idempotent producer that lost its broker's state, e.g. an
@@ -306,12 +307,20 @@ class KafkaEventLog:
             ) from None
         finally:
             self._waiting.discard(fut)
+            if not fut.done():  # given up: its outcome (maybe a purge) is nobody's error
+                fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
-    @staticmethod
     def _delivered(
-        loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None], err: KafkaError | None, _: Any
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fut: asyncio.Future[None],
+        err: KafkaError | None,
+        _: Any,
     ) -> None:
         def settle() -> None:
+            if err is None:  # the log takes records: whoever gave up waiting, it is up
+                self._down = False
+                self._timeouts = 0
             if fut.done():
                 return
             if err is None:

@@ -326,10 +326,7 @@ class ConnectionManager:
 
     async def _log_session_end(self, event: Event) -> None:
         self.logstate.apply(event)
-        try:
-            await self.logstate.append(event)
-        except EventLogError as exc:
-            log.warning("end of session %s not logged: %s", event.key, exc)
+        await self.logstate.append_until_logged(event, f"end of session {event.key}")
 
     def connection_ended(
         self,

@@ -28,7 +28,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from services.broker.ports import Expiries, RoutingTable, Session, SubOptions, now_ms
-from services.event.api import EventLog, EventLogError
+from services.event.api import EventLog, EventLogClosed, EventLogError
 from services.event.schema import (
     Event,
     RetainedCleared,
@@ -49,6 +49,7 @@ log = logging.getLogger("weir.logstate")
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry meaning "never"
 ENDED_KEPT = 100_000  # ended clients whose versions the view keeps (ClusterView rule 4)
+RELOG_S = 1.0  # between attempts to log an event already applied here (the log is down)
 
 
 _SUB_OPTIONS: dict[tuple[int, bool, bool, int | None], SubOptions] = {}
@@ -152,6 +153,21 @@ class LogState:
         except EventLogError:
             self.metrics.eventlog_produce_failures += 1
             raise
+
+    async def append_until_logged(self, event: Event, what: str) -> None:
+        """Append, again every RELOG_S until the log takes it or closes: for an
+        event already applied here (a session's end), which the log must get or
+        this node's view and the log disagree for good. A late copy is harmless:
+        every view applies a client's events by version."""
+        while True:
+            try:
+                await self.append(event)
+                return
+            except EventLogClosed:
+                return
+            except EventLogError as exc:
+                log.warning("%s not logged yet: %s; again in %.0f s", what, exc, RELOG_S)
+            await asyncio.sleep(RELOG_S)  # the log's outage, not a race: nothing to wait on
 
     async def append_and_apply(self, event: Event) -> None:
         """Append (raises EventLogError when the log cannot take it), then apply."""

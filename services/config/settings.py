@@ -200,6 +200,11 @@ class Settings:
     redis_url: RedisUrl | None = opt(
         None, "use this Redis (redis://host:port/db); none: the embedded one",
         env="WEIR_REDIS_URL", flag="--redis")  # fmt: skip
+    redis_wait: Annotated[Int, Field(ge=0)] = opt(
+        0, "after each Redis script (a session change, a message stored) WAIT until this "
+        "many replicas have it, so what is acknowledged after it survives a failover to one; "
+        "fewer within 1 s: the call fails (0: no WAIT)", env="WEIR_REDIS_WAIT",
+        unit="replicas")  # fmt: skip
     kafka_bootstrap: KafkaBootstrap | None = opt(
         None, "use this Kafka (HOST:PORT[,...]); none: the embedded one",
         env="WEIR_KAFKA_BOOTSTRAP", flag="--kafka")  # fmt: skip
@@ -316,6 +321,8 @@ class Settings:
     def _memory_has_no_redis(self) -> Settings:
         if self.backend != Backend.MEMORY:
             return self
+        if self.redis_wait:
+            raise ValueError("--redis-wait needs Redis; --backend memory has none")
         if self.acl_redis or any(b.backend == AuthKind.REDIS for b in self.auth):
             raise ValueError("--acl-redis / --auth-redis need Redis; --backend memory has none")
         if self.limits.rate_storage == RateStorage.REDIS:

@@ -8,11 +8,15 @@ delivery reports and hands each to the event loop with
 `call_soon_threadsafe`, which resolves the future `append` awaits. The wait
 is bounded (`append_timeout_s`): past it `append` raises
 EventLogUnavailable while the record stays queued (it may still land;
-versions make that harmless). The producer queue is bounded
-(`max_pending` records): a full queue raises EventLogBackpressure at once
-instead of growing memory. A fatal producer error (an idempotent producer
-that lost its broker's state, e.g. an embedded broker restart) fails the
-waiting appends and the next append builds a new producer.
+versions make that harmless). After such a timeout, until a record is
+acknowledged again (any record, one whose wait was given up too), the
+bound is DOWN_APPEND_TIMEOUT_S: a node cut off from Kafka refuses what
+needs the log at once instead of after the full bound.
+The producer queue is bounded (`max_pending` records): a full queue raises
+EventLogBackpressure at once instead of growing memory. A fatal producer
+error (an idempotent producer that lost its broker's state, e.g. an
+embedded broker restart) fails the waiting appends and the next append
+builds a new producer.
 
 Warm-up (`warm`, before the node opens its listeners): an idempotent
 producer sends nothing until the broker has given it a producer id, which
@@ -89,6 +93,12 @@ TAIL_FETCH_WAIT_MS: Final = 100
 # up: the broker is gone or stalled (Tansu also stalls silently on a fetch past
 # the end of a partition). Generous: a busy broker can pause for seconds.
 DEFAULT_REPLAY_STALL_S: Final = 30.0
+# How long an append waits while the log is known down (the last append timed out
+# and none was acknowledged since): a node cut off from Kafka refuses CONNECT and
+# SUBSCRIBE (they need the log) within this, not the full append bound, and each
+# such append still produces its record, so the first one acknowledged again
+# (the log is back) ends the state.
+DOWN_APPEND_TIMEOUT_S: Final = 0.5
 # Consecutive append timeouts after which the producer is rebuilt. An idempotent
 # producer whose broker forgot its id (a restarted embedded broker) retries
 # forever without reporting an error; a new producer gets a new id.
@@ -139,6 +149,7 @@ class KafkaEventLog:
         self._producer_failed = False
         self._warm = threading.Event()  # set by the stats callback of the current producer
         self._timeouts = 0
+        self._down = False  # the last append timed out and none was acknowledged since
         self._poller: threading.Thread | None = None
         self._stop_polling = threading.Event()
         self._waiting: set[asyncio.Future[None]] = set()
@@ -278,27 +289,38 @@ class KafkaEventLog:
         except KafkaException as exc:
             raise EventLogUnavailable(f"event log: produce failed: {exc}") from None
         self._waiting.add(fut)
+        bound = min(DOWN_APPEND_TIMEOUT_S, self.append_timeout_s) if self._down else None
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.append_timeout_s)
+            await asyncio.wait_for(asyncio.shield(fut), bound or self.append_timeout_s)
             self._timeouts = 0
+            self._down = False
         except TimeoutError:
             self._timeouts += 1
+            self._down = True
             if self._timeouts >= REBUILD_AFTER_TIMEOUTS:
                 log.warning(
                     "event log: %d appends timed out; rebuilding the producer", self._timeouts
                 )
                 self._producer_failed = True
             raise EventLogUnavailable(
-                f"event log: no acknowledgement within {self.append_timeout_s} s"
+                f"event log: no acknowledgement within {bound or self.append_timeout_s} s"
             ) from None
         finally:
             self._waiting.discard(fut)
+            if not fut.done():  # given up: its outcome (maybe a purge) is nobody's error
+                fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
-    @staticmethod
     def _delivered(
-        loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None], err: KafkaError | None, _: Any
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fut: asyncio.Future[None],
+        err: KafkaError | None,
+        _: Any,
     ) -> None:
         def settle() -> None:
+            if err is None:  # the log takes records: whoever gave up waiting, it is up
+                self._down = False
+                self._timeouts = 0
             if fut.done():
                 return
             if err is None:

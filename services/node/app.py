@@ -229,13 +229,15 @@ async def open_backends(
         tiers = Tiers()
         memory_sessions = MemorySessionStore()
         node = settings.node_id  # the stores keep this node's indexes of what it owns
-        durable = RedisSessionStore(client, node=node)
+        wait = settings.redis_wait  # replicas each script's writes reach before its answer
+        durable = RedisSessionStore(client, node=node, replicas=wait)
         sessions = TieredSessionStore(memory_sessions, durable, tiers)
-        wills = RedisWillStore(client, node=node)
+        wills = RedisWillStore(client, node=node, replicas=wait)
+        limits = settings.limits
         queue = TieredQueueStore(
             # Clean sessions die with their connection anyway: drop the oldest.
-            MemoryQueueStore(memory_sessions, limit=settings.limits.queue_limit, full=DROP_OLDEST),
-            RedisQueueStore(client, settings.limits.queue_limit, full=settings.limits.queue_full),
+            MemoryQueueStore(memory_sessions, limit=limits.queue_limit, full=DROP_OLDEST),
+            RedisQueueStore(client, limits.queue_limit, full=limits.queue_full, replicas=wait),
             tiers,
         )
         services = Services(

@@ -42,6 +42,7 @@ from services.store.redis import (
     client_keys,
     connect,
     load_script,
+    run_script,
 )
 from services.store.serial import dumps, loads
 
@@ -86,11 +87,13 @@ class RedisQueueStore:
         limit: int = DEFAULT_QUEUE_LIMIT,
         timeout: float = DEFAULT_TIMEOUT_S,
         full: str = REFUSE,
+        replicas: int = 0,
     ) -> None:
         self._client = client
         self._limit = limit
         self._refuse = 1 if full == REFUSE else 0  # ARGV 2 of enqueue_take.lua
         self._timeout = timeout
+        self._replicas = replicas  # WAIT for this many after each script (--redis-wait)
 
         def script(name: str) -> AsyncScript:
             return load_script(client, "services.queue", name)
@@ -117,7 +120,7 @@ class RedisQueueStore:
         return cls(connect(url, timeout), limit, timeout, full)
 
     async def _run(self, script: AsyncScript, keys: Sequence[bytes], args: list[Any]) -> Any:
-        return await bounded(script(keys=keys, args=args), self._timeout)
+        return await run_script(script, keys, args, self._timeout, self._replicas)
 
     async def _fenced_run(
         self, script: AsyncScript, client_id: str, slots: Sequence[int], args: list[Any]

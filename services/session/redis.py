@@ -42,6 +42,7 @@ from services.store.redis import (
     client_keys,
     connect,
     load_script,
+    run_script,
 )
 
 __all__ = [
@@ -61,16 +62,19 @@ TOPIC_VERSION_TTL_MS = 86_400_000  # versions are clocks, so the key may be forg
 class _ScriptStore:
     """A store of Lua scripts on one client, each call bounded by `timeout`."""
 
-    def __init__(self, client: aioredis.Redis, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, client: aioredis.Redis, timeout: float = DEFAULT_TIMEOUT_S, replicas: int = 0
+    ) -> None:
         self._client = client
         self._timeout = timeout
+        self._replicas = replicas  # WAIT for this many after each script (--redis-wait)
 
     @classmethod
     def from_url(cls, url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Self:
         return cls(connect(url, timeout), timeout)
 
     async def _run(self, script: AsyncScript, keys: Sequence[bytes], args: list[Any]) -> Any:
-        return await bounded(script(keys=keys, args=args), self._timeout)
+        return await run_script(script, keys, args, self._timeout, self._replicas)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -83,9 +87,13 @@ def node_index(node: str, kind: str) -> bytes:
 
 class RedisSessionStore(_ScriptStore):
     def __init__(
-        self, client: aioredis.Redis, timeout: float = DEFAULT_TIMEOUT_S, node: str | None = None
+        self,
+        client: aioredis.Redis,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        node: str | None = None,
+        replicas: int = 0,
     ) -> None:
-        super().__init__(client, timeout)
+        super().__init__(client, timeout, replicas)
         # Whose index `release` keeps: this node's; None given, the node that
         # last claimed through this store (tests that play several nodes).
         self._owner, self._fixed = node, node is not None
@@ -195,9 +203,13 @@ class RedisWillStore(_ScriptStore):
     and an index per node of the wills it is to publish (`node_index`)."""
 
     def __init__(
-        self, client: aioredis.Redis, timeout: float = DEFAULT_TIMEOUT_S, node: str | None = None
+        self,
+        client: aioredis.Redis,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        node: str | None = None,
+        replicas: int = 0,
     ) -> None:
-        super().__init__(client, timeout)
+        super().__init__(client, timeout, replicas)
         self._owner, self._fixed = node, node is not None  # whose index `take` keeps
         self._unindex = load_script(client, "services.session", "unindex.lua")
         self._put = load_script(client, "services.session", "will_put.lua")

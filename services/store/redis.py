@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from importlib import resources
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -100,6 +100,30 @@ class Tally:
 
 
 UNANSWERED: Final = Tally()
+
+
+async def run_script(
+    script: AsyncScript, keys: Sequence[bytes], args: list[Any], limit_s: float, replicas: int = 0
+) -> Any:
+    """One script call, bounded. With `replicas` > 0 (`--redis-wait`), WAIT
+    follows it on the same connection (WAIT covers that connection's writes
+    only, so script and WAIT go as one pipeline): the answer comes once that
+    many replicas have the write, so what is acknowledged after it survives
+    a failover to one of them. Fewer replicas within half the bound raise
+    StoreUnavailable: the write is on the primary only, its fate unknown, as
+    for a lost answer."""
+    if replicas <= 0:
+        return await bounded(script(keys=keys, args=args), limit_s)
+    pipe = script.registered_client.pipeline(transaction=False)
+    await script(keys=keys, args=args, client=cast(Any, pipe))  # a Pipeline is handled there
+    pipe.wait(replicas, max(1, int(limit_s * 500)))  # ms: half the call's bound
+    result, copies = await bounded(pipe.execute(), limit_s)
+    if int(copies) < replicas:
+        UNANSWERED.count += 1
+        raise StoreUnavailable(
+            f"redis WAIT: {copies} of {replicas} replicas took the write within {limit_s / 2} s"
+        )
+    return result
 
 
 async def bounded(call: Awaitable[T], limit_s: float) -> T:

@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from services.mqtt.codec import decode, encode
 from services.mqtt.packets import (
@@ -130,6 +131,13 @@ class NodeProcess:
             return "(no log)"
 
 
+class Dialer(Protocol):
+    """A node reached otherwise than on a loopback port (tests/partition: inside a
+    network namespace); hashable, so `Ports` can list it."""
+
+    async def dial(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
+
+
 class Link:
     """One TCP connection speaking MQTT at the level of its CONNECT through the codec."""
 
@@ -142,10 +150,12 @@ class Link:
         self.buf = bytearray()
 
     @classmethod
-    async def open(cls, port: int, connect: Connect) -> tuple[Link, Connack]:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection("127.0.0.1", port), CONNECT_TIMEOUT_S
+    async def open(cls, port: int | Dialer, connect: Connect) -> tuple[Link, Connack]:
+        """Connect to a loopback port (or through a `Dialer`); ConnectionError unless accepted."""
+        opening = (
+            asyncio.open_connection("127.0.0.1", port) if isinstance(port, int) else port.dial()
         )
+        reader, writer = await asyncio.wait_for(opening, CONNECT_TIMEOUT_S)
         link = cls(reader, writer, connect.protocol_level)
         try:
             link.send(connect)
@@ -187,28 +197,29 @@ class Ports:
     """The MQTT ports of a cluster's nodes as one client sees them: its home
     node on the first connection, every node in a fresh random order after."""
 
-    def __init__(self, ports: Sequence[int], rng: random.Random, home: int = 0) -> None:
+    def __init__(self, ports: Sequence[int | Dialer], rng: random.Random, home: int = 0) -> None:
         self.ports = list(ports)
         self.rng = rng
         self.home = self.ports[home]
-        self.used: dict[int, int] = {}  # port -> connections made to it
+        self.used: dict[int | Dialer, int] = {}  # port -> connections made to it
 
-    def order(self) -> list[int]:
+    def order(self) -> list[int | Dialer]:
         ports = [p for p in self.ports if p != self.home or self.used]
         self.rng.shuffle(ports)
         return ports if self.used else [self.home, *ports]
 
-    def connected(self, port: int) -> None:
+    def connected(self, port: int | Dialer) -> None:
         self.used[port] = self.used.get(port, 0) + 1
 
 
 async def connect_retry(
-    port: int | Ports, connect: Connect, deadline: float
+    port: int | Dialer | Ports, connect: Connect, deadline: float
 ) -> tuple[Link, Connack]:
     """Reconnect until a node answers or `deadline` (monotonic) passes."""
     last: BaseException | None = None
     while time.monotonic() < deadline:
-        for candidate in port.order() if isinstance(port, Ports) else [port]:
+        candidates: list[int | Dialer] = port.order() if isinstance(port, Ports) else [port]
+        for candidate in candidates:
             try:
                 opened = await Link.open(candidate, connect)
             except (OSError, ConnectionError, TimeoutError) as exc:

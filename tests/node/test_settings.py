@@ -41,6 +41,10 @@ def test_env_vars_are_the_fixed_names() -> None:
         "WEIR_JWT_JWKS",
         "WEIR_HTTP_PORT",
         "WEIR_HTTP_HOST",
+        "WEIR_HTTP_CERTFILE",
+        "WEIR_HTTP_KEYFILE",
+        "WEIR_HTTP_ALLOW_INSECURE",
+        "WEIR_API_KEY_FILE",
         "WEIR_LOG_LEVEL",
         "WEIR_CONFIG",
     } == ENV_VARS

@@ -87,7 +87,7 @@ class Api:
         self.check = KeyCheck(self.store, broker.metrics)
         self.users = Users(config.password_file, config.redis_url, client)
         self.system = System(self.ctx, broker.seams.plugins, config.plugin_configs, listeners,
-                             drain)  # fmt: skip
+                             drain, config.data_dir)  # fmt: skip
         self.declared: list[Route] = []  # made with the routes (`routes`)
 
     def _own(self) -> list[Route]:

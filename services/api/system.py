@@ -10,6 +10,10 @@ node's moving parts.
   connections and limit.
 - Log level: as SIGHUP changes it (`services.logs.set_level`), until the
   next SIGHUP or restart.
+- Supervisor: under `weir up --nodes N` / `--workers N` each node's data
+  dir is `<data-dir>/nodes/<id>` beside the supervisor's pid files
+  (`services.machine.pidfiles`): every supervised node, its pid if it runs,
+  and its log file, as the supervisor sees them.
 - Drain: the SIGUSR1 path itself (the node signals itself): clients are
   told to use another server (0x9C with `--server-reference`) and the node
   stops. The answer (202) goes out before the drain begins. For another
@@ -24,6 +28,7 @@ import os
 import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -34,6 +39,7 @@ from services.api.errors import BadRequest, Conflict, NotFound
 from services.api.routes import Param, Route, body_of
 from services.hooks.plugins import ENTRY_POINT_GROUP, Plugins, resolve
 from services.listener.listeners import Listener
+from services.machine.pidfiles import NODES_DIR, NodeFiles, StalePidFile, live_pid, node_ids
 
 LEVELS = ("debug", "info", "warning", "error")
 PLUGIN: dict[str, Any] = {"type": "object", "properties": {
@@ -44,6 +50,9 @@ LISTENER: dict[str, Any] = {"type": "object", "properties": {
     "bind": {"type": "string"}, "running": {"type": "boolean"},
     "current_connections": {"type": "integer"},
     "max_connections": {"type": "integer", "nullable": True}}}  # fmt: skip
+SUPERVISED: dict[str, Any] = {"type": "object", "properties": {
+    "node": {"type": "string"}, "pid": {"type": "integer", "nullable": True},
+    "running": {"type": "boolean"}, "log": {"type": "string"}}}  # fmt: skip
 LEVEL: dict[str, Any] = {"type": "object", "properties": {
     "level": {"type": "string", "enum": list(LEVELS)}}}  # fmt: skip
 
@@ -60,12 +69,14 @@ class System:
         configured: Mapping[str, Mapping[str, Any]],  # [[plugin]] name -> its config
         listeners: Sequence[Listener],
         drain: Callable[[], None],
+        data_dir: str = "",
     ) -> None:
         self.ctx = ctx
         self.plugins = plugins
         self.configured = configured
         self.listeners = listeners
         self.drain_now = drain
+        self.data_dir = Path(data_dir).resolve()
 
     def _registry(self) -> Plugins:
         if self.plugins is None:
@@ -124,6 +135,21 @@ class System:
         logs.set_level(str(level))
         return {"level": level}
 
+    async def supervised(self, request: web.Request) -> Any:
+        root = self.data_dir.parent
+        if root.name != NODES_DIR or not NodeFiles(self.ctx.node_id, root).pid.exists():
+            raise NotFound("this node does not run under weir up --nodes or --workers")
+        rows = []
+        for node_id in node_ids(root.parent):
+            files = NodeFiles(node_id, root)
+            try:
+                pid: int | None = live_pid(files)
+            except StalePidFile:
+                pid = None
+            rows.append({"node": node_id, "pid": pid, "running": pid is not None,
+                         "log": str(files.log)})  # fmt: skip
+        return rows
+
     async def drain(self, request: web.Request) -> Any:
         node = request.match_info["node"]
         if node != self.ctx.node_id:
@@ -158,6 +184,9 @@ def routes(system: System) -> Iterable[Route]:
         Route("GET", "/log/level", "The log level", system.level, "log", (), LEVEL),
         Route("PUT", "/log/level", "Change the log level (until SIGHUP or a restart)",
               system.set_level, "log", (), LEVEL, body=LEVEL),
+        Route("GET", "/supervisor/nodes", "Under weir up --nodes/--workers: the supervisor's "
+              "nodes, their pids and logs", system.supervised, "nodes", (),
+              {"type": "array", "items": SUPERVISED}),
         Route("POST", "/nodes/{node}/drain", "Drain a node (SIGUSR1): clients told to go "
               "elsewhere, then it stops", system.drain, "nodes", (node,),
               {"type": "object"}, status=202),

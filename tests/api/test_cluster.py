@@ -96,6 +96,14 @@ def test_a_client_on_node_2_is_listed_read_and_kicked_through_node_1(
         r.close()
 
 
+def test_the_supervisors_view(cluster: tuple[Supervised, int, list[Http]]) -> None:
+    up, _, (one, _) = cluster
+    rows = ok(one, "GET", "/api/v5/supervisor/nodes")
+    assert [(r["node"], r["pid"], r["running"]) for r in rows] == [
+        ("w-1", up.pid(1), True), ("w-2", up.pid(2), True)]  # fmt: skip
+    assert rows[0]["log"] == str(up.files(1).log)
+
+
 def test_keys_are_the_clusters(cluster: tuple[Supervised, int, list[Http]]) -> None:
     _, _, (one, two) = cluster
     made = ok(one, "POST", "/api/v5/api_key", {"name": "shared"})

@@ -55,6 +55,7 @@ def test_nodes_and_stats_and_metrics(node: ApiNode, raws: list[Raw]) -> None:
     assert me["live_connections"] >= 1 and me["memory_used"] > 0 and me["peers"] == []
     assert ok(node, "GET", "/api/v5/nodes/n1")["node"] == "n1"  # type: ignore[index]
     assert node.call("GET", "/api/v5/nodes/n9")[0] == 404
+    assert node.call("GET", "/api/v5/supervisor/nodes")[0] == 404  # not under --nodes
     [stats] = ok(node, "GET", "/api/v5/stats")  # type: ignore[misc]
     assert stats["live_connections.count"] >= 1 and stats["node"] == "n1"
     before = ok(node, "GET", "/api/v5/metrics")[0]  # type: ignore[index]

@@ -17,6 +17,7 @@ disconnect. An offline session has no connection to kick: 404.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from typing import Any
 
 from aiohttp import web
@@ -157,42 +158,47 @@ class Clients:
         return row
 
     def _matching(self, query: Any) -> list[tuple[str, SessionEntry | None]]:
-        """Every client the filters keep, sorted by client id (stable pages)."""
+        """Every client the filters keep, sorted by client id (stable pages).
+        Each filter is one pass over what the ones before it kept, the cheap
+        ones (the id, the log's fields) first: 50,000 clients cost tens of ms."""
         entries: dict[str, SessionEntry | None] = dict(self.ctx.broker.logstate.view.sessions())
         for client_id in self.ctx.broker.sessions:
             entries.setdefault(client_id, None)  # opened here, its event not folded in yet
-        checks: list[Callable[[str, SessionEntry | None], bool]] = []
+        here = self.ctx.node_id
+        items = list(entries.items())
         if "clientid" in query:
             wanted = set(query.getall("clientid"))
-            checks.append(lambda c, e: c in wanted)
+            items = [(c, e) for c, e in items if c in wanted]
         if "like_clientid" in query:
             part = query["like_clientid"]
-            checks.append(lambda c, e: part in c)
+            items = [(c, e) for c, e in items if part in c]
+        if "node" in query:
+            node = query["node"]
+            items = [(c, e) for c, e in items if (e.node if e is not None else here) == node]
+        if "clean_start" in query:
+            clean = query["clean_start"] == "true"
+            items = [(c, e) for c, e in items
+                     if (e.clean_start if e is not None else True) == clean]
+        checks: list[Callable[[str, SessionEntry | None], bool]] = []
         if "username" in query:
             user = query["username"]
             checks.append(lambda c, e: self._user(c, e) == user)
         if "like_username" in query:
             upart = query["like_username"]
             checks.append(lambda c, e: upart in (self._user(c, e) or ""))
-        if "node" in query:
-            node = query["node"]
-            checks.append(lambda c, e: (e.node if e is not None else self.ctx.node_id) == node)
         if "conn_state" in query:
             online = query["conn_state"] == "connected"
             checks.append(lambda c, e: self._online(c, e) == online)
         if "proto_ver" in query:
             ver = int(query["proto_ver"])
             checks.append(lambda c, e: self._proto(c, e) == ver)
-        if "clean_start" in query:
-            clean = query["clean_start"] == "true"
-            checks.append(lambda c, e: (e.clean_start if e is not None else True) == clean)
         if "ip_address" in query:  # only connections here know their address
             ip = query["ip_address"]
             checks.append(lambda c, e: self._ip(c) == ip)
-        return sorted(
-            ((c, e) for c, e in entries.items() if all(check(c, e) for check in checks)),
-            key=lambda item: item[0],
-        )
+        for check in checks:
+            items = [(c, e) for c, e in items if check(c, e)]
+        items.sort(key=itemgetter(0))
+        return items
 
     def _user(self, client_id: str, entry: SessionEntry | None) -> str | None:
         conn = self._conn(client_id)

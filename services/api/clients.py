@@ -297,8 +297,8 @@ def routes(ctx: Context) -> Iterable[Route]:
     return (
         Route("GET", "/clients", "List clients (cluster-wide)", clients.list, "clients",
               page_params(*filters), paged(CLIENT)),
-        Route("GET", "/clients/{clientid}", "One client's detail", clients.detail, "clients",
+        Route("GET", "/clients/{clientid:.+}", "One client's detail", clients.detail, "clients",
               (clientid,), DETAIL),
-        Route("DELETE", "/clients/{clientid}", "Kick a client (DISCONNECT 0x98)", clients.kick,
+        Route("DELETE", "/clients/{clientid:.+}", "Kick a client (DISCONNECT 0x98)", clients.kick,
               "clients", (clientid,), None, status=204),
     )  # fmt: skip

@@ -69,7 +69,7 @@ class Peers:
                 timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S))
         try:
             async with self._session.request(
-                request.method, base + request.path_qs, headers=headers, data=await request.read(),
+                request.method, base + request.raw_path, headers=headers, data=await request.read(),
             ) as answer:  # fmt: skip
                 if answer.content_type == "application/json":
                     return answer.status, await answer.json()

@@ -65,32 +65,32 @@ def test_a_client_on_node_2_is_listed_read_and_kicked_through_node_1(
     _, port, (one, _) = cluster
     r = Raw(port + 1, V5)  # node 2's MQTT port
     try:
-        r.connect("far-away", keep_alive=45)
+        r.connect("far/away", keep_alive=45)
         r.subscribe(Subscription("far/#", 1))
 
         def listed() -> list[dict[str, Any]]:
-            return ok(one, "GET", "/api/v5/clients?clientid=far-away")["data"]  # type: ignore[no-any-return]
+            return ok(one, "GET", "/api/v5/clients?clientid=far%2Faway")["data"]  # type: ignore[no-any-return]
 
         wait_until(lambda: bool(listed()), "node 1 lists the client of node 2")
         [row] = listed()
         assert row["node"] == "w-2" and row["connected"] is True and row["proto_ver"] == 5
         assert [c["clientid"] for c in ok(one, "GET", "/api/v5/clients?node=w-2")["data"]] \
-            == ["far-away"]  # fmt: skip
-        detail = ok(one, "GET", "/api/v5/clients/far-away")  # node 2's own answer
+            == ["far/away"]  # fmt: skip
+        detail = ok(one, "GET", "/api/v5/clients/far%2Faway")  # node 2's own answer
         assert detail["keepalive"] == 45 and detail["ip_address"] == "127.0.0.1"
         assert [s["topic"] for s in detail["subscriptions"]] == ["far/#"]
-        subs = ok(one, "GET", "/api/v5/subscriptions?clientid=far-away")["data"]
+        subs = ok(one, "GET", "/api/v5/subscriptions?clientid=far%2Faway")["data"]
         assert [(s["topic"], s["node"]) for s in subs] == [("far/#", "w-2")]
         assert ok(one, "GET", "/api/v5/topics?topic=far/%23")["data"] == [
             {"topic": "far/#", "node": "w-2"}]  # fmt: skip
         nodes = {n["node"]: n for n in ok(one, "GET", "/api/v5/nodes")}
         assert set(nodes) == {"w-1", "w-2"} and nodes["w-1"]["peers"] == ["w-2"]
         assert ok(one, "GET", "/api/v5/nodes/w-2")["uptime"] > 0  # asked of node 2
-        assert one.call("DELETE", "/api/v5/clients/far-away")[0] == 204
+        assert one.call("DELETE", "/api/v5/clients/far%2Faway")[0] == 204
         assert v5_disconnect_code(r.closed()) == 0x98
         wait_until(lambda: not listed() or listed()[0]["connected"] is False,
                    "node 1 sees the kicked client gone")  # fmt: skip
-        status, body = one.call("DELETE", "/api/v5/clients/far-away")
+        status, body = one.call("DELETE", "/api/v5/clients/far%2Faway")
         assert status == 404, body
     finally:
         r.close()

@@ -130,3 +130,18 @@ def test_a_publish_through_node_1_reaches_node_2(
         assert r.expect(Publish).payload == b"hi"
     finally:
         r.close()
+
+
+def test_a_ban_through_node_1_disconnects_a_client_of_node_2(
+    cluster: tuple[Supervised, int, list[Http]],
+) -> None:
+    _, port, (one, two) = cluster
+    r = Raw(port + 1, V5)
+    try:
+        r.connect("banned-far")
+        ok(one, "POST", "/api/v5/banned", {"as": "clientid", "who": "banned-far", "duration": 60})
+        r.closed()  # node 2 applied the ban it heard of (the ban channel)
+        assert [b["who"] for b in ok(two, "GET", "/api/v5/banned")["data"]] == ["banned-far"]
+        assert two.call("DELETE", "/api/v5/banned/clientid/banned-far")[0] == 204
+    finally:
+        r.close()

@@ -1,14 +1,19 @@
 """The management API of one node: its routes over the node's parts, its key store.
 
-The node builds it once its broker exists (`services.node.node`) and gives
-`routes()` to its HTTP port (`services.metrics.http.HttpServer`), so the
-API runs on the node's own loop and reads the broker's state directly, with
-no lock and no copy. aiohttp, not Starlette: the HTTP port already is an
-aiohttp server on that loop (/metrics), and one framework serves both.
+The node builds it once its broker and listeners exist (`services.node.node`)
+and hands `routes` to its metrics service, which calls it once its own parts
+(the figures, the alarms) exist and serves the result on the HTTP port
+(`services.metrics.http.HttpServer`). So the API runs on the node's own
+loop and reads the broker's state directly, with no lock and no copy.
+aiohttp, not Starlette: the HTTP port already is an aiohttp server on that
+loop (/metrics), and one framework serves both.
 
-`start` stores the `--api-key-file` keys; `close` closes the key store's
-Redis connection (the API's own: a slow API call never holds the
-session store's pool).
+One module per resource (clients, nodes and figures, pub/sub state, bans,
+users and ACL rules, the node's moving parts, API keys), each declaring its
+routes (`services.api.routes`). `start` stores the `--api-key-file` keys,
+`announce` tells the peers where this API answers (`services.api.peers`),
+`close` closes the API's own Redis connection (a slow API call never holds
+the session store's pool).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ FLAPPING_WINDOW_S = 60.0
 FLAPPING_BAN_S = 300.0
 EVENT_APPEND_TIMEOUT_S = 5.0  # seconds a CONNACK/SUBACK waits for the log's ack before failing
 CLUSTER_TTL_S = 10.0  # seconds without a heartbeat before a node is dead and taken over
-HTTP_PORT = 18083  # the node's HTTP port (/metrics, the API to come): EMQX's dashboard port
+HTTP_PORT = 18083  # the node's HTTP port (/metrics, the management API): EMQX's dashboard port
 SYS_INTERVAL_S = 10.0  # seconds between $SYS publishes: Mosquitto's and EMQX's default
 DEFAULT_KAFKA_TOPIC_PREFIX = "weir."
 DEFAULT_DATA_DIR = "./weir-data"
@@ -265,8 +265,8 @@ class Settings:
         CLUSTER_TTL_S, "time without a heartbeat after which a node is dead and its sessions "
         "and wills are taken over", flag="--cluster-ttl", unit="s")  # fmt: skip
     http_port: OptionalPort = opt(
-        HTTP_PORT, "the node's HTTP port: Prometheus text at /metrics (0: a free port, off: "
-        "none)", env="WEIR_HTTP_PORT")  # fmt: skip
+        HTTP_PORT, "the node's HTTP port: Prometheus text at /metrics and the management API "
+        "at /api/v5 (0: a free port, off: none)", env="WEIR_HTTP_PORT")  # fmt: skip
     http_host: Text = opt(
         "127.0.0.1", "address of the HTTP port (loopback by default; another one needs "
         "--http-certfile or --http-allow-insecure)",

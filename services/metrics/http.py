@@ -1,10 +1,11 @@
 """The node's HTTP port: an aiohttp server on the node's own event loop.
 
 One port per node (`--http-port`, 18083 on loopback by default; DESIGN 12)
-serves `/metrics` in Prometheus's text format; the management API will add
-its routes to the same server (`routes`). It runs in the node's loop, so a
-handler reads the node's figures directly, with no lock and no thread; a
-scrape costs one pass over the figures and a few system calls.
+serves `/metrics` in Prometheus's text format and the management API
+(`services.api`, its routes given as `routes`), over TLS when given a
+context. It runs in the node's loop, so a handler reads the node's figures
+directly, with no lock and no thread; a scrape costs one pass over the
+figures and a few system calls.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """/api/v5/nodes, /stats, /metrics and /alarms: what a node says about itself.
 
-Figures are the node's own, read from memory (`services.metrics.registry`:
-the same objects /metrics renders, refreshed first), never a re-parse of
-the Prometheus text. The node list is this node in full and each live peer
+Figures are read from memory (`services.metrics.registry`: the same
+objects /metrics renders, refreshed first), never a re-parse of the
+Prometheus text; other nodes' as they last wrote them for the cluster's
+sum (`services.metrics.cluster`). The node list is this node in full and each live peer
 the membership knows, with the count of clients the event log puts on it;
 `GET /nodes/{node}` for a peer asks that peer (`Context.forward`).
 """
@@ -10,18 +11,19 @@ the membership knows, with the count of clients the event log puts on it;
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
 
 from services.api.context import Context
-from services.api.errors import NotFound
+from services.api.errors import NotFound, Unavailable
 from services.api.paging import Page
 from services.api.routes import Param, Route, page_params, paged
+from services.metrics.cluster import ClusterFigures, Figures, figures_of
 from services.metrics.process import read_process
-from services.metrics.registry import samples, total
 from services.metrics.service import MetricsService
+from services.store.errors import StoreUnavailable
 
 NODE: dict[str, Any] = {
     "type": "object",
@@ -65,10 +67,28 @@ def dotted(name: str) -> str:
     return name.replace("_", ".")
 
 
+def flat(figures: Figures) -> dict[str, Any]:
+    """Every family under its dotted name: a total, and one per label value."""
+    out: dict[str, Any] = {}
+    for name, value in figures.items():
+        key = dotted(name)
+        if isinstance(value, dict):
+            out[key] = sum(value.values())
+            for label, figure in value.items():
+                out[f"{key}.{label}"] = figure
+        else:
+            out[key] = value
+    return out
+
+
 class Nodes:
-    def __init__(self, ctx: Context, watched: MetricsService) -> None:
+    def __init__(
+        self, ctx: Context, watched: MetricsService,
+        cluster: Callable[[], ClusterFigures | None],
+    ) -> None:  # fmt: skip
         self.ctx = ctx
         self.watched = watched
+        self.cluster = cluster  # the node's cluster figures, once it runs them
 
     def _peers(self) -> list[str]:
         cluster = self.ctx.broker.cluster
@@ -115,20 +135,27 @@ class Nodes:
         return self.peer(node)
 
     def figures(self) -> dict[str, Any]:
-        """Every family of the node's metrics: a total, and per label value."""
+        """This node's metrics, fresh from memory."""
         metrics = self.watched.metrics
         self.watched.figures(metrics)
-        out: dict[str, Any] = {"node": self.ctx.node_id}
-        for family, value in samples(metrics):
-            name = dotted(family.field)
-            out[name] = total(value)
-            if isinstance(value, dict):
-                for label, figure in value.items():
-                    out[f"{name}.{label}"] = figure
-        return out
+        return {"node": self.ctx.node_id, **flat(figures_of(metrics))}
 
     async def metrics(self, request: web.Request) -> Any:
-        return [self.figures()]
+        """Every live node's figures (this one's fresh, the others' as they last
+        wrote them: `services.metrics.cluster`), or their sum (`aggregate`)."""
+        cluster = self.cluster()
+        if cluster is None:  # no cluster figures (yet): this node's
+            mine = self.figures()
+            return {k: v for k, v in mine.items() if k != "node"} \
+                if request.query.get("aggregate") == "true" else [mine]  # fmt: skip
+        try:
+            folded = await cluster.collect()
+        except StoreUnavailable as exc:
+            raise Unavailable(f"cannot read the cluster's figures: {exc}") from None
+        if request.query.get("aggregate") == "true":
+            return {"nodes": list(folded.nodes), **flat(folded.figures)}
+        per_node = sorted(folded.per_node.items())
+        return [{"node": node, **flat(figures)} for node, figures in per_node]
 
     async def stats(self, request: web.Request) -> Any:
         metrics = self.watched.metrics
@@ -170,8 +197,10 @@ class Nodes:
         return None
 
 
-def routes(ctx: Context, watched: MetricsService) -> Iterable[Route]:
-    nodes = Nodes(ctx, watched)
+def routes(
+    ctx: Context, watched: MetricsService, cluster: Callable[[], ClusterFigures | None]
+) -> Iterable[Route]:
+    nodes = Nodes(ctx, watched, cluster)
     node = Param("node", "a node id", where="path", required=True)
     activated = Param("activated", "true: active ones; false: the past ones", "boolean")
     return (
@@ -180,8 +209,10 @@ def routes(ctx: Context, watched: MetricsService) -> Iterable[Route]:
         Route("GET", "/nodes/{node}", "One node", nodes.one, "nodes", (node,), NODE),
         Route("GET", "/stats", "This node's counts (connections, sessions, topics...)",
               nodes.stats, "metrics", (), {"type": "array", "items": FIGURES}),
-        Route("GET", "/metrics", "This node's metrics, from memory (EMQX's dotted names)",
-              nodes.metrics, "metrics", (), {"type": "array", "items": FIGURES}),
+        Route("GET", "/metrics", "Every live node's metrics (EMQX's dotted names), or their "
+              "sum", nodes.metrics, "metrics",
+              (Param("aggregate", "true: one sum over the live nodes", "boolean"),),
+              {"oneOf": [{"type": "array", "items": FIGURES}, FIGURES]}),
         Route("GET", "/alarms", "Active alarms, then past ones (newest first)", nodes.alarms,
               "alarms", page_params(activated), paged(ALARM)),
         Route("DELETE", "/alarms", "Forget the past alarms", nodes.clear_history, "alarms", (),

@@ -39,6 +39,7 @@ from services.api.users import Users
 if TYPE_CHECKING:
     from services.broker.broker import Broker
     from services.listener.listeners import Listener
+    from services.metrics.cluster import ClusterFigures
     from services.metrics.service import MetricsService
 
 STATUS: dict[str, Any] = {
@@ -75,8 +76,10 @@ class Api:
         listeners: Sequence[Listener],
         config: ApiConfig,
         drain: Callable[[], None] = signal_drain,
+        cluster: Callable[[], ClusterFigures | None] = lambda: None,  # the node's, once built
     ) -> None:
         self.config = config
+        self.cluster = cluster
         client = None
         if config.redis_url is None:
             self.store: KeyStore = FileKeyStore(config.data_dir)
@@ -120,7 +123,7 @@ class Api:
         """The API's routes over this node and its metrics service (`watched`:
         figures, alarms), for the HTTP port the metrics service serves."""
         self.declared = [
-            *self._own(), *nodes.routes(self.ctx, watched), *clients.routes(self.ctx),
+            *self._own(), *nodes.routes(self.ctx, watched, self.cluster), *clients.routes(self.ctx),
             *pubsub.routes(self.ctx), *banned.routes(self.ctx), *users.routes(self.users),
             *system.routes(self.system), *apikeys.routes(self.store),
         ]  # fmt: skip

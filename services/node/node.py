@@ -197,7 +197,7 @@ class Node:
         self.listeners = open_listeners(settings, broker, self.services.seams.metrics)
         if settings.http_port is not None:
             config = api_config(settings, self.services, self.version)
-            self.api = Api(broker, self.listeners, config)
+            self.api = Api(broker, self.listeners, config, cluster=lambda: self.cluster_figures)
             await self.api.start()  # the key file's keys, before the port answers
         self.metrics_service = MetricsService(
             broker.metrics, settings.node_id, self.version, broker.publish_sys,

@@ -86,6 +86,13 @@ def test_a_client_on_node_2_is_listed_read_and_kicked_through_node_1(
         nodes = {n["node"]: n for n in ok(one, "GET", "/api/v5/nodes")}
         assert set(nodes) == {"w-1", "w-2"} and nodes["w-1"]["peers"] == ["w-2"]
         assert ok(one, "GET", "/api/v5/nodes/w-2")["uptime"] > 0  # asked of node 2
+        # Node 2's figures as it last wrote them (every --sys-interval), and the sum.
+        figures = {f["node"]: f for f in ok(one, "GET", "/api/v5/metrics")}
+        assert set(figures) == {"w-1", "w-2"} and "messages.received.1" in figures["w-2"]
+        summed = ok(one, "GET", "/api/v5/metrics?aggregate=true")
+        assert summed["nodes"] == ["w-1", "w-2"]
+        assert summed["connections.accepted"] >= max(
+            f["connections.accepted"] for f in figures.values())  # fmt: skip
         assert one.call("DELETE", "/api/v5/clients/far%2Faway")[0] == 204
         assert v5_disconnect_code(r.closed()) == 0x98
         wait_until(lambda: not listed() or listed()[0]["connected"] is False,

@@ -63,6 +63,8 @@ def test_nodes_and_stats_and_metrics(node: ApiNode, raws: list[Raw]) -> None:
     after = ok(node, "GET", "/api/v5/metrics")[0]  # type: ignore[index]
     assert after["messages.dropped.no_subscribers"] == before["messages.dropped.no_subscribers"] + 1
     assert after["connections.accepted"] >= 1 and "api.unauthorized.missing" in after
+    summed = ok(node, "GET", "/api/v5/metrics?aggregate=true")
+    assert summed["nodes"] == ["n1"] and summed["connections.accepted"] >= 1  # type: ignore[index]
 
 
 def test_alarms(node: ApiNode) -> None:

@@ -45,6 +45,8 @@ def test_env_vars_are_the_fixed_names() -> None:
         "WEIR_HTTP_KEYFILE",
         "WEIR_HTTP_ALLOW_INSECURE",
         "WEIR_API_KEY_FILE",
+        "WEIR_REDIS_WAIT",  # main's --redis-wait and --sys-client-events
+        "WEIR_SYS_CLIENT_EVENTS",
         "WEIR_LOG_LEVEL",
         "WEIR_CONFIG",
     } == ENV_VARS

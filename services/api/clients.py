@@ -11,7 +11,8 @@ to that node (`Context.forward`), which answers with its own.
 
 Kick is EMQX's: the client gets DISCONNECT 0x98 (administrative action;
 3.1.1 clients are just closed) and its will goes out as on any server
-disconnect. An offline session has no connection to kick: 404.
+disconnect. An offline persistent session is ended (its expiry brought
+forward to now, logged as its expiry), as EMQX's kick cleans the session.
 """
 
 from __future__ import annotations
@@ -273,10 +274,16 @@ class Clients:
         if node is not None:
             return await self._forwarded(node, request)
         conn = self._conn(client_id)
-        if conn is None:
+        if conn is not None:
+            conn.carry_out(conn.channel.server_disconnect(ReasonCode.ADMINISTRATIVE_ACTION))
+            conn.close()
+            return None
+        session = self.ctx.broker.sessions.get(client_id)
+        if session is None or session.conn is not None:  # gone, or its connection ending
             raise NotFound(f"client {client_id} is not connected", code="CLIENTID_NOT_FOUND")
-        conn.carry_out(conn.channel.server_disconnect(ReasonCode.ADMINISTRATIVE_ACTION))
-        conn.close()
+        # An offline persistent session (EMQX's kick cleans it too): its expiry
+        # comes now, through the one path that ends offline sessions (logged once).
+        self.ctx.broker.expiries.later(session, 0.0, session.epoch)
         return None
 
 
@@ -299,6 +306,6 @@ def routes(ctx: Context) -> Iterable[Route]:
               page_params(*filters), paged(CLIENT)),
         Route("GET", "/clients/{clientid:.+}", "One client's detail", clients.detail, "clients",
               (clientid,), DETAIL),
-        Route("DELETE", "/clients/{clientid:.+}", "Kick a client (DISCONNECT 0x98)", clients.kick,
-              "clients", (clientid,), None, status=204),
+        Route("DELETE", "/clients/{clientid:.+}", "Kick a client (DISCONNECT 0x98) or end its "
+              "offline session", clients.kick, "clients", (clientid,), None, status=204),
     )  # fmt: skip

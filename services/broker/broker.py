@@ -127,7 +127,7 @@ class Broker:
         self._tasks: set[asyncio.Task[Any]] = set()
         spawn = self.spawn
         self.routes = routes = Routes(node_id=node_id, mark_durable=sessions.mark_durable)
-        expiries = Expiries(loop)
+        self.expiries = expiries = Expiries(loop)  # offline sessions' end timers
         self.logstate = logstate = LogState(
             table=routes,
             expiries=expiries,

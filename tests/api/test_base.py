@@ -152,6 +152,22 @@ def test_a_clients_detail_and_kick(node: ApiNode, raws: list[Raw]) -> None:
     assert node.call("GET", "/api/v5/clients/nobody")[0] == 404
 
 
+def test_a_kick_ends_an_offline_persistent_session(node: ApiNode, raws: list[Raw]) -> None:
+    from services.mqtt.packets import Properties
+
+    r = connect(node, raws, "keeps", V5, clean_start=False,
+                properties=Properties(session_expiry_interval=3600))  # fmt: skip
+    r.close()
+
+    def state() -> list[bool]:
+        answer = node.call("GET", "/api/v5/clients?clientid=keeps")[1]
+        return [c["connected"] for c in answer["data"]]
+
+    wait_until(lambda: state() == [False], "the session is offline")
+    assert node.call("DELETE", "/api/v5/clients/keeps")[0] == 204
+    wait_until(lambda: state() == [], "the offline session ended")
+
+
 def test_the_openapi_document_declares_what_is_served(node: ApiNode) -> None:
     status, doc = node.call("GET", "/api/v5/openapi.json")
     assert status == 200 and doc["openapi"].startswith("3.")

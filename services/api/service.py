@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from services.api import apikeys, banned, clients, nodes, pubsub, system, users
+from services.api import apikeys, banned, clients, nodes, pubsub, system, trace, users
 from services.api.context import Context
 from services.api.errors import json_response
 from services.api.keys import FileKeyStore, KeyCheck, KeyStore, RedisKeyStore, bootstrap
@@ -125,7 +125,7 @@ class Api:
         self.declared = [
             *self._own(), *nodes.routes(self.ctx, watched, self.cluster), *clients.routes(self.ctx),
             *pubsub.routes(self.ctx), *banned.routes(self.ctx), *users.routes(self.users),
-            *system.routes(self.system), *apikeys.routes(self.store),
+            *system.routes(self.system), *apikeys.routes(self.store), *trace.routes(self.ctx),
         ]  # fmt: skip
         return aiohttp_routes(self.declared, self.check)
 

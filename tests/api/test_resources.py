@@ -5,6 +5,7 @@ the module; each test uses client ids and topics of its own)."""
 from __future__ import annotations
 
 import base64
+import json
 import time
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -162,3 +163,47 @@ def test_bans_add_list_delete_and_kick(node: ApiNode, raws: list[Raw]) -> None:
                 {"as": "clientid", "who": "x", "until": "tomorrow"},
                 {"as": "clientid", "who": "x", "until": "2001-01-01T00:00:00Z"}]:  # fmt: skip
         assert node.call("POST", "/api/v5/banned", bad)[0] == 400, bad
+
+
+def test_trace_start_log_download_stop_delete(node: ApiNode, raws: list[Raw]) -> None:
+    started = ok(node, "POST", "/api/v5/trace",
+                 {"name": "t-api", "type": "clientid", "clientid": "tr-1", "duration": 60})
+    assert started["status"] == "running" and started["clientid"] == "tr-1"  # type: ignore[index]
+    r = connect(node, raws, "tr-1")
+    r.subscribe(Subscription("tr/x", 1))
+    r.send(Publish("tr/x", b"traced", qos=1, packet_id=7))
+    r.expect(Publish)  # its own message comes back: both directions now traced
+    listed = ok(node, "GET", "/api/v5/trace")
+    assert [t["name"] for t in listed] == ["t-api"]  # type: ignore[union-attr]
+    stopped = ok(node, "PUT", "/api/v5/trace/t-api/stop")
+    assert stopped["status"] == "stopped" and stopped["stopped_by"] == "user"  # type: ignore[index]
+    status, text = node.call("GET", "/api/v5/trace/t-api/download")
+    assert status == 200
+    packets = [json.loads(line) for line in text.splitlines()]
+    seen = {(p["dir"], p["packet"]) for p in packets}
+    assert {("in", "CONNECT"), ("out", "CONNACK"), ("in", "SUBSCRIBE"), ("in", "PUBLISH"),
+            ("out", "PUBLISH")} <= seen, seen  # fmt: skip
+    part = ok(node, "GET", "/api/v5/trace/t-api/log?position=0&bytes=10")
+    assert part["meta"] == {"position": 10, "bytes": 10}  # type: ignore[index]
+    assert part["items"] == text[:10]  # type: ignore[index]
+    assert node.call("DELETE", "/api/v5/trace/t-api")[0] == 204
+    assert node.call("GET", "/api/v5/trace/t-api/log")[0] == 404
+    assert ok(node, "GET", "/api/v5/trace") == []
+
+
+@pytest.mark.parametrize("bad, says", [
+    ({"type": "clientid", "clientid": "x"}, "needs"),
+    ({"name": "b1", "type": "ip", "clientid": "x"}, "needs"),
+    ({"name": "b2", "type": "topic"}, '"topic"'),
+    ({"name": "b3", "type": "topic", "topic": "a/#/b"}, "topic filter"),
+    ({"name": "b4", "type": "clientid", "clientid": "x", "duration": -1}, "duration"),
+    ({"name": "b5", "type": "clientid", "clientid": "x", "max_bytes": "big"}, "max_bytes"),
+    ({"name": "../x", "type": "clientid", "clientid": "x"}, "trace name"),
+])  # fmt: skip
+def test_trace_refuses_bad_requests(node: ApiNode, bad: dict[str, object], says: str) -> None:
+    status, body = node.call("POST", "/api/v5/trace", bad)
+    assert status == 400 and says in body["message"], body
+    ok(node, "POST", "/api/v5/trace", {"name": "dup", "type": "topic", "topic": "d/#"})
+    assert node.call("POST", "/api/v5/trace", {"name": "dup", "type": "topic",
+                                                 "topic": "d/#"})[0] == 409  # fmt: skip
+    assert node.call("DELETE", "/api/v5/trace/dup")[0] == 204

@@ -1,8 +1,9 @@
 """The dashboard in headless Chromium against a real `weir up` (one node and
-one browser for the module): log in, a wrong key, the message rate moving
-while a client publishes, searching a client and kicking it, deleting a
-retained message, and every page rendering (or saying its endpoint is not
-available). Each test saves a screenshot in its tmp_path (printed; `-s`)."""
+one browser for the module): log in, a wrong key, a key revoked while the
+page is open, the message rate moving while a client publishes, searching
+a client and kicking it, deleting a retained message, and every page
+rendering (or saying its endpoint is not available). Each test saves
+screenshots in its tmp_path (the paths are printed; `-s` shows them)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,21 @@ def test_a_wrong_key_shows_an_error(page: Dashboard, tmp_path: Path) -> None:
         assert page.driver.execute_script("return sessionStorage.length") == 0
     page.shot(tmp_path, "wrong-key")
     logged_in(page)  # the right one still works after two refusals
+
+
+def test_a_revoked_key_sends_the_page_back_to_the_login(
+    page: Dashboard, node: ApiNode, tmp_path: Path
+) -> None:
+    status, made = node.call("POST", "/api/v5/api_key", {"name": "dash-short-lived"})
+    assert status == 200
+    page.log_in("dash-short-lived", made["api_secret"])
+    page.wait(lambda: page.by_id("app").is_displayed(), "the dashboard with the new key")
+    assert node.call("DELETE", "/api/v5/api_key/dash-short-lived")[0] == 204
+    # The overview's next poll (within a second) is refused: the login form, saying why.
+    page.wait(lambda: "refused the key" in page.by_id("login-error").text, "the login form")
+    assert not page.by_id("app").is_displayed()
+    assert page.driver.execute_script("return sessionStorage.length") == 0
+    page.shot(tmp_path, "revoked")
 
 
 def test_the_message_rate_moves_while_a_client_publishes(

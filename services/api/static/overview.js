@@ -74,8 +74,8 @@ export async function overview(main, page) {
   const lines = (...labels) => labels.map((label) => ({ label }));
   const rates = chart("Messages per second (this node)",
     [...lines("in", "out"), { label: "dropped", dashed: true }], perSecond);
-  const connections = chart("Connections", lines("live (this node)", "sessions (cluster)"),
-    count, true);
+  const connections = chart("Connections",
+    [{ label: "live (this node)" }, { label: "sessions (cluster)", dashed: true }], count, true);
   const memory = chart("Memory (this node)", lines("resident"), (v) => bytes(v));
   const lag = chart("Event loop lag (this node)", lines("lag"), (v) => `${v.toFixed(1)} ms`);
   const nodes = el("div");

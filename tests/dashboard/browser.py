@@ -61,11 +61,19 @@ class Dashboard:
     # -- moves -------------------------------------------------------------
 
     def logged_out(self) -> None:
-        """The login form, with no key kept from an earlier test."""
+        """The login form, with no key kept from an earlier test: log out as a
+        user does (clearing the storage under the page would race its own
+        login, still under way, which stores the key when it succeeds)."""
         self.driver.get(self.base_url)
-        self.driver.execute_script("sessionStorage.clear()")
-        self.driver.refresh()  # a new load of the page, with nothing stored
+
+        def settled() -> bool:
+            return bool(self.by_id("login").is_displayed() or self.by_id("app").is_displayed())
+
+        self.wait(settled, "the page to ask for a key or show the dashboard")
+        if self.by_id("app").is_displayed():
+            self.by_id("logout").click()
         self.wait(lambda: self.by_id("login").is_displayed(), "the login form")
+        assert self.driver.execute_script("return sessionStorage.length") == 0
 
     def log_in(self, key: str, secret: str) -> None:
         self.logged_out()

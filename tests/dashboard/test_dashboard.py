@@ -1,19 +1,23 @@
 """The dashboard in headless Chromium against a real `weir up` (one node and
 one browser for the module): log in, a wrong key, a key revoked while the
 page is open, the message rate moving while a client publishes, searching
-a client and kicking it, deleting a retained message, and every page
-rendering (or saying its endpoint is not available). Each test saves
-screenshots in its tmp_path (the paths are printed; `-s` shows them)."""
+a client and kicking it, deleting a retained message, every page
+rendering, and pages saying "Not available" on a node whose API lacks their
+endpoint. Each test saves screenshots in its tmp_path (the paths are
+printed; `-s` shows them)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from aiohttp import web
 
+from services.api import dashboard
 from services.mqtt.packets import Publish
 from tests.dashboard.browser import Dashboard, missing
 from tests.integration.rawclient import V5, Raw, v5_disconnect_code
@@ -204,3 +208,57 @@ def test_every_page_renders_or_says_not_available(
     assert page.css("main h2 code").text == "dash/odd <id>"
     assert page.notice() == ""
     page.shot(tmp_path, "client-detail")
+
+
+class OlderNode:
+    """A node of another version, as far as the dashboard can tell: its files,
+    and an OpenAPI document declaring only the status check and itself (an
+    aiohttp server on a loop of its own thread; any key is let in)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.runner = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/"
+
+    async def _start(self) -> web.AppRunner:
+        async def openapi(request: web.Request) -> web.Response:
+            paths = {"/api/v5/status": {"get": {}}, "/api/v5/openapi.json": {"get": {}}}
+            return web.json_response({"openapi": "3.0.3", "paths": paths})
+
+        app = web.Application()
+        app.add_routes([*dashboard.routes(), web.get("/api/v5/openapi.json", openapi)])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return runner
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+def test_a_page_whose_endpoint_the_node_lacks_says_not_available(
+    page: Dashboard, tmp_path: Path
+) -> None:
+    older = OlderNode()
+    ours = page.base_url
+    page.base_url = older.url
+    try:
+        page.log_in("someone", "anything")
+        page.wait(lambda: page.by_id("app").is_displayed(), "the dashboard")
+        for name, endpoint in [("overview", "/metrics"), ("plugins", "/plugins"),
+                               ("retained", "/mqtt/retainer/messages")]:  # fmt: skip
+            page.go(f"#/{name}")
+            assert page.css(".unavailable").text == (
+                f"Not available: this node's API has no GET /api/v5{endpoint} "
+                "(see its /api/v5/openapi.json)."
+            )
+            assert page.notice() == ""  # nothing was asked of the missing endpoint
+        page.shot(tmp_path, "not-available")
+    finally:
+        page.base_url = ours
+        older.stop()

@@ -1,10 +1,10 @@
 """The dashboard in headless Chromium against a real `weir up` (one node and
 one browser for the module): log in, a wrong key, a key revoked while the
 page is open, the message rate moving while a client publishes, searching
-a client and kicking it, deleting a retained message, every page
-rendering, and pages saying "Not available" on a node whose API lacks their
-endpoint. Each test saves screenshots in its tmp_path (the paths are
-printed; `-s` shows them)."""
+a client and kicking it, deleting a retained message, banning and lifting,
+every page rendering, and pages saying "Not available" on a node whose API
+lacks their endpoint. Each test saves screenshots in its tmp_path (the
+paths are printed; `-s` shows them)."""
 
 from __future__ import annotations
 
@@ -178,6 +178,30 @@ def test_delete_a_retained_message(page: Dashboard, node: ApiNode, tmp_path: Pat
     path = "/api/v5/mqtt/retainer/message/"
     assert node.call("GET", path + quote("dash/ret/a", safe=""))[0] == 404
     assert node.call("GET", path + quote("dash/ret/b", safe=""))[0] == 200
+
+
+def test_ban_a_client_id_and_lift_it(
+    page: Dashboard, node: ApiNode, raws: list[Raw], tmp_path: Path
+) -> None:
+    logged_in(page)
+    page.go("#/banned")
+    page.css("input[name=who]").send_keys("dash-banned")
+    page.css("input[name=duration]").send_keys("600")
+    page.css("input[name=reason]").send_keys("testing the form")
+    page.css("form.filters button[type=submit]").click()
+    page.wait(lambda: [r[:3] for r in page.rows()] == [["clientid", "dash-banned",
+              "testing the form"]], "the ban listed")  # fmt: skip
+    assert page.rows()[0][4] != "never ends"  # for 600 s
+    refused = Raw(node.mqtt_port, V5)
+    raws.append(refused)
+    assert refused.connect("dash-banned").reason_code == 0x8A  # banned
+    page.shot(tmp_path, "banned")
+    page.row_button("clientid", "Lift").click()
+    page.wait(lambda: page.rows() == [], "the ban lifted")
+    assert page.notice() == "Lifted the ban of clientid dash-banned."
+    welcome = Raw(node.mqtt_port, V5)
+    raws.append(welcome)
+    assert welcome.connect("dash-banned").reason_code == 0
 
 
 def test_every_page_renders_or_says_not_available(

@@ -2,7 +2,7 @@
 one browser for the module): log in, a wrong key, a key revoked while the
 page is open, the message rate moving while a client publishes, searching
 a client and kicking it, deleting a retained message, banning and lifting,
-every page rendering, and pages saying "Not available" on a node whose API
+setting the log level, every page rendering, and pages saying "Not available" on a node whose API
 lacks their endpoint. Each test saves screenshots in its tmp_path (the
 paths are printed; `-s` shows them)."""
 
@@ -202,6 +202,23 @@ def test_ban_a_client_id_and_lift_it(
     welcome = Raw(node.mqtt_port, V5)
     raws.append(welcome)
     assert welcome.connect("dash-banned").reason_code == 0
+
+
+def test_set_the_log_level(page: Dashboard, node: ApiNode, tmp_path: Path) -> None:
+    from selenium.webdriver.support.ui import Select  # here: the module loads without selenium
+
+    logged_in(page)
+    page.go("#/nodes")
+    page.wait(lambda: page.css("select[name=level]") is not None, "the log level")
+    assert page.css("select[name=level]").get_attribute("value") == "info"
+    Select(page.css("select[name=level]")).select_by_value("warning")
+    page.css("main section button").click()
+    page.wait(lambda: page.notice().startswith("Log level: warning"), "the notice")
+    try:
+        assert node.call("GET", "/api/v5/log/level") == (200, {"level": "warning"})
+        page.shot(tmp_path, "log-level")
+    finally:
+        assert node.call("PUT", "/api/v5/log/level", {"level": "info"})[0] == 200
 
 
 def test_every_page_renders_or_says_not_available(

@@ -207,7 +207,21 @@ export async function alarms(main) {
 export async function nodes(main, page) {
   const holder = el("div");
   main.append(el("h2", {}, "Nodes"), holder);
+  if (has("GET", "/log/level") && has("PUT", "/log/level")) main.append(await logLevel());
   page.every(5000, async () => holder.replaceChildren(nodeTable(await call("GET", "/nodes"))));
+}
+
+// The answering node's log level, as SIGHUP sets it (until the next SIGHUP or restart).
+async function logLevel() {
+  const { level } = await call("GET", "/log/level");
+  const choice = el("select", { name: "level" },
+    ["debug", "info", "warning", "error"].map((l) => el("option", { value: l, selected: l === level }, l)));
+  return el("section", {}, el("h3", {}, "This node's log level"), el("p", { class: "filters" },
+    choice,
+    button("Set", async () => {
+      const set = await call("PUT", "/log/level", { body: { level: choice.value } });
+      notice(`Log level: ${set.level} (until a SIGHUP or a restart of this node).`);
+    })));
 }
 
 export async function listeners(main) {

@@ -2,9 +2,10 @@
 one browser for the module): log in, a wrong key, a key revoked while the
 page is open, the message rate moving while a client publishes, searching
 a client and kicking it, deleting a retained message, banning and lifting,
-setting the log level, every page rendering, and pages saying "Not available" on a node whose API
-lacks their endpoint. Each test saves screenshots in its tmp_path (the
-paths are printed; `-s` shows them)."""
+adding and deleting a user, setting the log level, every page rendering,
+and pages saying "Not available" on a node whose API lacks their endpoint.
+Each test saves screenshots in its tmp_path (the paths are printed; `-s`
+shows them)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from services.mqtt.packets import Publish
 from tests.dashboard.browser import Dashboard, missing
 from tests.integration.rawclient import V5, Raw, v5_disconnect_code
 from tests.support.api_node import KEY, SECRET, ApiNode
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 
@@ -31,8 +33,10 @@ PUBLISH_MAX = 20_000  # at most this many, whatever happens to the test
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiNode]:
-    running = ApiNode(tmp_path_factory.mktemp("dashboard"), "--backend", "memory",
-                      "--node-id", "dash1")  # fmt: skip
+    tmp = tmp_path_factory.mktemp("dashboard")
+    (tmp / "passwd").write_text("")  # users added through the Users page
+    running = ApiNode(tmp, "--backend", "memory", "--node-id", "dash1",
+                      "--password-file", str(tmp / "passwd"), "--allow-anonymous")  # fmt: skip
     try:
         yield running
     finally:
@@ -204,6 +208,38 @@ def test_ban_a_client_id_and_lift_it(
     assert welcome.connect("dash-banned").reason_code == 0
 
 
+def test_add_a_user_and_delete_it(
+    page: Dashboard, node: ApiNode, raws: list[Raw], tmp_path: Path
+) -> None:
+    from selenium.webdriver.support.ui import Select  # here: the module loads without selenium
+
+    def connack(password: bytes) -> int:
+        r = Raw(node.mqtt_port, V5)
+        raws.append(r)
+        code: int = r.connect(f"dash-u{len(raws)}", username="dash-user",
+                              password=password).reason_code  # fmt: skip
+        return code
+
+    logged_in(page)
+    page.go("#/users")
+    page.wait(lambda: page.css("main .empty") is not None, "the password file's users: none")
+    page.css("input[name=user_id]").send_keys("dash-user")
+    page.css("input[name=password]").send_keys(" pass word ")  # taken as typed
+    page.css("form.filters button[type=submit]").click()
+    page.wait(lambda: [r[0] for r in page.rows()] == ["dash-user"], "the user listed")
+    assert page.notice() == "Added the user dash-user."
+    wait_until(lambda: connack(b" pass word ") == 0, "the user let in (the file reread)")
+    assert connack(b"pass word") == 0x86  # bad user name or password
+    page.shot(tmp_path, "users")
+    page.row_button("dash-user", "Delete").click()
+    assert "dash-user" in page.accept_confirm()
+    page.wait(lambda: page.css("main .empty") is not None, "the user gone")
+    wait_until(lambda: connack(b" pass word ") == 0x86, "the user refused (the file reread)")
+    Select(page.css("select[name=backend]")).select_by_value("redis")
+    page.wait(lambda: page.css("main .unavailable") is not None, "the Redis store's answer")
+    assert page.css("main .unavailable").text.startswith("Not set up on this node: ")
+
+
 def test_set_the_log_level(page: Dashboard, node: ApiNode, tmp_path: Path) -> None:
     from selenium.webdriver.support.ui import Select  # here: the module loads without selenium
 
@@ -234,6 +270,7 @@ def test_every_page_renders_or_says_not_available(
     pages = {"overview": "/metrics", "clients": "/clients", "subscriptions": "/subscriptions",
              "topics": "/topics", "retained": "/mqtt/retainer/messages", "banned": "/banned",
              "alarms": "/alarms", "nodes": "/nodes", "listeners": "/listeners",
+             "users": "/authentication/{backend}/users",
              "plugins": "/plugins"}  # fmt: skip
     for name, endpoint in pages.items():
         page.go(f"#/{name}")

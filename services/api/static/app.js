@@ -10,6 +10,7 @@ import { ApiError, forget, has, login, saved } from "./api.js";
 import { overview } from "./overview.js";
 import {
   alarms, banned, client, clients, listeners, nodes, plugins, retained, subscriptions, topics,
+  users,
 } from "./pages.js";
 import { el, notice } from "./ui.js";
 
@@ -21,6 +22,7 @@ const PAGES = [
   ["topics", "Topics", topics, "/topics"],
   ["retained", "Retained", retained, "/mqtt/retainer/messages"],
   ["banned", "Banned", banned, "/banned"],
+  ["users", "Users", users, "/authentication/{backend}/users"],
   ["alarms", "Alarms", alarms, "/alarms"],
   ["nodes", "Nodes", nodes, "/nodes"],
   ["listeners", "Listeners", listeners, "/listeners"],

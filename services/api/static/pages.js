@@ -1,5 +1,5 @@
 // The list pages: clients (and one client), subscriptions, topics, retained
-// messages, bans, alarms, nodes, listeners, plugins. Each is a function of
+// messages, bans, users, alarms, nodes, listeners, plugins. Each is a function of
 // (main, page, arg): it fills `main`; `page` holds what ends when the user
 // leaves (timers, listeners) and `page.query`, the hash's ?name=value.
 
@@ -180,6 +180,50 @@ export async function banned(main) {
   }, "Ban");
   main.append(el("h2", {}, "Banned"), add, list.element);
   await list.search({});
+}
+
+// The users MQTT clients log in as, in the stores `weir passwd` writes: the
+// node's password file or its Redis. A store the node lacks says so in place.
+export async function users(main) {
+  const stores = [["password_file", "password file"], ["redis", "Redis"]];
+  const store = el("select", { name: "backend" }, stores.map(([v, t]) => el("option", { value: v }, t)));
+  const holder = el("div");
+  const path = () => `/authentication/${store.value}/users`;
+
+  async function show() {
+    const list = pagedList(path(), [
+      { title: "User", value: (u) => u.user_id },
+      {
+        title: "",
+        value: (u) => button("Delete", async () => {
+          if (!window.confirm(`Delete the user ${u.user_id}? (connected clients stay connected)`)) return;
+          await call("DELETE", `${path()}/${seg(u.user_id)}`);
+          notice(`Deleted the user ${u.user_id}.`);
+          await list.reload();
+        }, { class: "danger" }),
+      },
+    ], { empty: "No user." });
+    holder.replaceChildren(list.element);
+    try {
+      await list.search({});
+    } catch (err) {
+      if (err.status !== 404) throw err;
+      holder.replaceChildren(el("p", { class: "unavailable" }, `Not set up on this node: ${err.message}.`));
+    }
+  }
+  store.addEventListener("change", () => attempt(show()));
+  const add = filterForm([
+    { name: "user_id", label: "User" },
+    { name: "password", label: "Password", type: "password" },
+  ], async (form) => {
+    await call("POST", path(), { body: { user_id: form.user_id || "", password: form.password || "" } });
+    add.querySelector("input[name=password]").value = ""; // not left on the screen
+    notice(`Added the user ${form.user_id}.`);
+    await show();
+  }, "Add");
+  main.append(el("h2", {}, "Users"),
+    el("div", { class: "filters" }, el("label", {}, "Store", store)), add, holder);
+  await show();
 }
 
 export async function alarms(main) {

@@ -84,7 +84,11 @@ export function filterForm(fields, onsearch, submitLabel = "Search") {
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const values = {};
-    for (const input of inputs) if (input.value.trim() !== "") values[input.name] = input.value.trim();
+    for (const input of inputs) {
+      // A password is taken as typed; other fields without their outer spaces.
+      const value = input.type === "password" ? input.value : input.value.trim();
+      if (value !== "") values[input.name] = value;
+    }
     attempt(onsearch(values));
   });
   return form;

@@ -5,7 +5,8 @@
 # then a virtualenv in .venv from requirements.lock. For the interop matrix
 # (tests/interop): mosquitto-clients, Node.js, npm, Chromium and its driver
 # from Debian when missing, and MQTT.js as pinned in
-# tests/interop/js/package-lock.json.
+# tests/interop/js/package-lock.json. Chromium and its driver also run the
+# dashboard's browser tests (tests/dashboard).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

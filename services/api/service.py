@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from services.api import apikeys, banned, clients, nodes, pubsub, system, trace, users
+from services.api import apikeys, banned, clients, dashboard, nodes, pubsub, system, trace, users
 from services.api.context import Context
 from services.api.errors import json_response
 from services.api.keys import FileKeyStore, KeyCheck, KeyStore, RedisKeyStore, bootstrap
@@ -121,13 +121,14 @@ class Api:
 
     def routes(self, watched: MetricsService) -> list[web.RouteDef]:
         """The API's routes over this node and its metrics service (`watched`:
-        figures, alarms), for the HTTP port the metrics service serves."""
+        figures, alarms), and the dashboard's files, for the HTTP port the
+        metrics service serves."""
         self.declared = [
             *self._own(), *nodes.routes(self.ctx, watched, self.cluster), *clients.routes(self.ctx),
             *pubsub.routes(self.ctx), *banned.routes(self.ctx), *users.routes(self.users),
             *system.routes(self.system), *apikeys.routes(self.store), *trace.routes(self.ctx),
         ]  # fmt: skip
-        return aiohttp_routes(self.declared, self.check)
+        return [*aiohttp_routes(self.declared, self.check), *dashboard.routes()]
 
     async def start(self) -> None:
         """Store the key file's keys (StoreUnavailable if Redis does not answer)."""

@@ -218,7 +218,7 @@ class Connection(asyncio.Protocol):
         broker = self.broker
         max_size = broker.flow.max_packet_size
         channel = self.channel
-        tracer = self.tracer
+        tracer, hold = self.tracer, self.hold
         turn = broker.turn
         budget = turn.work + WORK_BUDGET
         rate, over = self.budget, False
@@ -227,7 +227,7 @@ class Connection(asyncio.Protocol):
         outer = turn.handling(self)
         now, proto = broker.loop.time(), channel.protocol_level  # per batch; proto: 0 until CONNECT
         try:
-            while not self._busy and not self.closed and self.hold.blocked_on is None:
+            while not self._busy and not self.closed and hold.blocked_on is None:
                 if turn.work > budget:
                     self._defer()
                     break

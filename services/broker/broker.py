@@ -124,6 +124,7 @@ class Broker:
         self.turn = turn = Turn()
         self.seams = seams = seams if seams is not None else Seams()
         self.metrics = seams.metrics
+        self._expired_folded = 0  # of queue.expired, in metrics already (`figures`)
         self._tasks: set[asyncio.Task[Any]] = set()
         spawn = self.spawn
         self.routes = routes = Routes(node_id=node_id, mark_durable=sessions.mark_durable)
@@ -406,6 +407,11 @@ class Broker:
         m.retained = len(self.retained)
         cluster = self.remote.cluster
         m.nodes_live = 1 + (len(cluster.peers()) if cluster is not None else 0)
+        # Queued messages that expired before delivery: the store counts what its
+        # takes removed (no call per message here); the new ones are added now.
+        expired = self.queue.expired
+        m.messages_dropped["expired"] += expired - self._expired_folded
+        self._expired_folded = expired
 
     # -- shutdown -------------------------------------------------------------------------
 

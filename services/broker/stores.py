@@ -191,6 +191,10 @@ class TieredQueueStore:
     def _of(self, client_id: str) -> QueueStore:
         return self.durable if client_id in self.tiers.durable else self.memory
 
+    @property
+    def expired(self) -> int:
+        return self.memory.expired + self.durable.expired
+
     def _split(
         self, items: Sequence[tuple[str, Message]]
     ) -> tuple[list[tuple[str, Message]], list[tuple[str, Message]]]:

@@ -39,7 +39,7 @@ DROP_REASONS: Final = (
     "no_subscribers",  # PUBLISH that matched no subscription
     "queue_full",  # a session's queue was full (its overflow policy dropped one)
     "qos0_slow_subscriber",  # QoS 0 to a subscriber whose socket buffer was full
-    "expired",  # Message Expiry Interval passed before delivery
+    "expired",  # Message Expiry Interval passed before delivery (sent, or queued)
     "acl",  # the authorizer refused the PUBLISH (or a retained delivery)
     "too_large",  # larger than the receiver's Maximum Packet Size
     "cluster_link",  # QoS 0 copies for clients on a peer whose link buffer was full

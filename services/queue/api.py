@@ -78,6 +78,13 @@ class TakeResult:
 
 
 class QueueStore(Protocol):
+    @property
+    def expired(self) -> int:
+        """Messages past their Message Expiry this store removed instead of
+        delivering them (this process's calls), ever: the node folds it into
+        its figures when they are read."""
+        ...
+
     async def enqueue(self, items: Sequence[tuple[str, Message]]) -> EnqueueResult:
         """Append each message to its client's queue, durably, in order.
         One round trip for the batch. Returns only once stored."""

@@ -64,6 +64,7 @@ class MemoryQueueStore:
         self._limit = limit
         self._refuse = full == REFUSE
         self._wall_ms = wall_ms
+        self.expired = 0  # messages past their expiry `take` removed, undelivered
 
     def _checked(self, client_id: str, epoch: int) -> _State:
         return _state(self._sessions.check(client_id, epoch))
@@ -206,6 +207,7 @@ class MemoryQueueStore:
             if message.qos == 0:
                 st.qos0.popleft()
             if expired:
+                self.expired += 1
                 continue
             if message.qos == 0:
                 out.append(Inflight(0, message, dup=False))

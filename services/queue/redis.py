@@ -94,6 +94,7 @@ class RedisQueueStore:
         self._refuse = 1 if full == REFUSE else 0  # ARGV 2 of enqueue_take.lua
         self._timeout = timeout
         self._replicas = replicas  # WAIT for this many after each script (--redis-wait)
+        self.expired = 0  # messages past their expiry the scripts removed, undelivered
 
         def script(name: str) -> AsyncScript:
             return load_script(client, "services.queue", name)
@@ -235,18 +236,18 @@ class RedisQueueStore:
             left = {m: shifted(ix, left_out) for m, ix in left.items()}
             groups = [kept for g in groups if (kept := shifted(g, left_out))]
 
-    @staticmethod
-    def _parse_take(flat: list[Any], order: list[str]) -> tuple[TakeResult, int]:
+    def _parse_take(self, flat: list[Any], order: list[str]) -> tuple[TakeResult, int]:
         """The result, and where in `flat` the dropped messages start (if asked)."""
         taken: dict[str, list[Inflight]] = {}
         fenced: set[str] = set()
-        pos = 2
+        pos = 3
         for client_id in order:
             if int(flat[pos]) == FENCED:
                 fenced.add(client_id)
                 pos += 1
             else:
                 taken[client_id], pos = _inflight(flat, pos)
+        self.expired += int(flat[2])
         return TakeResult(int(flat[0]), int(flat[1]), taken, frozenset(fenced)), pos
 
     async def take(self, client_id: str, epoch: int, window: int) -> list[Inflight]:

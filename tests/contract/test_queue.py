@@ -171,6 +171,21 @@ async def test_the_bound_says_which_messages_it_dropped_when_asked(
     assert unasked.dropped == 1 and unasked.evicted == ()
 
 
+async def test_expired_messages_removed_by_a_take_are_counted(stores: Stores) -> None:
+    q = stores.make_queue(10)
+    epoch = await stores.claim("c")
+    assert q.expired == 0
+    gone = {"expires_at_ms": 1}  # 1970: past
+    await q.enqueue([("c", msg(0, **gone)), ("c", msg(1)), ("c", msg(2, 0, **gone))])
+    assert payloads(await q.take("c", epoch, 1)) == [b"1"]
+    assert q.expired == 2
+    await q.enqueue([("c", msg(3, **gone)), ("c", msg(4))])
+    taken = await q.ack_and_take("c", epoch, [1], 10)
+    assert payloads(taken) == [b"4"] and q.expired == 3
+    r = await q.enqueue_and_take([("c", msg(5, **gone))], {"c": (epoch, 10)})
+    assert r.taken["c"] == [] and q.expired == 4  # straight to the window: dropped there
+
+
 async def test_full_queue_refuses_qos12_and_never_drops_what_it_took(stores: Stores) -> None:
     """REFUSE: QoS 0 makes room first; then new QoS 1/2 copies past the bound are
     refused (listed, not stored); nothing stored is ever dropped for them."""

@@ -170,3 +170,27 @@ def test_an_alarm_is_raised_and_cleared(watched: NodeRunner, raws: list[Raw]) ->
     assert "high_connections" not in active
     assert figures[("weir_alarms_active", ())] == len(active)
     assert figures[("weir_alarms_activated_total", ())] >= 1
+
+
+def test_a_queued_message_that_expires_is_counted_dropped(
+    watched: NodeRunner, raws: list[Raw]
+) -> None:
+    key = ("weir_messages_dropped_total", (("reason", "expired"),))
+    before = scrape(watched)[key]
+    persistent: dict[str, Any] = {
+        "clean_start": False, "properties": Properties(session_expiry_interval=60),
+    }  # fmt: skip
+    sub = opened(raws, watched, "exp-sub", V5, **persistent)
+    sub.subscribe(Subscription("exp/t", 1))
+    sub.close()
+    until(lambda: scrape(watched)[("weir_connections", ())] == 0, "the subscriber offline")
+    pub = opened(raws, watched, "exp-pub", V5)
+    expiry = Properties(message_expiry_interval=1)
+    pub.send(Publish("exp/t", b"stale", qos=1, packet_id=1, properties=expiry))
+    assert pub.expect(Puback).reason_code == 0  # queued for the offline session
+    sent = time.monotonic()
+    while time.monotonic() < sent + 1.1:  # the message's expiry itself must pass
+        time.sleep(0.05)
+    back = opened(raws, watched, "exp-sub", V5, **persistent)
+    assert back.before_barrier(pub, "exp/t", 1) == []  # never delivered
+    until(lambda: scrape(watched)[key] - before == 1, "the expired message counted")

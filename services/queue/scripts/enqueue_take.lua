@@ -13,7 +13,8 @@
 --   then per group: epoch ("-" = enqueue only), window, n, then n serialized
 --   messages (services/store/serial.py: byte 2 holds the QoS in bits 0-1 and
 --   "has expiry" in bit 3, bytes 3-10 the expiry in ms)
--- Returns: {accepted, dropped, then for each group whose epoch is not "-":
+-- Returns: {accepted, dropped, expired (messages past their expiry removed on the
+--   way, never delivered), then for each group whose epoch is not "-":
 --   -1 if fenced, else k followed by k pairs (packet id or 0 for QoS 0, message),
 --   then (ARGV 3 = "1") per dropped message a pair (its group's number in ARGV
 --   order, from 1; the message)}
@@ -69,9 +70,13 @@ local function expired(m)
 end
 
 -- Deliver one message into ctx; false if the window is full for it.
+local gone = 0 -- messages past their expiry removed instead of delivered
 local function deliver(ctx, m, seq)
   local qos, dead = qos_of(m), expired(m)
-  if dead then return true end
+  if dead then
+    gone = gone + 1
+    return true
+  end
   if qos > 0 and ctx.inflight >= ctx.window then return false end
   local items = ctx.items
   if qos == 0 then
@@ -216,7 +221,7 @@ end
 for i = 1, marks do redis.call('SADD', KEYS[2 * i], ARGV[4 + 2 * i]) end
 
 local accepted, dropped = 0, 0
-local out = {0, 0}
+local out = {0, 0, 0}
 local a, k, g = 5 + 2 * marks, 2 * marks, 0
 while a <= #ARGV do
   g = g + 1
@@ -254,5 +259,6 @@ while a <= #ARGV do
 end
 out[1] = accepted
 out[2] = dropped
+out[3] = gone
 for i = 1, #evicted do out[#out + 1] = evicted[i] end
 return out

@@ -22,6 +22,7 @@ from services.queue.redis import RedisQueueStore
 from services.session.api import Fenced, SessionStore, StoreUnavailable
 from services.session.memory import MemorySessionStore
 from services.session.redis import RedisSessionStore, client_keys, connect
+from services.store.redis import DEFAULT_TIMEOUT_S
 from services.store.serial import SerialError, dumps, loads
 from tests.support.wait import until
 
@@ -47,17 +48,17 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
     if request.param == "memory":
         sessions: Any = MemorySessionStore()
 
-        def make_queue(limit: int, full: str = REFUSE) -> QueueStore:
+        def make_queue(limit: int, full: str = REFUSE, timeout: float = 0) -> QueueStore:
             return MemoryQueueStore(sessions, limit, full=full)
     elif request.param == "tiered":
         client = connect(request.getfixturevalue("redis_url"))
         memory, tiers = MemorySessionStore(), Tiers()
         sessions = TieredSessionStore(memory, RedisSessionStore(client), tiers)
 
-        def make_queue(limit: int, full: str = REFUSE) -> QueueStore:
+        def make_queue(limit: int, full: str = REFUSE, timeout: float = 0) -> QueueStore:
             return TieredQueueStore(
                 MemoryQueueStore(memory, limit, full=full),
-                RedisQueueStore(client, limit, full=full),
+                RedisQueueStore(client, limit, full=full, timeout=timeout or DEFAULT_TIMEOUT_S),
                 tiers,
             )
     else:
@@ -65,8 +66,8 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
         client = connect(url)
         sessions = RedisSessionStore(client)
 
-        def make_queue(limit: int, full: str = REFUSE) -> QueueStore:
-            return RedisQueueStore(client, limit, full=full)
+        def make_queue(limit: int, full: str = REFUSE, timeout: float = 0) -> QueueStore:
+            return RedisQueueStore(client, limit, full=full, timeout=timeout or DEFAULT_TIMEOUT_S)
 
     yield Stores(sessions, make_queue, make_queue(1000))
     await sessions.close()
@@ -290,7 +291,9 @@ async def test_expired_messages_are_not_delivered(stores: Stores) -> None:
 
 
 async def test_packet_ids_wrap_and_skip_ids_in_use(stores: Stores) -> None:
-    q = stores.make_queue(70_000)
+    # One script call enqueues, another takes 65,535 messages: seconds of Redis CPU when
+    # the machine is loaded, past the store's 2 s bound (a StoreUnavailable, not a wrong id).
+    q = stores.make_queue(70_000, timeout=60)
     epoch = await stores.claim("c")
     await q.enqueue([("c", msg(i)) for i in range(65_535)])
     taken = await q.take("c", epoch, 65_535)

@@ -2,30 +2,9 @@
 
 Theory of operation.
 
-Append: one idempotent producer (`acks=all`, `murmur2_random` so keys land
-where Java clients put them). `produce` only queues; a poll thread serves
-delivery reports and hands each to the event loop with
-`call_soon_threadsafe`, which resolves the future `append` awaits. The wait
-is bounded (`append_timeout_s`): past it `append` raises
-EventLogUnavailable while the record stays queued (it may still land;
-versions make that harmless). After such a timeout, until a record is
-acknowledged again (any record, one whose wait was given up too), the
-bound is DOWN_APPEND_TIMEOUT_S: a node cut off from Kafka refuses what
-needs the log at once instead of after the full bound.
-The producer queue is bounded (`max_pending` records): a full queue raises
-EventLogBackpressure at once instead of growing memory. A fatal producer
-error (an idempotent producer that lost its broker's state, e.g. an
-embedded broker restart) fails the waiting appends and the next append
-builds a new producer.
-
-Warm-up (`warm`, before the node opens its listeners): an idempotent
-producer sends nothing until the broker has given it a producer id, which
-librdkafka asks for on a 500 ms timer once a broker connection is up, so a
-producer made at start gets its id about 0.5 s later and the first CONNACK
-used to wait for it. librdkafka says when the id is there only in its
-statistics (`eos.idemp_state`), so the producer reports them every
-STATS_INTERVAL_MS and `warm` waits for "Assigned"; then it asks for the
-three topics' metadata through the producer. Nothing is written to the log.
+Append and warm-up: `services.event.appender` (one idempotent producer;
+after a timed-out append, appends wait only briefly until the log
+acknowledges again).
 
 Replay and tail: one consumer with `assign` (no group), each partition of
 the three topics from the beginning or from given offsets, consumed in
@@ -39,24 +18,19 @@ the same consumer going.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import inspect
-import json
 import logging
-import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Final
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as _TP
 
 from services.event.api import (
-    EventLogBackpressure,
     EventLogClosed,
     EventLogCorrupt,
     EventLogError,
@@ -64,12 +38,12 @@ from services.event.api import (
     Handler,
     Offsets,
 )
+from services.event.appender import Appender
 from services.event.schema import (
     DEFAULT_TOPIC_PREFIX,
     Event,
     EventSchemaError,
     decode,
-    encode,
     topic_names,
 )
 from services.event.topics import ADMIN_TIMEOUT_S, create_topics
@@ -79,7 +53,6 @@ log = logging.getLogger("weir.event.kafka")
 DEFAULT_PARTITIONS: Final = 8  # per topic; enough for a few nodes' consumers, cheap on Tansu
 DEFAULT_APPEND_TIMEOUT_S: Final = 5.0  # a CONNACK/SUBACK waits at most this for the log
 DEFAULT_MAX_PENDING: Final = 20_000  # queued records; about 10 MiB of events at most
-POLL_INTERVAL_S: Final = 0.05  # delivery-report poll period of the producer thread
 BATCH: Final = 1000  # records per consume() call
 REPLAY_POLL_S: Final = 0.2
 TAIL_POLL_S: Final = 0.05  # tail latency added on top of the broker's fetch wait
@@ -93,21 +66,6 @@ TAIL_FETCH_WAIT_MS: Final = 100
 # up: the broker is gone or stalled (Tansu also stalls silently on a fetch past
 # the end of a partition). Generous: a busy broker can pause for seconds.
 DEFAULT_REPLAY_STALL_S: Final = 30.0
-# How long an append waits while the log is known down (the last append timed out
-# and none was acknowledged since): a node cut off from Kafka refuses CONNECT and
-# SUBSCRIBE (they need the log) within this, not the full append bound, and each
-# such append still produces its record, so the first one acknowledged again
-# (the log is back) ends the state.
-DOWN_APPEND_TIMEOUT_S: Final = 0.5
-# Consecutive append timeouts after which the producer is rebuilt. An idempotent
-# producer whose broker forgot its id (a restarted embedded broker) retries
-# forever without reporting an error; a new producer gets a new id.
-REBUILD_AFTER_TIMEOUTS: Final = 3
-# librdkafka's statistics period: how soon `warm` learns the producer has its
-# id (a start waits at most this much longer than it must). The reports go on
-# for the producer's life (librdkafka cannot stop them): a 2-3 KiB JSON text
-# ten times a second, which the callback drops unread once the producer is warm.
-STATS_INTERVAL_MS: Final = 100
 _PLAIN: Final = frozenset({type(None), bool})  # handler results that are surely not awaitable
 
 
@@ -144,15 +102,11 @@ class KafkaEventLog:
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
         self.topics = topic_names(settings.topic_prefix)
-        self.append_timeout_s = settings.append_timeout_s
-        self._producer: Producer | None = None
-        self._producer_failed = False
-        self._warm = threading.Event()  # set by the stats callback of the current producer
-        self._timeouts = 0
-        self._down = False  # the last append timed out and none was acknowledged since
-        self._poller: threading.Thread | None = None
-        self._stop_polling = threading.Event()
-        self._waiting: set[asyncio.Future[None]] = set()
+        self._appender = Appender(
+            settings.bootstrap, settings.topic_prefix, self.topics, settings.append_timeout_s,
+            settings.max_pending, settings.linger_ms, settings.producer_config,
+            self.ensure_topics, self._forget_topics,
+        )  # fmt: skip
         self._consumer: Consumer | None = None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="weir-event-consume")
         self._positions: dict[tuple[str, int], int] = {}
@@ -171,165 +125,36 @@ class KafkaEventLog:
             )  # fmt: skip
             self._topics_ready = True
 
+    @property
+    def append_timeout_s(self) -> float:
+        return self._appender.append_timeout_s
+
+    @append_timeout_s.setter
+    def append_timeout_s(self, seconds: float) -> None:
+        self._appender.append_timeout_s = seconds
+
+    def _forget_topics(self) -> None:
+        self._topics_ready = False
+
     async def start(self) -> None:
         """Create the topics and the producer now rather than at the first
         append (an idempotent producer needs about 0.5-1 s to get its id)."""
-        await self.ensure_topics()
-        if self._producer is None:
-            self._producer = self._make_producer()
+        await self._appender.start()
 
-    # -- append ---------------------------------------------------------
-
-    def _make_producer(self) -> Producer:
-        s = self.settings
-        config: dict[str, Any] = {
-            "bootstrap.servers": s.bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "partitioner": "murmur2_random",
-            "linger.ms": s.linger_ms,
-            "queue.buffering.max.messages": s.max_pending,
-            "error_cb": self._on_error,
-            "statistics.interval.ms": STATS_INTERVAL_MS,
-            "logger": log,
-            **s.producer_config,
-        }
-        warm = self._warm = threading.Event()
-        config["stats_cb"] = partial(self._on_stats, warm)
-        producer = Producer(config)
-        self._producer_failed = False
-        self._timeouts = 0
-        self._stop_polling.clear()
-        self._poller = threading.Thread(
-            target=self._poll_loop, args=(producer,), name="weir-event-produce", daemon=True
-        )
-        self._poller.start()
-        return producer
-
-    def _poll_loop(self, producer: Producer) -> None:
-        while not self._stop_polling.is_set():
-            producer.poll(POLL_INTERVAL_S)
-
-    @staticmethod
-    def _on_stats(warm: threading.Event, stats: str) -> None:
-        if warm.is_set():
-            return
-        with contextlib.suppress(ValueError, AttributeError):
-            if json.loads(stats).get("eos", {}).get("idemp_state") == "Assigned":
-                warm.set()
+    # -- append (services.event.appender) --------------------------------
 
     @property
     def warmed(self) -> bool:
         """The current producer has its id: an append goes out at once."""
-        return self._producer is not None and self._warm.is_set()
+        return self._appender.warmed
 
     async def warm(self) -> None:
-        if self._producer is None:
-            await self.start()
-        if not await asyncio.to_thread(self._warm.wait, self.append_timeout_s):
-            log.warning(
-                "event log: no producer id within %s s; the first append waits for it",
-                self.append_timeout_s,
-            )
-            return
-        await asyncio.to_thread(self._topic_metadata)
-
-    def _topic_metadata(self) -> None:
-        """Ask for the topics' metadata now rather than at their first produce."""
-        producer = self._producer
-        if producer is None:
-            return
-        for topic in self.topics:
-            try:
-                producer.list_topics(topic, timeout=self.append_timeout_s)
-            except KafkaException as exc:  # the first append will ask again
-                log.warning("event log: no metadata for %s yet: %s", topic, exc)
-
-    def _on_error(self, err: KafkaError) -> None:
-        if err.fatal():
-            log.error("event log producer failed: %s", err)
-            self._producer_failed = True
-
-    def _retire_producer(self, purge: bool = False) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            self._stop_polling.set()
-            if self._poller is not None:
-                self._poller.join()
-            if purge:  # abandon what the failed producer still holds (callers were told)
-                producer.purge()
-                producer.flush(0)
+        await self._appender.warm()
 
     async def append(self, event: Event) -> None:
         if self._closed:
             raise EventLogClosed("event log is closed")
-        if self._producer_failed:
-            await asyncio.to_thread(self._retire_producer, True)
-            self._topics_ready = False  # a broker that forgot us may have forgotten them too
-            for waiting in self._waiting:
-                if not waiting.done():
-                    waiting.set_exception(EventLogUnavailable("event log producer failed"))
-        if self._producer is None:
-            await self.start()
-        assert self._producer is not None
-        suffix, key, value = encode(event)
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        try:
-            self._producer.produce(
-                self.settings.topic_prefix + suffix,
-                key=key.encode(),
-                value=value,
-                on_delivery=partial(self._delivered, loop, fut),
-            )
-        except BufferError:
-            raise EventLogBackpressure(
-                f"event log: {self.settings.max_pending} records already waiting"
-            ) from None
-        except KafkaException as exc:
-            raise EventLogUnavailable(f"event log: produce failed: {exc}") from None
-        self._waiting.add(fut)
-        bound = min(DOWN_APPEND_TIMEOUT_S, self.append_timeout_s) if self._down else None
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), bound or self.append_timeout_s)
-            self._timeouts = 0
-            self._down = False
-        except TimeoutError:
-            self._timeouts += 1
-            self._down = True
-            if self._timeouts >= REBUILD_AFTER_TIMEOUTS:
-                log.warning(
-                    "event log: %d appends timed out; rebuilding the producer", self._timeouts
-                )
-                self._producer_failed = True
-            raise EventLogUnavailable(
-                f"event log: no acknowledgement within {bound or self.append_timeout_s} s"
-            ) from None
-        finally:
-            self._waiting.discard(fut)
-            if not fut.done():  # given up: its outcome (maybe a purge) is nobody's error
-                fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    def _delivered(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        fut: asyncio.Future[None],
-        err: KafkaError | None,
-        _: Any,
-    ) -> None:
-        def settle() -> None:
-            if err is None:  # the log takes records: whoever gave up waiting, it is up
-                self._down = False
-                self._timeouts = 0
-            if fut.done():
-                return
-            if err is None:
-                fut.set_result(None)
-            else:
-                fut.set_exception(EventLogUnavailable(f"event log: delivery failed: {err}"))
-
-        with contextlib.suppress(RuntimeError):  # the loop is gone; nobody waits
-            loop.call_soon_threadsafe(settle)
+        await self._appender.append(event)
 
     # -- replay and tail ------------------------------------------------
 
@@ -505,9 +330,7 @@ class KafkaEventLog:
         await asyncio.to_thread(self._shutdown)
 
     def _shutdown(self) -> None:
-        if self._producer is not None:
-            self._producer.flush(self.settings.append_timeout_s)
-        self._retire_producer()
+        self._appender.close()
         # On the worker, after what it is doing: a tail's assignment still running
         # there (its task cancelled) may be about to make the consumer.
         self._worker.submit(self._retire_consumer).result()

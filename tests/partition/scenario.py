@@ -18,8 +18,8 @@ every id (publishers resend until acknowledged, so "every id" includes
 every acknowledged one) or its deadline, and reports: acknowledged ids a
 subscriber never got (must be 0), QoS 2 ids delivered twice to the QoS 2
 subscriber (must be 0), QoS 1 duplicates (allowed), wills published, the
-seconds from the heal until both subscribers had everything, and what the
-clients saw (drops, refused CONNECTs).
+seconds from the heal until both subscribers had every id acknowledged
+before the heal, and what the clients saw (drops, refused CONNECTs).
 """
 
 from __future__ import annotations
@@ -177,16 +177,26 @@ class Scenario:
         return all(not s.missing(self.total) for s in self.subs) and all(p.done for p in self.pubs)
 
     async def settle(self) -> float | None:
-        """Until every subscriber has every id: seconds since the heal, or None."""
+        """Until every subscriber has every id. Returns the seconds from the heal
+        until both had every id acknowledged before it (the publishers go on a
+        while after the heal, so "every id" comes later), or None if not in time."""
         deadline = self.healed_at + SETTLE_TIMEOUT_S
+        before = {seq for p in self.pubs for seq, at in p.acked_at.items() if at <= self.healed_at}
+        converged: float | None = None
         while not self.complete():
             for task in self.tasks:
                 if task.done() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
+            if converged is None and all(before <= s.seen for s in self.subs):
+                converged = time.monotonic() - self.healed_at
             if time.monotonic() > deadline:
                 return None
             await asyncio.sleep(0.05)  # a poll of the clients' state
-        return time.monotonic() - self.healed_at
+        return converged if converged is not None else time.monotonic() - self.healed_at
+
+    def wills_due(self) -> int:
+        """1 if the will client lost its connection other than by DISCONNECT, else 0."""
+        return 1 if self.will is not None and self.will.drops else 0
 
     async def wills_settled(self, expected: int) -> int:
         """Wills seen by the watcher, once the expected number came (or 1 s passed
@@ -223,10 +233,12 @@ class Scenario:
 
 
 def drops(scenario: Scenario) -> str:
-    """How often the clients reconnected, and whether a session was ever lost."""
+    """How often the clients reconnected, whether a session was ever lost, and
+    whether the will client kept its connection."""
     reconnects = sum(max(0, c.connects - 1) for c in [*scenario.pubs, *scenario.subs])
     lost = sum(c.sessions_lost for c in [*scenario.pubs, *scenario.subs])
-    return f"{reconnects} reconnects, {lost} sessions lost"
+    will = "will client dropped" if scenario.wills_due() else "will client stayed connected"
+    return f"{reconnects} reconnects, {lost} sessions lost, {will}"
 
 
 __all__ = ["ChaosError", "Outcome", "Scenario", "WillClient", "drops"]

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +109,13 @@ class Cluster:
         assert code in (0, 1) and summary, out
         assert "2 live nodes (a, b)" in summary[-1], out
         return [ln for ln in lines if ln not in summary and not ln.startswith("state store")]
+
+    def keep_logs(self) -> Path:
+        """Copy the processes' logs where pytest's temp-dir rotation leaves them."""
+        kept = Path(tempfile.mkdtemp(prefix="weir-partition-"))
+        for log in self.work.glob("*.log"):
+            shutil.copy(log, kept / log.name)
+        return kept
 
     def weir(self, party: str, *args: str, timeout: float = 60.0) -> tuple[int, str]:
         """`python -m services ARGS` inside a party's namespace: exit code, stdout + stderr."""

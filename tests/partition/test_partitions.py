@@ -43,11 +43,15 @@ IMPLEMENTATION_SPECIFIC = 0x83  # SUBACK, 5.0: what a SUBSCRIBE the log did not 
 
 def check(cluster: Cluster, outcome: Outcome) -> None:
     ROWS.append(outcome)
-    assert outcome.acked_lost == 0, outcome.missing
-    assert outcome.qos2_duplicates == 0
-    assert outcome.wills == outcome.wills_expected
-    assert outcome.converge_s is not None, "the subscribers never had every message"
-    assert cluster.verify() == []
+    try:
+        assert outcome.acked_lost == 0, outcome.missing
+        assert outcome.qos2_duplicates == 0
+        assert outcome.wills == outcome.wills_expected
+        assert outcome.converge_s is not None, "the subscribers never had every message"
+        assert cluster.verify() == []
+    except AssertionError as exc:  # pytest's temp dirs rotate: keep the nodes' logs
+        kept = cluster.keep_logs()
+        raise AssertionError(f"{exc} (the nodes' logs: {kept})") from None
 
 
 async def test_node_cut_from_redis_fences_itself_and_loses_nothing(cluster: Cluster) -> None:

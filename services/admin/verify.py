@@ -101,8 +101,8 @@ def command(config: str | None, timeout: float, verbose: bool, **flags: Any) -> 
     settings = load({"config": config, **given(flags)})
     if settings.redis_url is None and settings.kafka_bootstrap is None:
         # Neither named: the weir up running on the data dir (its embedded default).
-        found = endpoints.running(settings.data_dir, "weir streams verify", code=2)
-        cfg = Config(found.redis_url, found.kafka_bootstrap, found.topic_prefix, timeout)
+        redis_url, kafka, prefix = endpoints.backends(settings.data_dir, "weir streams verify", 2)
+        cfg = Config(redis_url, kafka, prefix, timeout)
         return _check(cfg, verbose)
     if settings.redis_url is None or settings.kafka_bootstrap is None:
         fail(

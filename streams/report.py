@@ -14,11 +14,12 @@ of opened - closed per node).
 
 Output: tables on stdout (top churners, flapping candidates, busiest
 filters, sessions per node, and with --client that client's connection
-history), PNG charts into --out (`streams.charts`: axes fitted to the data, whatever
-its amount), each path printed on stdout, and
-progress lines on stderr. Bad input (arguments, no data directory, no
-analytics data yet, an unknown client, an unreadable table or an
-unwritable --out) is one line on stderr and exit code 2, never a traceback.
+history), PNG charts into --out (`streams.charts`: axes fitted to the data,
+whatever its amount), each path printed on stdout, and progress on stderr
+(`services.cli.Progress`: a bar in a terminal, lines otherwise). Bad input
+(arguments, no data directory, no analytics data yet, an unknown client, an
+unreadable table or an unwritable --out) is one line on stderr and exit code
+2, never a traceback.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import click
 
-from services.cli import CONTEXT, run
+from services.cli import CONTEXT, Progress, run
 from streams import charts
 from streams.analytics import (
     CHURN,
@@ -65,7 +66,7 @@ class ReportError(Exception):
 
 
 def _progress(message: str) -> None:
-    print(f"report: {message}", file=sys.stderr, flush=True)
+    Progress("report").line(message)
 
 
 # -- reading -------------------------------------------------------------------------
@@ -82,21 +83,24 @@ def read_tables(data_dir: Path) -> dict[str, pd.DataFrame]:
     root = analytics_dir(data_dir)
     tables: dict[str, pd.DataFrame] = {}
     rows = 0
-    for table in TABLES:
-        started = time.monotonic()
-        _progress(f"reading {table} ...")
-        if table == HISTORY:
-            rows += _count(root / table)
-            connects = ds.field("type") == OPENED
-            frame = _read(root / table, ["client_id", "type", "ts_ms", "node"], connects)
-        else:
-            frame = _read(root / table)
-            rows += len(frame)
-        if table in TABLE_KEYS and not frame.empty:
-            keys, counts = TABLE_KEYS[table]
-            frame = frame.groupby(list(keys), as_index=False)[list(counts)].sum()
-        tables[table] = frame
-        _progress(f"read {table}: {len(frame):,} rows in {time.monotonic() - started:.1f} s")
+    with Progress("report").step("reading the tables", len(TABLES)) as step:
+        for table in TABLES:
+            started = time.monotonic()
+            step.say(f"reading {table} ...")
+            if table == HISTORY:
+                rows += _count(root / table)
+                connects = ds.field("type") == OPENED
+                frame = _read(root / table, ["client_id", "type", "ts_ms", "node"], connects)
+            else:
+                frame = _read(root / table)
+                rows += len(frame)
+            if table in TABLE_KEYS and not frame.empty:
+                keys, counts = TABLE_KEYS[table]
+                frame = frame.groupby(list(keys), as_index=False)[list(counts)].sum()
+            tables[table] = frame
+            took = time.monotonic() - started
+            step.say(f"read {table}: {len(frame):,} rows in {took:.1f} s")
+            step.advance()
     if not rows:
         raise ReportError(
             f"no analytics data under {root} yet (run `weir streams run analytics` first)"
@@ -357,12 +361,14 @@ def _report(args: SimpleNamespace) -> None:
         made.append(("sessions.png", lambda: charts.sessions(with_online, node_names)))
     if args.client is not None and not churn.empty:
         made.append((_client_file(args.client), lambda: charts.client(churn, args.client)))
-    for name, draw in made:
-        started = time.monotonic()
-        _progress(f"drawing {name} ...")
-        path = _save(out / name, draw())
-        _progress(f"drew {path.name} in {time.monotonic() - started:.1f} s")
-        print(path)
+    with Progress("report").step("drawing the charts", len(made)) as step:
+        for name, draw in made:
+            started = time.monotonic()
+            step.say(f"drawing {name} ...")
+            path = _save(out / name, draw())
+            step.say(f"drew {path.name} in {time.monotonic() - started:.1f} s")
+            step.advance()
+            print(path)
 
 
 @click.command("report", context_settings=CONTEXT,

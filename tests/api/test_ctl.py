@@ -210,3 +210,45 @@ def test_a_clean_stop_revokes_the_local_key(tmp_path: Path) -> None:
     assert localkey.read(tmp_path / "data") is None
     stored = json.loads((tmp_path / "data" / "apikeys.json").read_text())
     assert key[0] not in {row["api_key"] for row in stored}
+
+
+def test_users_plugins_listeners_log_level_and_drain(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its own node (a password file; drained at the end, which stops it)."""
+    import io
+
+    (tmp_path / "passwd").write_text("")
+    own = ApiNode(tmp_path, "--backend", "memory", "--password-file", str(tmp_path / "passwd"),
+                  key_file=False)  # fmt: skip
+    try:
+        ctl = Ctl(own, capsys)
+        monkeypatch.setattr("sys.stdin", io.StringIO("pw1\n"))
+        code, out, err = ctl.run("users", "add", "ann", "--password-stdin")
+        assert (code, out.strip()) == (0, "added user ann"), err
+        monkeypatch.setattr("sys.stdin", io.StringIO("pw2\n"))
+        code, out, _ = ctl.run("users", "add", "ann", "--password-stdin")
+        assert (code, out.strip()) == (0, "changed the password of ann")
+        assert (tmp_path / "passwd").read_text().startswith("ann:$argon2id$")
+        assert [u["user_id"] for u in ctl.json("users", "list")["data"]] == ["ann"]
+        code, _, err = ctl.run("users", "list", "--redis")  # no Redis on --backend memory
+        assert code == 1 and err.count("\n") == 1
+        assert ctl.run("users", "delete", "ann")[0] == 0
+        assert ctl.json("users", "list")["data"] == []
+        monkeypatch.setattr("sys.stdin", io.StringIO("\n"))
+        assert ctl.run("users", "add", "bob", "--password-stdin")[0] == 2  # empty password
+        plugins = {p["name"]: p for p in ctl.json("plugins", "list")}
+        assert "webhook" in plugins and plugins["webhook"]["running"] is False
+        code, _, err = ctl.run("plugins", "stop", "no-such-plugin")
+        assert code == 1 and "no-such-plugin" in err
+        [mqtt] = ctl.json("listeners")
+        assert mqtt["bind"].endswith(f":{own.mqtt_port}") and mqtt["running"] is True
+        assert ctl.json("log-level")["level"] == "info"
+        assert ctl.json("log-level", "debug")["level"] == "debug"
+        assert ctl.run("log-level", "loud")[0] == 2
+        code, out, _ = ctl.run("node", "drain")
+        assert code == 0 and "is draining" in out
+        assert own.process.wait(timeout=30) == 0  # the SIGUSR1 path: it stops
+        assert any("draining" in line for line in own.log)
+    finally:
+        own.stop()

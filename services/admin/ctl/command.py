@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.admin.ctl import manage, pubsub
+from services.admin.ctl import manage, pubsub, system
 from services.admin.ctl.base import ctl
 
-COMMAND_MODULES = (pubsub, manage)  # imported for the commands they add to `ctl`
+COMMAND_MODULES = (pubsub, manage, system)  # imported for the commands they add to `ctl`
 
 __all__ = ["ctl"]

@@ -145,7 +145,7 @@ def _readable(node: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-@ctl.group("node", cls=Group, help="one node's status")
+@ctl.group("node", cls=Group, help="one node: its status, drain it")
 def node() -> None:
     pass
 
@@ -159,6 +159,16 @@ def node_status(c: Ctl, /, node_id: str | None) -> None:
     else:
         doc = c.call("GET", f"/nodes/{segment(node_id)}")
     c.out.record(doc if c.out.as_json else _readable(doc))
+
+
+@node.command("drain", help="drain a node: its clients told to use another server, then it "
+              "stops (default: the node that answers)")  # fmt: skip
+@click.argument("node_id", required=False)
+@pass_ctl
+def node_drain(c: Ctl, /, node_id: str | None) -> None:
+    target = node_id or c.call("GET", "/nodes")[0]["node"]
+    answer = c.call("POST", f"/nodes/{segment(target)}/drain")
+    c.out.done(f"node {target} is draining", answer)
 
 
 @ctl.group("cluster", cls=Group, help="the cluster's nodes")

@@ -50,31 +50,24 @@ class Ctl:
         return self._api
 
     def call(self, method: str, path: str, **kw: Any) -> Any:
+        """The API's answer; its refusal or an unreachable node: one line naming
+        the command (`weir ctl clients show: no such client: c1 (HTTP 404)`), exit 1."""
         try:
             return self.api.call(method, path, **kw)
         except CtlError as exc:
-            exc.where = click.get_current_context().command_path  # `weir ctl clients show`
-            raise
-
-
-class CtlGroup(Group):
-    """The API's refusals and an unreachable node: one line, exit 1."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except CtlError as exc:
-            print(f"{exc.where or ctx.command_path}: {exc}", file=sys.stderr)
+            where = click.get_current_context().command_path
+            print(f"{where}: {exc}", file=sys.stderr)
             raise click.exceptions.Exit(EXIT_FAILED) from None
-        finally:
-            if isinstance(ctx.obj, Ctl) and ctx.obj._api is not None:
-                ctx.obj._api.close()
+
+    def close(self) -> None:
+        if self._api is not None:
+            self._api.close()
 
 
 pass_ctl = click.make_pass_decorator(Ctl)
 
 
-@click.group("ctl", cls=CtlGroup, context_settings=CONTEXT,
+@click.group("ctl", cls=Group, context_settings=CONTEXT,
              help="Manage a running Weir through its HTTP API (docs/api.md).")
 @click.option("--url", help="the API's base URL, http://HOST:PORT (default: the weir up "
               "running on the data dir)")  # fmt: skip
@@ -90,6 +83,7 @@ def ctl(ctx: click.Context, /, url: str | None, api_key: str | None, as_json: bo
     except SettingsError as exc:
         fail(str(exc))
     ctx.obj = Ctl(url, data_dir, api_key, Out(as_json))
+    ctx.call_on_close(ctx.obj.close)
 
 
 def paging(function: F) -> F:

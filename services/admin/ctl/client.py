@@ -34,9 +34,7 @@ WILDCARD_HOSTS: Final = ("", "0.0.0.0", "::")
 
 
 class CtlError(Exception):
-    """Something the user is told in one line (exit 1), naming the command (`where`)."""
-
-    where = ""
+    """Something the user is told in one line (exit 1)."""
 
 
 class BadKey(ValueError):

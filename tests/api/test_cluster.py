@@ -173,3 +173,6 @@ def test_weir_ctl_on_the_data_dir_reaches_a_node_with_its_local_key(
     assert main(["ctl", "--data-dir", str(up.data), "--json", "apikey", "list"]) == 0
     keys = {k["api_key"] for k in json.loads(capsys.readouterr().out)}
     assert {"local-w-1", "local-w-2", KEY} <= keys
+    assert main(["ctl", "--data-dir", str(up.data), "--json", "cluster", "processes"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(n["node"], n["running"]) for n in rows] == [("w-1", True), ("w-2", True)]

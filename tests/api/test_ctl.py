@@ -252,3 +252,31 @@ def test_users_plugins_listeners_log_level_and_drain(
         assert any("draining" in line for line in own.log)
     finally:
         own.stop()
+
+
+def test_a_client_trace_is_started_downloaded_stopped_and_deleted(
+    ctl: Ctl, raws: list[Raw], node: ApiNode, tmp_path: Path
+) -> None:
+    made = ctl.json("trace", "start", "ctl-t", "--clientid", "ctl-traced", "--duration", "60")
+    assert (made["name"], made["status"]) == ("ctl-t", "running")
+    r = Raw(node.mqtt_port, V5)
+    raws.append(r)
+    r.connect("ctl-traced")
+    r.subscribe(Subscription("tr/#", 0))
+
+    def packets() -> set[tuple[str, str]]:
+        code, out, _ = ctl.run("trace", "download", "ctl-t")
+        assert code == 0
+        return {(p["dir"], p["packet"]) for p in map(json.loads, out.splitlines())}
+
+    wait_until(lambda: {("in", "CONNECT"), ("in", "SUBSCRIBE")} <= packets(), "traced")
+    assert [t["name"] for t in ctl.json("trace", "list")] == ["ctl-t"]
+    assert ctl.json("trace", "stop", "ctl-t")["status"] == "stopped"
+    saved = tmp_path / "t.log"
+    assert ctl.run("trace", "download", "ctl-t", "-o", str(saved))[0] == 0
+    assert '"CONNECT"' in saved.read_text()
+    assert ctl.run("trace", "delete", "ctl-t")[0] == 0
+    assert ctl.json("trace", "list") == []
+    assert ctl.run("trace", "start", "x")[0] == 2  # neither --clientid nor --topic
+    code, _, err = ctl.run("cluster", "processes")  # a lone weir up: no supervisor
+    assert code == 1 and "--nodes" in err

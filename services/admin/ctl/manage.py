@@ -183,6 +183,14 @@ def cluster_status(c: Ctl, /) -> None:
     c.out.rows(nodes if c.out.as_json else [_readable(n) for n in nodes], NODE_COLUMNS, "nodes")
 
 
+@cluster.command("processes", help="under weir up --nodes/--workers: the supervisor's view "
+                 "of its nodes (pid, running, log)")  # fmt: skip
+@pass_ctl
+def cluster_processes(c: Ctl, /) -> None:
+    columns = [("node", "node"), ("pid", "pid"), ("running", "running"), ("log", "log")]
+    c.out.rows(c.call("GET", "/supervisor/nodes"), columns, "nodes")
+
+
 @ctl.command("stats", help="the answering node's counts (connections, sessions, topics...)")
 @pass_ctl
 def stats(c: Ctl, /) -> None:

@@ -125,3 +125,71 @@ def log_level(c: Ctl, /, level: str | None) -> None:
         c.out.done(answer["level"], answer)
     else:
         c.out.done(f"log level {level}", c.call("PUT", "/log/level", body={"level": level}))
+
+
+# -- packet traces (the answering node's) ---------------------------------------------
+
+
+@ctl.group("trace", cls=Group, help="packet traces of a client or a topic, on the node that "
+           "answers (--url per node for others)")  # fmt: skip
+def trace() -> None:
+    pass
+
+
+@trace.command("list", help="traces kept, running or stopped")
+@pass_ctl
+def trace_list(c: Ctl, /) -> None:
+    columns = [("name", "trace"), ("type", "type"), ("clientid", "client id"),
+               ("topic", "topic"), ("status", "status"), ("log_size", "bytes"),
+               ("node", "node")]  # fmt: skip
+    c.out.rows(c.call("GET", "/trace"), columns, "traces")
+
+
+@trace.command("start", help="trace a client's packets (--clientid) or a topic's (--topic)")
+@click.argument("name")
+@click.option("--clientid", help="the client to trace")
+@click.option("--topic", help="the topic (filter) to trace")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True),
+              help="seconds it runs (default 600)")  # fmt: skip
+@pass_ctl
+def trace_start(c: Ctl, /, name: str, clientid: str | None, topic: str | None,
+                duration: float | None) -> None:  # fmt: skip
+    if (clientid is None) == (topic is None):
+        fail("give one of --clientid, --topic")
+    kind, what = ("clientid", clientid) if clientid is not None else ("topic", topic)
+    body = {"name": name, "type": kind, kind: what,
+            **({"duration": duration} if duration is not None else {})}  # fmt: skip
+    c.out.done(f"trace {name} of {kind} {what} started", c.call("POST", "/trace", body=body))
+
+
+@trace.command("stop", help="stop a trace (its file stays)")
+@click.argument("name")
+@pass_ctl
+def trace_stop(c: Ctl, /, name: str) -> None:
+    c.out.done(f"trace {name} stopped", c.call("PUT", f"/trace/{segment(name)}/stop"))
+
+
+@trace.command("delete", help="delete a trace and its file")
+@click.argument("name")
+@pass_ctl
+def trace_delete(c: Ctl, /, name: str) -> None:
+    c.call("DELETE", f"/trace/{segment(name)}")
+    c.out.done(f"trace {name} deleted")
+
+
+@trace.command("download", help="a trace's file (JSON lines) on stdout, or into --out FILE")
+@click.argument("name")
+@click.option("-o", "--out", "into", type=click.Path(dir_okay=False, writable=True),
+              help="write it here")  # fmt: skip
+@pass_ctl
+def trace_download(c: Ctl, /, name: str, into: str | None) -> None:
+    text = c.call("GET", f"/trace/{segment(name)}/download") or ""
+    if into is None:
+        sys.stdout.write(text)
+        return
+    try:
+        with open(into, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        fail(f"--out {into}: {exc.strerror or exc}")
+    c.out.done(f"wrote {len(text.encode()):,} bytes to {into}", {"file": into})

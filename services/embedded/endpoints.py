@@ -45,7 +45,7 @@ class Endpoints:
     topic_prefix: str
     node_id: str
     mqtt: str  # host:port of the (first) node's MQTT listener
-    http: str | None = None  # host:port of the HTTP API, when it has one
+    http: str | None = None  # scheme://host:port of the HTTP API, when it has one
 
 
 def path(data_dir: str | Path) -> Path:

@@ -366,7 +366,8 @@ async def _serve(
             local_key = await local.make(node.api.store, settings.data_dir, settings.node_id)
         except StoreUnavailable as exc:
             print(f"weir: no key for local tools (weir ctl needs --api-key): {exc}", flush=True)
-    http_at = f"{settings.http_host}:{node.http_port}" if node.http_port else None
+    scheme = "https" if settings.http_certfile else "http"
+    http_at = f"{scheme}://{settings.http_host}:{node.http_port}" if node.http_port else None
     redis_url, kafka = services.endpoints or (None, None)  # `weir ban`, `weir ctl`... find us
     endpoints.announce(
         settings.data_dir, redis_url, kafka, settings.kafka_topic_prefix, settings.node_id,

@@ -197,6 +197,7 @@ def test_http_url_of_an_announced_address() -> None:
     assert http_url("127.0.0.1:18083") == "http://127.0.0.1:18083"
     assert http_url("0.0.0.0:1") == "http://127.0.0.1:1"
     assert http_url("::1:2") == "http://[::1]:2"
+    assert http_url("https://0.0.0.0:3") == "https://127.0.0.1:3"  # --http-certfile
 
 
 def test_a_clean_stop_revokes_the_local_key(tmp_path: Path) -> None:

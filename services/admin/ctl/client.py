@@ -55,13 +55,17 @@ def parse_key(text: str, where: str) -> tuple[str, str]:
 
 
 def http_url(address: str) -> str:
-    """http://host:port of an endpoints `host:port`; a wildcard bind is reached on loopback."""
-    host, _, port = address.rpartition(":")
+    """The base URL of an endpoints `scheme://host:port` (https with --http-certfile;
+    no scheme: http); a wildcard bind is reached on loopback."""
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        scheme, rest = "http", address
+    host, _, port = rest.rpartition(":")
     if host in WILDCARD_HOSTS:
         host = "127.0.0.1"
     elif ":" in host and not host.startswith("["):
         host = f"[{host}]"
-    return f"http://{host}:{port}"
+    return f"{scheme}://{host}:{port}"
 
 
 def _running_api(data_dir: str) -> tuple[endpoints.Endpoints, Path]:

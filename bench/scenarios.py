@@ -38,12 +38,14 @@ from bench.pipe import receive
 from bench.plan import Plan, PublisherSpec, RunConfig, SubscriberSpec
 from bench.proc import cpu_seconds, find_listener_pid, is_local
 from bench.report import Result, latency_of
+from services.cli import Progress, Step
 
 SCENARIOS = ("fan-in", "fan-out", "pairs", "latency")
 FAN_IN_PUBLISHERS = 8
 FAN_OUT_SUBSCRIBERS = 100
 PAIRS = 100
 PUBLISHER_PROCESS = "the publisher process"
+PROGRESS_TICK_S = 0.5  # how often the progress bar counts the messages received
 DRAIN_MAX_S = 5.0
 """The longest a run waits for messages after publishing stopped: a slow broker
 still delivers its backlog, a broker that lost messages cannot stall the run."""
@@ -248,20 +250,27 @@ async def run_plan(cfg: RunConfig, plan: Plan) -> Result:
     routes = await crossnode.wait_for_routes(cfg, plan, [(t, s) for _, t, s in subscribers])
     gc.collect()
     gc.disable()
+    tallies = [tally for _, tally, _ in subscribers]
     try:
-        if cfg.split:
-            cpu = _CpuMeter(broker_pid)
-            outcome = await _publish_in_child(cfg, plan)
-        else:
-            publishers = await connect_publishers(cfg, plan)
-            cpu = _CpuMeter(broker_pid)
+        with Progress("weir bench").step("messages received") as step:
+            watch = asyncio.create_task(_watch(tallies, step))
             try:
-                outcome = await publish_all(publishers, plan, cfg.duration)
+                if cfg.split:
+                    cpu = _CpuMeter(broker_pid)
+                    outcome = await _publish_in_child(cfg, plan)
+                else:
+                    publishers = await connect_publishers(cfg, plan)
+                    cpu = _CpuMeter(broker_pid)
+                    try:
+                        outcome = await publish_all(publishers, plan, cfg.duration)
+                    finally:
+                        _close([p.client for p in publishers])
+                expected = sum(outcome.sent[n] for _, _, spec in subscribers
+                               for n in spec.publishers)  # fmt: skip
+                step.set_total(expected)  # the bar's end, while the last ones arrive
+                await _drain(tallies, expected, cfg.drain)
             finally:
-                _close([p.client for p in publishers])
-        tallies = [tally for _, tally, _ in subscribers]
-        expected = sum(outcome.sent[n] for _, _, spec in subscribers for n in spec.publishers)
-        await _drain(tallies, expected, cfg.drain)
+                watch.cancel()
         duration = (time.monotonic_ns() - outcome.first_ns) / 1e9
         received = sum(t.received for t in tallies)
         usage = cpu.usage(duration, outcome.cpu_s if cfg.split else 0.0, received)
@@ -280,6 +289,17 @@ async def run_plan(cfg: RunConfig, plan: Plan) -> Result:
     if dropped:
         result.extra["connections_dropped"] = dropped
     return result
+
+
+async def _watch(tallies: Sequence[Tally], step: Step) -> None:
+    """The messages received so far, shown every PROGRESS_TICK_S (a sum of
+    counters the subscribers keep anyway: nothing added to the hot path)."""
+    shown = 0
+    while True:
+        await asyncio.sleep(PROGRESS_TICK_S)
+        now = sum(t.received for t in tallies)
+        step.advance(now - shown)
+        shown = now
 
 
 class _CpuMeter:

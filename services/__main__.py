@@ -29,6 +29,8 @@ COMMANDS = {
                "add or change a user of a password file (or, --redis URL, in Redis)"),
     "ban": ("services.auth.cli:ban",
             "ban clients cluster-wide by client id, user name or address (Redis)"),
+    "ctl": ("services.admin.ctl.command:ctl",
+            "manage a running Weir over its HTTP API: clients, retained, bans, keys..."),
     "config": ("services.config.commands:config",
                "show the effective settings, check a file, write the example file"),
 }  # fmt: skip

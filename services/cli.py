@@ -120,3 +120,76 @@ class LazyGroup(Group):
 def lazy_group(name: str, help: str, lazy: dict[str, tuple[str, str]]) -> Callable[..., Any]:
     """Decorator for a group function with lazily imported subcommands."""
     return click.group(name, cls=LazyGroup, lazy=lazy, help=help, context_settings=CONTEXT)
+
+
+PLAIN_EVERY_S = 5.0  # seconds between plain progress lines of one long step
+
+
+class Progress:
+    """A long command's progress on stderr: a rich bar in a terminal, plain
+    `<prog>: <message>` lines otherwise (a log, a pipe, a test).
+
+    `step(what, total)` is one phase (a bar; total None: a count with no end),
+    used as a context manager; in it `say(message)` names what happens now
+    (the bar's text, or a line) and `advance(n)` counts (a plain line at most
+    every PLAIN_EVERY_S). rich is imported only for a terminal.
+    """
+
+    def __init__(self, prog: str, terminal: bool | None = None) -> None:
+        self.prog = prog
+        self.terminal = sys.stderr.isatty() if terminal is None else terminal
+
+    def line(self, message: str) -> None:
+        print(f"{self.prog}: {message}", file=sys.stderr, flush=True)
+
+    def step(self, what: str, total: float | None = None) -> Step:
+        return Step(self, what, total)
+
+
+class Step:
+    def __init__(self, progress: Progress, what: str, total: float | None) -> None:
+        import time
+
+        self.progress, self.what, self.total = progress, what, total
+        self.done = 0.0
+        self._clock = time.monotonic
+        self._said_at = self._clock()
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Step:
+        if self.progress.terminal:
+            import rich.progress as rp
+            from rich.console import Console
+
+            self._bar = rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(),
+                                    rp.MofNCompleteColumn(), rp.TimeElapsedColumn(),
+                                    console=Console(stderr=True))  # fmt: skip
+            self._bar.start()
+            self._task = self._bar.add_task(self.what, total=self.total)
+        return self
+
+    def say(self, message: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, description=message)
+        else:
+            self.progress.line(message)
+
+    def set_total(self, total: float | None) -> None:
+        """The end, once known (a bench's messages: when the publishers are done)."""
+        self.total = total
+        if self._bar is not None:
+            self._bar.update(self._task, total=total)
+
+    def advance(self, n: float = 1) -> None:
+        self.done += n
+        if self._bar is not None:
+            self._bar.advance(self._task, n)
+        elif self._clock() - self._said_at >= PLAIN_EVERY_S:
+            self._said_at = self._clock()
+            of = f" of {self.total:,.0f}" if self.total is not None else ""
+            self.progress.line(f"{self.what}: {self.done:,.0f}{of}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()

@@ -27,7 +27,7 @@ from services.cli import CONTEXT, Command, fail
 from services.cli import run as run_command
 from services.config import load
 from services.config.flags import given, settings_flags, some
-from services.embedded import endpoints
+from services.embedded.endpoints import backends
 from streams.config import DEFAULT_TRIGGER_S, MAX_RECORDS_PER_TRIGGER, JobConfig
 
 JOBS: Final = {"state": "streams.statestore", "analytics": "streams.analytics"}
@@ -55,11 +55,9 @@ def command(
     settings = load({"config": config, **given(flags)})
     if settings.kafka_bootstrap is None and settings.redis_url is None:
         # Neither named: the weir up running on the data dir (the embedded default).
-        found = endpoints.running(settings.data_dir, "weir streams run", code=2)
-        settings = replace(
-            settings, kafka_bootstrap=found.kafka_bootstrap, redis_url=found.redis_url,
-            kafka_topic_prefix=found.topic_prefix,
-        )  # fmt: skip
+        redis_url, kafka, prefix = backends(settings.data_dir, "weir streams run", 2)
+        settings = replace(settings, kafka_bootstrap=kafka, redis_url=redis_url,
+                           kafka_topic_prefix=prefix)  # fmt: skip
     if settings.kafka_bootstrap is None:
         fail(
             "needs the log: --kafka HOST:PORT (or WEIR_KAFKA_BOOTSTRAP), or neither --kafka "

@@ -14,11 +14,12 @@ of opened - closed per node).
 
 Output: tables on stdout (top churners, flapping candidates, busiest
 filters, sessions per node, and with --client that client's connection
-history), PNG charts into --out (matplotlib's Agg canvas through
-`Figure`, never pyplot's global state), each path printed on stdout, and
-progress lines on stderr. Bad input (arguments, no data directory, no
-analytics data yet, an unknown client, an unreadable table or an
-unwritable --out) is one line on stderr and exit code 2, never a traceback.
+history), PNG charts into --out (`streams.charts`: axes fitted to the data,
+whatever its amount), each path printed on stdout, and progress on stderr
+(`services.cli.Progress`: a bar in a terminal, lines otherwise). Bad input
+(arguments, no data directory, no analytics data yet, an unknown client, an
+unreadable table or an unwritable --out) is one line on stderr and exit code
+2, never a traceback.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import click
 
-from services.cli import CONTEXT, run
+from services.cli import CONTEXT, Progress, run
+from streams import charts
 from streams.analytics import (
     CHURN,
     FLAPPING_CONNECTS,
@@ -52,14 +54,11 @@ from streams.analytics import (
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.figure import Figure
 
 PROG: Final = "weir report"
 DEFAULT_TOP: Final = 10  # rows per table
-CHART_SERIES: Final = 5  # lines per chart: more are unreadable
 CELL_WIDTH: Final = 40  # characters; longer client ids and filters are cut
-CHART_SIZE: Final = (10.0, 4.5)  # inches, at CHART_DPI
-CHART_DPI: Final = 100
-MINUTE_DAYS: Final = 1 / 1440  # a minute in matplotlib date units (days): bar widths
 
 
 class ReportError(Exception):
@@ -67,7 +66,7 @@ class ReportError(Exception):
 
 
 def _progress(message: str) -> None:
-    print(f"report: {message}", file=sys.stderr, flush=True)
+    Progress("report").line(message)
 
 
 # -- reading -------------------------------------------------------------------------
@@ -84,21 +83,24 @@ def read_tables(data_dir: Path) -> dict[str, pd.DataFrame]:
     root = analytics_dir(data_dir)
     tables: dict[str, pd.DataFrame] = {}
     rows = 0
-    for table in TABLES:
-        started = time.monotonic()
-        _progress(f"reading {table} ...")
-        if table == HISTORY:
-            rows += _count(root / table)
-            connects = ds.field("type") == OPENED
-            frame = _read(root / table, ["client_id", "type", "ts_ms", "node"], connects)
-        else:
-            frame = _read(root / table)
-            rows += len(frame)
-        if table in TABLE_KEYS and not frame.empty:
-            keys, counts = TABLE_KEYS[table]
-            frame = frame.groupby(list(keys), as_index=False)[list(counts)].sum()
-        tables[table] = frame
-        _progress(f"read {table}: {len(frame):,} rows in {time.monotonic() - started:.1f} s")
+    with Progress("report").step("reading the tables", len(TABLES)) as step:
+        for table in TABLES:
+            started = time.monotonic()
+            step.say(f"reading {table} ...")
+            if table == HISTORY:
+                rows += _count(root / table)
+                connects = ds.field("type") == OPENED
+                frame = _read(root / table, ["client_id", "type", "ts_ms", "node"], connects)
+            else:
+                frame = _read(root / table)
+                rows += len(frame)
+            if table in TABLE_KEYS and not frame.empty:
+                keys, counts = TABLE_KEYS[table]
+                frame = frame.groupby(list(keys), as_index=False)[list(counts)].sum()
+            tables[table] = frame
+            took = time.monotonic() - started
+            step.say(f"read {table}: {len(frame):,} rows in {took:.1f} s")
+            step.advance()
     if not rows:
         raise ReportError(
             f"no analytics data under {root} yet (run `weir streams run analytics` first)"
@@ -278,15 +280,10 @@ def _utc(ms: pd.Series) -> pd.Series:
     return pd.to_datetime(ms, unit="ms")
 
 
-# -- charts ---------------------------------------------------------------------------
+# -- charts (drawn by streams.charts) -------------------------------------------------
 
 
-def _save(path: Path, draw: Callable[[Any], None], title: str) -> Path:
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=CHART_SIZE, dpi=CHART_DPI, layout="constrained")
-    draw(figure)
-    figure.suptitle(title)
+def _save(path: Path, figure: Figure) -> Path:
     try:
         figure.savefig(path, format="png")
     except OSError as exc:
@@ -294,88 +291,9 @@ def _save(path: Path, draw: Callable[[Any], None], title: str) -> Path:
     return path
 
 
-def _wide(frame: pd.DataFrame, by: str, value: str, keys: Sequence[Any], running: bool) -> Any:
-    """minute x key: every minute of the table's span; a count is 0 in a minute
-    without a row, a running value carries over from the minute before."""
-    import pandas as pd
-
-    chosen = frame[frame[by].isin(list(keys))]
-    wide = chosen.pivot_table(index="minute", columns=by, values=value, aggfunc="sum")
-    wide = wide.reindex(pd.date_range(frame["minute"].min(), frame["minute"].max(), freq="min"))
-    return (wide.ffill() if running else wide).fillna(0)
-
-
-def _lines(
-    axes: Any, frame: pd.DataFrame, by: str, value: str, keys: Sequence[Any], running: bool
-) -> None:
-    from matplotlib.ticker import MaxNLocator
-
-    wide = _wide(frame, by, value, keys, running)
-    for key in keys:
-        axes.step(wide.index, wide[key], where="post", label=_cell(key))
-    if keys:
-        axes.legend(loc="upper left", fontsize="small")
-    axes.yaxis.set_major_locator(MaxNLocator(integer=True))
-    axes.set_xlabel("minute (UTC)")
-
-
-def chart_churn(out: Path, churn: pd.DataFrame, churners: Sequence[str]) -> Path:
-    def draw(figure: Any) -> None:
-        axes = figure.subplots()
-        total = churn.groupby("minute", as_index=False)["connects"].sum()
-        axes.bar(
-            total["minute"], total["connects"], width=MINUTE_DAYS, color="#bbbbbb", label="all"
-        )
-        _lines(axes, churn, "client_id", "connects", churners, running=False)
-        axes.set_ylabel("connects per minute")
-
-    return _save(out / "churn.png", draw, "Connects per minute: all clients and the top churners")
-
-
-def chart_subscriptions(out: Path, subscriptions: pd.DataFrame, filters: Sequence[str]) -> Path:
-    frame = subscriptions.sort_values("minute").copy()
-    frame["running net"] = frame.groupby("filter")["net"].cumsum()
-
-    def draw(figure: Any) -> None:
-        axes = figure.subplots()
-        _lines(axes, frame, "filter", "running net", filters, running=True)
-        axes.set_ylabel("subscribes - unsubscribes, running")
-
-    return _save(out / "subscriptions.png", draw, "Subscriptions per filter (busiest filters)")
-
-
-def chart_sessions(out: Path, with_online: pd.DataFrame, nodes: Sequence[str]) -> Path:
-    def draw(figure: Any) -> None:
-        upper, lower = figure.subplots(2, 1, sharex=True)
-        _lines(upper, with_online, "node", "online", nodes, running=True)
-        upper.set_ylabel("online")
-        upper.set_xlabel("")
-        _lines(lower, with_online, "node", "opened", nodes, running=False)
-        lower.set_ylabel("opened per minute")
-
-    return _save(out / "sessions.png", draw, "Sessions per node")
-
-
-def chart_client(out: Path, client: str, churn: pd.DataFrame) -> Path:
-    import pandas as pd
-    from matplotlib.ticker import MaxNLocator
-
-    mine = churn[churn["client_id"] == client].sort_values("minute")
+def _client_file(client: str) -> str:
     digest = hashlib.sha256(client.encode()).hexdigest()[:8]
-    name = f"client-{re.sub(r'[^A-Za-z0-9_.-]', '_', client)[:40]}-{digest}.png"
-
-    def draw(figure: Any) -> None:
-        axes = figure.subplots()
-        width = MINUTE_DAYS * 0.4
-        after = mine["minute"] + pd.Timedelta(seconds=24)  # beside the connects bar
-        axes.bar(mine["minute"], mine["connects"], width=width, label="connects")
-        axes.bar(after, mine["disconnects"], width=width, label="disconnects")
-        axes.legend(loc="upper left", fontsize="small")
-        axes.yaxis.set_major_locator(MaxNLocator(integer=True))
-        axes.set_ylabel("per minute")
-        axes.set_xlabel("minute (UTC)")
-
-    return _save(out / name, draw, f"Client {client}: connects and disconnects per minute")
+    return f"client-{re.sub(r'[^A-Za-z0-9_.-]', '_', client)[:40]}-{digest}.png"
 
 
 # -- the command ------------------------------------------------------------------------
@@ -431,24 +349,26 @@ def _report(args: SimpleNamespace) -> None:
         title = f"Connection history of {args.client} (last {len(last)} of {len(mine)} events)"
         print(render(title, last[columns]))
 
-    charts: list[tuple[str, Callable[[], Path]]] = []
+    made: list[tuple[str, Callable[[], Figure]]] = []  # (file name, the chart)
     if not churn.empty:
-        top_ids = list(churners["client_id"].head(CHART_SERIES))
-        charts.append(("churn", lambda: chart_churn(out, churn, top_ids)))
+        top_ids = list(churners["client_id"].head(charts.SERIES))
+        made.append(("churn.png", lambda: charts.churn(churn, top_ids)))
     if not subs.empty:
-        top_filters = list(filters["filter"].head(CHART_SERIES))
-        charts.append(("subscriptions", lambda: chart_subscriptions(out, subs, top_filters)))
+        top_filters = list(filters["filter"].head(charts.SERIES))
+        made.append(("subscriptions.png", lambda: charts.subscriptions(subs, top_filters)))
     if not with_online.empty:
         node_names = sorted(with_online["node"].unique())
-        charts.append(("sessions", lambda: chart_sessions(out, with_online, node_names)))
+        made.append(("sessions.png", lambda: charts.sessions(with_online, node_names)))
     if args.client is not None and not churn.empty:
-        charts.append(("client", lambda: chart_client(out, args.client, churn)))
-    for name, draw in charts:
-        started = time.monotonic()
-        _progress(f"drawing the {name} chart ...")
-        path = draw()
-        _progress(f"drew {path.name} in {time.monotonic() - started:.1f} s")
-        print(path)
+        made.append((_client_file(args.client), lambda: charts.client(churn, args.client)))
+    with Progress("report").step("drawing the charts", len(made)) as step:
+        for name, draw in made:
+            started = time.monotonic()
+            step.say(f"drawing {name} ...")
+            path = _save(out / name, draw())
+            step.say(f"drew {path.name} in {time.monotonic() - started:.1f} s")
+            step.advance()
+            print(path)
 
 
 @click.command("report", context_settings=CONTEXT,

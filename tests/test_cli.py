@@ -3,6 +3,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def run_weir(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -67,3 +69,29 @@ def test_report_and_streams_are_commands_with_one_line_errors() -> None:
     no_store = run_weir("streams", "run", "state", "--kafka", "127.0.0.1:1")
     assert no_store.returncode == 2 and "--redis" in no_store.stderr
 
+
+
+def test_progress_is_plain_lines_when_not_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    from services.cli import PLAIN_EVERY_S, Progress
+
+    now = [0.0]
+    with Progress("weir x", terminal=False).step("things", 10) as step:
+        step._clock, step._said_at = (lambda: now[0]), 0.0
+        step.say("reading a ...")
+        step.advance(3)  # too soon after the last line: nothing
+        now[0] = PLAIN_EVERY_S
+        step.advance(4)
+    assert capsys.readouterr().err.splitlines() == ["weir x: reading a ...",
+                                                    "weir x: things: 7 of 10"]  # fmt: skip
+
+
+def test_progress_is_a_bar_in_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    from services.cli import Progress
+
+    with Progress("weir x", terminal=True).step("things", None) as step:
+        step.say("reading a ...")
+        step.set_total(5)
+        step.advance(5)
+        assert step._bar is not None and step._bar.tasks[0].finished
+    err = capsys.readouterr().err
+    assert "weir x:" not in err and "5/5" in err

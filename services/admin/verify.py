@@ -27,6 +27,9 @@ in its view before its positions cover them, and the store's state can be
 newer than the offsets it records; both show up as differences that a
 second run no longer reports. Run it on a settled cluster, or twice.
 
+Progress on stderr while the log is replayed: a bar in a terminal, else
+one line when done (`replayed N events in S s`).
+
 Exit codes: 0 no difference, 1 differences (each printed on one line,
 grouped by source, then a summary line), 2 bad arguments or Redis / Kafka
 unreachable (one line on stderr).
@@ -46,7 +49,7 @@ import click
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.cli import CONTEXT, Command, fail, run
+from services.cli import CONTEXT, Command, Progress, Step, fail, run
 from services.cluster.membership import RedisMembership
 from services.config import load
 from services.config.flags import given, settings_flags, some
@@ -68,6 +71,7 @@ DEFAULT_TIMEOUT_S: Final = 30.0  # the store trails the log by a batch (~1 s) wh
 CONNECT_TIMEOUT_S: Final = 5.0  # a reachable Redis or Kafka answers well within this
 TICK_S: Final = 0.2  # how often the copies' positions are read while waiting for them
 REQUEST_TTL_S: Final = 120.0  # the request outlives a check by at most this much
+PROGRESS_EVERY: Final = 1000  # events replayed between two updates of the progress bar
 STORE = "state store"
 
 
@@ -101,8 +105,8 @@ def command(config: str | None, timeout: float, verbose: bool, **flags: Any) -> 
     settings = load({"config": config, **given(flags)})
     if settings.redis_url is None and settings.kafka_bootstrap is None:
         # Neither named: the weir up running on the data dir (its embedded default).
-        found = endpoints.running(settings.data_dir, "weir streams verify", code=2)
-        cfg = Config(found.redis_url, found.kafka_bootstrap, found.topic_prefix, timeout)
+        redis_url, kafka, prefix = endpoints.backends(settings.data_dir, "weir streams verify", 2)
+        cfg = Config(redis_url, kafka, prefix, timeout)
         return _check(cfg, verbose)
     if settings.redis_url is None or settings.kafka_bootstrap is None:
         fail(
@@ -148,16 +152,21 @@ class Report:
 class _Replay:
     """The reference: the log folded into a view, read on as the log grows."""
 
-    def __init__(self, events: KafkaEventLog) -> None:
+    def __init__(self, events: KafkaEventLog, step: Step | None = None) -> None:
         self.events = events
         self.view = ClusterView()
         self.nodes = drift.SessionNodes()
         self.count = 0
         self.end: Positions = {}
+        self.step = step  # the progress shown while the log is read
+        self._applied = 0
 
     def _apply(self, event: Event) -> None:
         self.nodes.see(event)
         self.view.apply(event)
+        self._applied += 1
+        if self.step is not None and self._applied % PROGRESS_EVERY == 0:
+            self.step.advance(PROGRESS_EVERY)
 
     async def read_on(self) -> None:
         self.count += await self.events.replay(self._apply)
@@ -213,8 +222,13 @@ async def _verify(cfg: Config, client: aioredis.Redis, events: KafkaEventLog) ->
     report = Report(nodes=sorted(await RedisMembership(client).live_nodes()))
     nonces = [uuid.uuid4().hex]
     await live.ask(nonces[-1], cfg.timeout_s + REQUEST_TTL_S)
-    replay = _Replay(events)
-    await replay.read_on()
+    started = asyncio.get_running_loop().time()
+    with Progress(PROG).step("replaying the log (events)") as step:
+        replay = _Replay(events, step)
+        await replay.read_on()
+        took = asyncio.get_running_loop().time() - started
+        step.say(f"replayed {replay.count:,} events in {took:.1f} s")
+    replay.step = None  # reading on (the log grew) is quick: no more progress
     loop = asyncio.get_running_loop()
     deadline = loop.time() + cfg.timeout_s
     while True:

@@ -49,7 +49,7 @@ def _redis_url(options: dict[str, Any]) -> str:
     settings = load(options)
     if settings.redis_url is not None:
         return settings.redis_url
-    return endpoints.running(settings.data_dir, "weir ban").redis_url
+    return endpoints.backends(settings.data_dir, "weir ban")[0]
 
 
 def _who(function: Any) -> Any:

@@ -199,7 +199,7 @@ def passwd(names: tuple[str, ...], delete: bool, password_stdin: bool, scram: bo
 def _running_redis(data_dir: str | None) -> str:
     from services.embedded import endpoints
 
-    return endpoints.running(load({"data_dir": data_dir}).data_dir, "weir passwd").redis_url
+    return endpoints.backends(load({"data_dir": data_dir}).data_dir, "weir passwd")[0]
 
 
 def main(argv: Sequence[str]) -> int:

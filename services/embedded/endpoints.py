@@ -9,7 +9,10 @@ on free ports, so commands that talk to it (`weir streams verify`, `weir
 ban`, `weir passwd --redis`, `weir ctl`) cannot know the URLs in advance.
 When `weir up` (one node, or the supervisor of `--nodes` / `--workers`) is
 ready it writes `<data-dir>/endpoints.json`: its pid, Redis URL, Kafka
-bootstrap, topic prefix, MQTT port and node id. `find(data_dir)` reads it
+bootstrap (both null on `--backend memory`), topic prefix, MQTT port, node
+id and, for a node with an HTTP port, the API's address (`weir ctl`; each
+node of `--nodes` writes its own file in its own data dir,
+`<data-dir>/nodes/<id>/`, which is where `weir ctl` finds one). `find(data_dir)` reads it
 back for those commands; a file whose pid no longer runs is a `weir up`
 that was killed (SIGKILL leaves the file behind), reported as not running.
 A clean stop removes the file (`remove`, only the writer's own).
@@ -37,12 +40,12 @@ class EndpointsError(Exception):
 @dataclass(frozen=True, slots=True)
 class Endpoints:
     pid: int
-    redis_url: str
-    kafka_bootstrap: str
+    redis_url: str | None  # None (and no Kafka): --backend memory
+    kafka_bootstrap: str | None
     topic_prefix: str
     node_id: str
     mqtt: str  # host:port of the (first) node's MQTT listener
-    http: str | None = None  # host:port of the HTTP API, when it has one
+    http: str | None = None  # scheme://host:port of the HTTP API, when it has one
 
 
 def path(data_dir: str | Path) -> Path:
@@ -59,11 +62,12 @@ def write(data_dir: str | Path, endpoints: Endpoints) -> Path:
 
 
 def announce(
-    data_dir: str | Path, redis_url: str, kafka: str, topic_prefix: str, node_id: str, mqtt: str
+    data_dir: str | Path, redis_url: str | None, kafka: str | None, topic_prefix: str,
+    node_id: str, mqtt: str, http: str | None = None,
 ) -> None:
     """Write this process's endpoints into `data_dir`; a data dir that
     cannot be written is not an error (the commands need URLs then)."""
-    found = Endpoints(os.getpid(), redis_url, kafka, topic_prefix, node_id, mqtt)
+    found = Endpoints(os.getpid(), redis_url, kafka, topic_prefix, node_id, mqtt, http)
     with contextlib.suppress(OSError):
         write(data_dir, found)
 
@@ -90,10 +94,13 @@ def _running(pid: int) -> bool:
     return b"weir" in cmdline or b"services" in cmdline
 
 
-def find(data_dir: str | Path) -> Endpoints:
-    """The endpoints of the `weir up` running on `data_dir`, or EndpointsError."""
+HINT: Final = "start one with `weir up`, or name the backends (--redis / --kafka)"
+
+
+def find(data_dir: str | Path, hint: str = HINT) -> Endpoints:
+    """The endpoints of the `weir up` running on `data_dir`, or EndpointsError
+    (its message ending with `hint`: what the command could be given instead)."""
     target = path(data_dir)
-    hint = "start one with `weir up`, or name the backends (--redis / --kafka)"
     try:
         doc = json.loads(target.read_text())
         found = Endpoints(**doc)
@@ -126,6 +133,22 @@ def running(data_dir: str | Path, prog: str, code: int = 1) -> Endpoints:
         raise click.exceptions.Exit(code) from None
 
 
+def backends(data_dir: str | Path, prog: str, code: int = 1) -> tuple[str, str, str]:
+    """`running`'s Redis URL, Kafka bootstrap and topic prefix; one line and
+    exit `code` when that weir up has none (`--backend memory`)."""
+    found = running(data_dir, prog, code)
+    if found.redis_url is None or found.kafka_bootstrap is None:
+        import sys
+
+        import click
+
+        print(f"{prog}: the weir up on data dir {Path(data_dir).resolve()} runs --backend "
+              "memory: it has no Redis or Kafka", file=sys.stderr)  # fmt: skip
+        raise click.exceptions.Exit(code)
+    return found.redis_url, found.kafka_bootstrap, found.topic_prefix
+
+
 __all__ = [
-    "Endpoints", "EndpointsError", "announce", "find", "path", "remove", "running", "write",
+    "Endpoints", "EndpointsError", "announce", "backends", "find", "path", "remove", "running",
+    "write",
 ]  # fmt: skip

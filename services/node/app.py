@@ -319,6 +319,7 @@ async def _serve(
     spark: bool = False,
     reread: Callable[[], Settings] | None = None,
 ) -> int:
+    from services.api import local
     from services.embedded import endpoints
     from services.event.api import EventLogError
     from services.mqtt.packets import ReasonCode
@@ -359,11 +360,19 @@ async def _serve(
         stop.set()
 
     loop.add_signal_handler(signal.SIGUSR1, drain)
-    if services.endpoints is not None:  # `weir ban`, `weir streams verify`... find us here
-        endpoints.announce(
-            settings.data_dir, *services.endpoints, settings.kafka_topic_prefix,
-            settings.node_id, f"{settings.listeners.host}:{node.mqtt_port}",
-        )  # fmt: skip
+    local_key = None  # `weir ctl` gets in with it (services.embedded.localkey)
+    if node.api is not None and node.http_port is not None:
+        try:
+            local_key = await local.make(node.api.store, settings.data_dir, settings.node_id)
+        except StoreUnavailable as exc:
+            print(f"weir: no key for local tools (weir ctl needs --api-key): {exc}", flush=True)
+    scheme = "https" if settings.http_certfile else "http"
+    http_at = f"{scheme}://{settings.http_host}:{node.http_port}" if node.http_port else None
+    redis_url, kafka = services.endpoints or (None, None)  # `weir ban`, `weir ctl`... find us
+    endpoints.announce(
+        settings.data_dir, redis_url, kafka, settings.kafka_topic_prefix, settings.node_id,
+        f"{settings.listeners.host}:{node.mqtt_port}", http_at,
+    )  # fmt: skip
     ws = f", ws on {settings.listeners.host}:{node.ws_port}" if node.ws_port else ""
     http = f", http on {settings.http_host}:{node.http_port}" if node.http_port else ""
     print(
@@ -413,6 +422,8 @@ async def _serve(
         await logcut.stop(cutter)  # no cut under a stopping node
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        if local_key is not None and node.api is not None:
+            await local.forget(node.api.store, settings.data_dir, local_key)
         if draining.is_set():  # clients go elsewhere: 5.0 ones are told where
             print("weir: draining: clients told to use another server", flush=True)
             await node.stop(ReasonCode.USE_ANOTHER_SERVER, settings.server_reference)

@@ -152,3 +152,27 @@ def test_a_ban_through_node_1_disconnects_a_client_of_node_2(
         assert two.call("DELETE", "/api/v5/banned/clientid/banned-far")[0] == 204
     finally:
         r.close()
+
+
+def test_weir_ctl_on_the_data_dir_reaches_a_node_with_its_local_key(
+    cluster: tuple[Supervised, int, list[Http]], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The supervisor has no HTTP port: `weir ctl` finds a node's in `nodes/<id>/`,
+    with the key that node wrote there, and sees the whole cluster through it."""
+    import json
+
+    from services.__main__ import main
+
+    up, _, _ = cluster
+    monkeypatch.delenv("WEIR_API_KEY", raising=False)
+    capsys.readouterr()
+    assert main(["ctl", "--data-dir", str(up.data), "--json", "cluster", "status"]) == 0
+    nodes = json.loads(capsys.readouterr().out)
+    assert {n["node"] for n in nodes} == {"w-1", "w-2"}
+    assert main(["ctl", "--data-dir", str(up.data), "--json", "apikey", "list"]) == 0
+    keys = {k["api_key"] for k in json.loads(capsys.readouterr().out)}
+    assert {"local-w-1", "local-w-2", KEY} <= keys
+    assert main(["ctl", "--data-dir", str(up.data), "--json", "cluster", "processes"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(n["node"], n["running"]) for n in rows] == [("w-1", True), ("w-2", True)]

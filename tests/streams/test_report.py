@@ -244,3 +244,46 @@ def test_a_bad_setting_is_one_line_and_exit_2(
 ) -> None:
     monkeypatch.setenv("WEIR_CONFIG", str(tmp_path / "missing.toml"))
     one_line_error(*run(capsys), "missing.toml")
+
+
+def test_the_charts_of_one_minute_fit_that_minute_and_show_every_series(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """One minute of data once drew an axis from 2025 to 2029 with nothing on it
+    (a one-point step line is invisible; a one-minute span was widened to years)."""
+    import matplotlib.dates as mdates
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    one: list[Event | bytes] = [
+        opened("one", 1, T0 + 5_000, node="n1"), closed("one", 2, T0 + 20_000, "keepalive"),
+        opened("one", 3, T0 + 30_000, node="n1"), sub("one", 4, T0 + 31_000, "x/#"),
+    ]  # fmt: skip
+    write(spark, tmp_path, [one])
+    drawn: dict[str, Figure] = {}
+    save = report._save
+
+    def keep(path: Path, figure: Figure) -> Path:
+        drawn[path.name] = figure
+        return save(path, figure)
+
+    monkeypatch.setattr(report, "_save", keep)
+    code, _, _ = run(capsys, "--data-dir", str(tmp_path), "--client", "one")
+    assert code == 0
+    assert {"churn.png", "subscriptions.png", "sessions.png"} <= set(drawn) and len(drawn) == 4
+    start = mdates.date2num(pd.Timestamp(T0, unit="ms"))
+    end = start + 1 / 1440  # the minute's end
+    for name, figure in drawn.items():
+        for axes in figure.axes:
+            left, right = axes.get_xlim()
+            assert left <= start and end <= right, name  # the minute is on the axis
+            assert right - left < 2 / 1440, name  # and fills it: not years, not hours
+            low, high = axes.get_ylim()
+            heights = [p.get_height() for p in axes.patches]
+            values = [y for line in axes.lines for y in line.get_ydata()] + heights
+            assert values and low <= 0 <= min(values) and max(values) < high, name
+            assert max(values) > 0, name  # each chart shows something counted
+            for line in axes.lines:  # a series is seen: a segment, or markers
+                xs = line.get_xdata()
+                assert len(set(xs)) >= 2 or line.get_marker() not in (None, "None", ""), name

@@ -1,0 +1,1 @@
+"""`weir ctl`: the management HTTP API (services/api) from the command line."""

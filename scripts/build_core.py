@@ -79,7 +79,7 @@ def remove_built() -> int:
 
 def have_compiler() -> str | None:
     """The reason none can be used, or None when a C compiler and headers exist."""
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(cc) is None:
         return f"no C compiler ({cc})"
     if not Path(sysconfig.get_paths()["include"], "Python.h").exists():

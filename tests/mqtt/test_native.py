@@ -7,6 +7,7 @@ under an extension module's name, so importing it fails loudly: a test that
 expects the sources fails if the guard lets the .so through, and the one
 that expects the .so proves the import system would have taken it. No C
 compiler needed; the real build is checked by test_the_built_core_is_imported.
+scripts/build_core.py runs on such a copy too, for the cases it builds nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from services.mqtt import sources_hash
 
 SERVICES = Path(services.__file__).parent
 CORE = SERVICES / "mqtt"
+BUILD_CORE = SERVICES.parent / "scripts" / "build_core.py"
 SO = EXTENSION_SUFFIXES[0]
 
 
@@ -84,3 +86,34 @@ def test_the_built_core_is_imported() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith(SO)
     assert done.stderr == ""
+
+
+def run_build_core(root: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """scripts/build_core.py on the copy under `root` (it builds where it lies)."""
+    (root / "scripts").mkdir()
+    shutil.copy(BUILD_CORE, root / "scripts")
+    base = {k: v for k, v in os.environ.items() if k not in ("WEIR_PURE", "CC")}
+    return subprocess.run(
+        [sys.executable, str(root / "scripts" / "build_core.py")],
+        env={**base, **env}, capture_output=True, text=True, check=False, timeout=60,
+    )
+
+
+def test_build_without_a_compiler_is_pure_python_with_one_line(tmp_path: Path) -> None:
+    root = fake_build(tmp_path, "stale")  # a build of older sources must not stay behind
+    done = run_build_core(root, CC="/nonexistent/cc")
+    assert done.returncode == 0
+    why = "no C compiler (/nonexistent/cc)"
+    assert done.stderr == f"setup: services/mqtt runs as pure Python: {why}\n"
+    assert not list((root / "services" / "mqtt").glob(f"*{SO}"))
+    assert import_codec(root).stdout.strip().endswith("codec.py")
+
+
+def test_build_with_weir_pure_removes_the_build(tmp_path: Path) -> None:
+    root = fake_build(tmp_path, "match")
+    done = run_build_core(root, WEIR_PURE="1")
+    assert done.returncode == 0
+    assert done.stderr.count("\n") == 1
+    mqtt = root / "services" / "mqtt"
+    assert not list(mqtt.glob(f"*{SO}"))
+    assert not (mqtt / "_native.hash").exists()

@@ -6,7 +6,8 @@
 # (tests/interop): mosquitto-clients, Node.js, npm, Chromium and its driver
 # from Debian when missing, and MQTT.js as pinned in
 # tests/interop/js/package-lock.json. Chromium and its driver also run the
-# dashboard's browser tests (tests/dashboard).
+# dashboard's browser tests (tests/dashboard). Then the protocol core compiled
+# with mypyc where a C compiler exists (scripts/build_core.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +40,12 @@ if [ ! -f .venv/.installed ] || [ requirements.lock -nt .venv/.installed ] || [ 
   .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
   touch .venv/.installed
 fi
+
+# The protocol core (services/mqtt) compiled with mypyc, in place, when its
+# sources changed since the last build; where no C compiler exists, or the
+# build fails, one line says so and Weir runs as pure Python. WEIR_PURE=1
+# skips it and removes a previous build.
+.venv/bin/python scripts/build_core.py
 
 js=tests/interop/js
 if [ ! -f $js/node_modules/.package-lock.json ] || [ $js/package-lock.json -nt $js/node_modules/.package-lock.json ]; then

@@ -31,6 +31,7 @@ from bench.redisstats import figures, snapshot
 from bench.report import Result, comparison
 from bench.scenarios import FAN_OUT_SUBSCRIBERS, SCENARIOS, plan_for, run_plan
 from bench.scrape import timed_gets
+from bench.soak import RUNNERS, EmbeddedConfig
 from services.cli import CONTEXT
 from services.cli import run as run_command
 
@@ -63,6 +64,15 @@ EPILOG = """scenarios:
            process found listening on --port); --username/--password or
            --jwt-secret connect with credentials (connects/s with authentication);
            --scrape URL times GET /metrics while they are all connected
+
+The embedded default's own (each starts weir up on a free port and a data dir;
+--host/--port do not apply; RSS of weir up, redis-server and Tansu from /proc):
+  soak      --sessions persistent sessions, then --cycles lives of new client ids
+            (connect, subscribe, disconnect), a persistent one back every 10th;
+            a JSON line of RSS, disk and store size every --sample lives; stops at
+            --cycles or --max-seconds; then the restart's start-to-ready time
+  restart   --sessions persistent sessions, stop, time the next start-to-ready
+  footprint idle RSS of the whole embedded default after --duration s at rest
 
 Publishers send as fast as the broker takes (QoS 1: at most --window unacked
 each); msg/s = received / (last receive - first send).
@@ -128,7 +138,8 @@ PORT = _Checked("PORT", _port)
 
 
 @click.command("bench", context_settings=CONTEXT, help=__doc__.splitlines()[0], epilog=EPILOG)
-@click.argument("scenario", type=click.Choice((*SCENARIOS, "idle")), metavar="SCENARIO")
+@click.argument("scenario", type=click.Choice((*SCENARIOS, "idle", *RUNNERS)),
+                metavar="SCENARIO")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=PORT, default=1883, show_default=True)
 @click.option("--sub-port", type=PORT, help="subscribers connect here, publishers to --port: two "
@@ -171,6 +182,18 @@ PORT = _Checked("PORT", _port)
 @click.option("--profile", is_flag=True, help="record our broker (--broker-pid, or the "
               "process on --port) with py-spy for the run: a flame graph SVG in "
               "bench/profiles/<scenario>-<UTC time>.svg")  # fmt: skip
+@click.option("--cycles", type=POSITIVE, default=1_000_000, show_default=True,
+              help="soak: client lives of new client ids")
+@click.option("--sessions", type=POSITIVE, help="soak, restart: persistent sessions "
+              "(default: soak 10,000, restart 100,000)")  # fmt: skip
+@click.option("--sample", type=POSITIVE, default=100_000, show_default=True,
+              help="soak: a checkpoint line every N lives")
+@click.option("--concurrency", type=POSITIVE, default=20, show_default=True,
+              help="soak, restart: client lives at once")
+@click.option("--max-seconds", type=SECONDS, default=4 * 3600.0, show_default=True,
+              help="soak: stop cycling after this long")
+@click.option("--data-dir", help="soak, restart, footprint: weir up's data dir (default: a "
+              "temporary one, removed after)")  # fmt: skip
 def command(**options: Any) -> int:
     args = SimpleNamespace(**options)
     args.qos = int(options["qos"])
@@ -197,8 +220,18 @@ def parse_args(argv: Sequence[str]) -> SimpleNamespace:
 Runner = tuple[str, int, int | None]
 
 
+DEFAULT_SESSIONS = {"soak": 10_000, "restart": 100_000}
+
+
 def _run_once(args: SimpleNamespace, host: str, port: int, pid: int | None) -> Result:
     version = wire.MQTT_5 if args.mqtt == "5" else wire.MQTT_311
+    if args.scenario in RUNNERS:
+        embedded = EmbeddedConfig(
+            cycles=args.cycles, sessions=args.sessions or DEFAULT_SESSIONS.get(args.scenario, 0),
+            sample=args.sample, concurrency=args.concurrency, max_seconds=args.max_seconds,
+            duration=args.duration, data_dir=args.data_dir,
+        )  # fmt: skip
+        return RUNNERS[args.scenario](embedded)
     if args.scenario == "idle":
         workers = args.workers or math.ceil(args.connections / PER_WORKER_MAX)
         idle = IdleConfig(
@@ -256,6 +289,9 @@ def _peer(args: SimpleNamespace) -> Iterator[Runner | None]:
 
 
 def _validate(args: SimpleNamespace) -> None:
+    if args.scenario in RUNNERS and (args.vs or args.spawn_mosquitto or args.profile):
+        raise UsageError(f"{args.scenario} starts its own weir up: no --vs, "
+                         "--spawn-mosquitto or --profile")  # fmt: skip
     if args.report_dir and not (args.vs or args.spawn_mosquitto):
         raise UsageError("--report-dir writes a comparison: give --vs or --spawn-mosquitto")
     if args.profile and not is_local(args.host):

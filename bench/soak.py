@@ -1,255 +1,230 @@
-"""A long run of the embedded default, weighed as it goes (issue 19).
+"""The embedded default's own scenarios (issue 19): soak, restart, footprint.
 
-Theory of operation. Starts the real `weir up` (the embedded default: its own
-redis-server and Tansu) on a data dir, weighs it idle, then runs `cycles`
-client lives over raw MQTT 3.1.1 sockets, `concurrency` at a time: each is a
-new client id that connects (clean), subscribes to its own filter and
-disconnects, and every `persistent_every`-th one is also one of `persistent`
-fixed persistent sessions that reconnects, subscribes to one of a few
-filters and goes offline again. Every `sample` lives it prints the resident
-memory of every embedded process (weir up, redis-server, Tansu: /proc), the
-data dir's size on disk and the state store's entries. At the end it stops
-`weir up` (SIGINT), starts it again on the same data dir and prints the
-start-to-ready time and the idle memory after the restart.
+Theory of operation. Each starts the real `weir up` (the embedded default,
+bench.embedded.Up) on a data dir and a free port, so `--host`/`--port` do
+not apply; every figure is of all its processes (weir up, redis-server,
+Tansu), read from /proc.
 
-    python -m bench.soak --cycles 20000 --persistent 200 --data-dir /tmp/soak
+- `soak`: `sessions` persistent sessions are made first (clean session 0,
+  each subscribed to its own filter); then `cycles` client lives of
+  ever-new client ids (connect clean, subscribe to an own filter,
+  disconnect), `concurrency` at a time, and every PERSISTENT_EVERY-th life
+  one persistent session also comes back (in turn: it must find its
+  session). Every `sample` lives a checkpoint line: RSS per process and
+  summed, the data dir's size, the store's entries, lives/s. It stops at
+  `cycles` or `max_seconds`, whichever comes first; then `weir up` is
+  stopped (SIGINT) and started again on the data dir: the start-to-ready
+  time, and the memory after it. Bounded means the checkpoints level off:
+  the view and the store forget ended clients past 100,000 and the log is
+  cut every 100,000 appends (services.node.logcut), so look past 200k.
+- `restart`: `sessions` persistent sessions, then a stop (SIGINT) and the
+  start-to-ready time of the next start (it re-seeds the log with them all);
+  a sample of them then finds its session.
+- `footprint`: the idle memory of the whole embedded default, after
+  `duration` seconds of rest (and its start-to-ready time).
 
-What it shows: where memory and disk grow with the run (per client life)
-and where they stop growing (the view's and the store's bound on ended
-clients, ClusterView rule 4, is 100,000: reach it with --cycles above that).
+Each prints JSON lines (checkpoints, then the run's `Result`).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import os
-import re
+import json
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-READY_S = 120.0
-STOP_S = 60.0
-PAGE = os.sysconf("SC_PAGE_SIZE")
+import uvloop
 
+from bench.embedded import Up, life, weigh
+from bench.errors import BenchError
+from bench.report import Result
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n % 128, n // 128
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _string(text: str) -> bytes:
-    raw = text.encode()
-    return len(raw).to_bytes(2, "big") + raw
+SCENARIOS = ("soak", "restart", "footprint")
+PERSISTENT_EVERY = 10
+"""In the soak, one persistent session comes back per this many new-client lives."""
+RESUMED_SAMPLE = 100
+"""Persistent sessions a run reconnects after the restart to check they were kept."""
+FILTERS_PER_PERSISTENT = 3
+"""A returning persistent session subscribes to one of its this many filters (the
+store keeps each: a session's subscriptions grow to this, not with the run)."""
 
 
-def connect_packet(client_id: str, clean: bool) -> bytes:
-    body = _string("MQTT") + bytes([4, 0x02 if clean else 0x00]) + (60).to_bytes(2, "big")
-    body += _string(client_id)
-    return b"\x10" + _varint(len(body)) + body
+@dataclass(frozen=True, slots=True)
+class EmbeddedConfig:
+    cycles: int = 1_000_000
+    sessions: int = 10_000
+    sample: int = 100_000
+    concurrency: int = 20
+    max_seconds: float = 4 * 3600.0
+    duration: float = 10.0  # footprint: seconds of rest before weighing
+    data_dir: str | None = None  # default: a new temporary directory, removed after
 
 
-def subscribe_packet(filter_: str, qos: int = 1) -> bytes:
-    body = (1).to_bytes(2, "big") + _string(filter_) + bytes([qos])
-    return b"\x82" + _varint(len(body)) + body
+def _free_port() -> int:
+    from services.embedded.redis_server import free_port
+
+    return free_port()
 
 
-DISCONNECT = b"\xe0\x00"
+def _emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
 
 
-async def _packet(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    first = (await reader.readexactly(1))[0]
-    length, shift = 0, 0
-    while True:
-        byte = (await reader.readexactly(1))[0]
-        length |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            break
-    return first >> 4, await reader.readexactly(length)
+def _result(scenario: str, up: Up, elapsed: float, extra: dict[str, Any]) -> Result:
+    return Result(
+        scenario=scenario, qos=1, broker=f"weir up (embedded) 127.0.0.1:{up.port}", sent=0,
+        expected=0, received=0, loss=0, duplicates=0, msg_per_s=0.0,
+        duration_s=round(elapsed, 3), extra=extra,
+    )  # fmt: skip
 
 
-async def life(port: int, client_id: str, clean: bool, filter_: str) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(connect_packet(client_id, clean))
-        kind, body = await _packet(reader)
-        if kind != 2 or body[1] != 0:
-            raise RuntimeError(f"{client_id}: CONNACK {body.hex()}")
-        writer.write(subscribe_packet(filter_))
-        while True:  # a persistent session may get queued messages first
-            kind, body = await _packet(reader)
-            if kind == 9:
-                break
-        writer.write(DISCONNECT)
-        await writer.drain()
-    finally:
-        writer.close()
-        await writer.wait_closed()
-
-
-def rss_kib(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * PAGE // 1024
-    except OSError:
-        return 0
-
-
-def children(pid: int) -> dict[str, int]:
-    """name -> pid of the processes `pid` started (redis-server, tansu)."""
-    out: dict[str, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            out["tansu" if "tansu" in name or "broker" in name else name] = int(entry)
-    return out
-
-
-def disk_kib(path: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(root, name)).st_blocks * 512
-    return total // 1024
-
-
-class Up:
-    def __init__(self, data: Path, port: int) -> None:
-        data.parent.mkdir(parents=True, exist_ok=True)
-        self.out = data.parent / f"{data.name}-up.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
-        args = ["--mqtt-port", str(port), "--ws-port", "off", "--data-dir", str(data)]
-        started = time.monotonic()
-        with self.out.open("ab") as out:
-            self.offset = out.tell()
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services", "up", "--node-id", "soak", *args],
-                stdout=out, stderr=subprocess.STDOUT, env=env,
-            )  # fmt: skip
-        while "weir: node soak ready" not in self.text():
-            if self.proc.poll() is not None or time.monotonic() - started > READY_S:
-                raise SystemExit(f"weir up did not start: {self.text()[-500:]}")
-            time.sleep(0.05)
-        self.ready_s = time.monotonic() - started
-        found = re.search(r"redis (redis://\S+),", self.text())
-        assert found
-        self.redis_url = found[1]
-
-    def text(self) -> str:
-        with self.out.open("rb") as f:
-            f.seek(self.offset)
-            return f.read().decode(errors="replace")
-
-    def memory(self) -> dict[str, int]:
-        out = {"weir up": rss_kib(self.proc.pid)}
-        for name, pid in children(self.proc.pid).items():
-            out[name] = rss_kib(pid)
-        return out
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-        self.proc.wait(STOP_S)
-
-
-def store_entries(redis_url: str) -> tuple[int, int, int]:
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    try:
-        tag = "{weir.state}:"
-        used = int(client.info("memory")["used_memory"]) // 1024
-        return client.hlen(tag + "sessions"), client.hlen(tag + "subs"), used
-    finally:
-        client.close()
-
-
-def line(label: str, up: Up, data: Path) -> str:
-    mem = up.memory()
-    sessions, subs, used = store_entries(up.redis_url)
-    procs = ", ".join(f"{name} {kib / 1024:.1f}" for name, kib in sorted(mem.items()))
-    return (
-        f"{label:>14}: RSS MiB {procs} (sum {sum(mem.values()) / 1024:.1f}); "
-        f"disk {disk_kib(data) / 1024:.1f} MiB; store sessions {sessions}, subs {subs}, "
-        f"redis used {used / 1024:.1f} MiB"
-    )
-
-
-async def run_cycles(port: int, start: int, count: int, persistent: int, every: int,
-                     concurrency: int) -> None:  # fmt: skip
+async def _gated(count: int, concurrency: int, one: Callable[[int], Any]) -> list[Any]:
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(i: int) -> None:
+    async def run(i: int) -> Any:
         async with gate:
-            await life(port, f"soak-n-{i}", True, f"soak/n/{i}")
-            if persistent and i % every == 0:
-                j = (i // every) % persistent
-                await life(port, f"soak-p-{j}", False, f"soak/p/{j}/{i % 3}")
+            return await one(i)
 
-    await asyncio.gather(*(one(i) for i in range(start, start + count)))
+    return await asyncio.gather(*(run(i) for i in range(count)))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
-    p.add_argument("--cycles", type=int, default=20_000, help="client lives (new client ids)")
-    p.add_argument("--persistent", type=int, default=200, help="fixed persistent sessions")
-    p.add_argument("--persistent-every", type=int, default=10, help="a persistent life per N")
-    p.add_argument("--sample", type=int, default=5_000, help="weigh every N lives")
-    p.add_argument("--concurrency", type=int, default=20)
-    p.add_argument("--port", type=int, default=0, help="MQTT port (0: a free one)")
-    p.add_argument("--data-dir", help="default: a new temporary directory, removed after")
-    args = p.parse_args(argv)
-    if args.cycles < 1 or args.sample < 1 or args.concurrency < 1 or args.persistent_every < 1:
-        p.error("--cycles, --sample, --concurrency and --persistent-every must be positive")
-    temp = args.data_dir is None
-    data = Path(args.data_dir or tempfile.mkdtemp(prefix="weir-soak-")) / "data"
-    port = args.port
-    if port == 0:
-        from services.embedded.redis_server import free_port
+def make_sessions(port: int, count: int, concurrency: int) -> None:
+    """`count` persistent sessions bench-p-<j>, each subscribed to bench/p/<j>/0."""
 
-        port = free_port()
-    up = Up(data, port)
-    try:
-        print(f"start-to-ready {up.ready_s:.2f} s", flush=True)
-        print(line("idle", up, data), flush=True)
-        began = time.monotonic()
-        done = 0
-        while done < args.cycles:
-            step = min(args.sample, args.cycles - done)
-            asyncio.run(run_cycles(port, done, step, args.persistent, args.persistent_every,
-                                   args.concurrency))  # fmt: skip
-            done += step
-            rate = done / (time.monotonic() - began)
-            print(line(f"{done} lives", up, data) + f"; {rate:.0f} lives/s", flush=True)
-        up.stop()
+    async def one(j: int) -> bool:
+        return await life(port, f"bench-p-{j}", False, f"bench/p/{j}/0")
+
+    uvloop.run(_gated(count, concurrency, one))
+
+
+def resumed(port: int, sessions: int) -> int:
+    """How many of a sample of the persistent sessions found their session."""
+    step = max(1, sessions // RESUMED_SAMPLE)
+
+    async def one(k: int) -> bool:
+        j = k * step
+        return await life(port, f"bench-p-{j}", False, f"bench/p/{j}/0")
+
+    return sum(uvloop.run(_gated(min(sessions, RESUMED_SAMPLE), 10, one)))
+
+
+def _cycles(port: int, start: int, count: int, sessions: int, concurrency: int) -> int:
+    """Lives start..start+count; returns the persistent returns that found no session."""
+
+    async def one(k: int) -> int:
+        i = start + k
+        await life(port, f"bench-n-{i}", True, f"bench/n/{i}")
+        if sessions and i % PERSISTENT_EVERY == 0:
+            j = (i // PERSISTENT_EVERY) % sessions
+            found = await life(port, f"bench-p-{j}", False,
+                               f"bench/p/{j}/{i % FILTERS_PER_PERSISTENT}")  # fmt: skip
+            return 0 if found else 1
+        return 0
+
+    return sum(uvloop.run(_gated(count, concurrency, one)))
+
+
+class _DataDir:
+    """The run's data dir: the given one, or a temporary one removed after."""
+
+    def __init__(self, given: str | None) -> None:
+        self.temporary = given is None
+        self.root = Path(given or tempfile.mkdtemp(prefix="weir-bench-"))
+        self.data = self.root / "data"
+
+    def __enter__(self) -> Path:
+        return self.data
+
+    def __exit__(self, *exc: object) -> None:
+        if self.temporary:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def run_soak(cfg: EmbeddedConfig) -> Result:
+    began = time.monotonic()
+    with _DataDir(cfg.data_dir) as data:
+        port = _free_port()
         up = Up(data, port)
-        print(f"restart: start-to-ready {up.ready_s:.2f} s", flush=True)
-        print(line("idle, restarted", up, data), flush=True)
-    finally:
-        up.stop()
-        if temp:
-            shutil.rmtree(data.parent, ignore_errors=True)
-    return 0
+        try:
+            first_ready = up.ready_s
+            curve: list[dict[str, Any]] = []
+
+            def checkpoint(**where: Any) -> None:
+                elapsed = round(time.monotonic() - began, 1)
+                curve.append({"scenario": "soak", **where, "elapsed_s": elapsed, **weigh(up)})
+                _emit(curve[-1])
+
+            checkpoint(lives=0, phase="idle")
+            make_sessions(port, cfg.sessions, cfg.concurrency)
+            checkpoint(lives=0, phase="sessions made")
+            done, lost, cycling = 0, 0, time.monotonic()
+            while done < cfg.cycles and time.monotonic() - began < cfg.max_seconds:
+                step = min(cfg.sample, cfg.cycles - done)
+                lost += _cycles(port, done, step, cfg.sessions, cfg.concurrency)
+                done += step
+                checkpoint(lives=done, lives_per_s=round(done / (time.monotonic() - cycling), 1))
+            up.stop()
+            up = Up(data, port)
+            after = weigh(up)
+            kept = resumed(port, cfg.sessions) if cfg.sessions else 0
+        finally:
+            up.stop()
+    extra = {
+        "cycles": done, "sessions": cfg.sessions, "stopped_early": done < cfg.cycles,
+        "first_start_to_ready_s": round(first_ready, 2),
+        "restart_to_ready_s": round(up.ready_s, 2), "after_restart": after,
+        "sessions_lost_while_running": lost,
+        "sessions_kept_of_sample": [kept, min(cfg.sessions, RESUMED_SAMPLE)],
+        "curve": curve,
+    }  # fmt: skip
+    return _result("soak", up, time.monotonic() - began, extra)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def run_restart(cfg: EmbeddedConfig) -> Result:
+    began = time.monotonic()
+    with _DataDir(cfg.data_dir) as data:
+        port = _free_port()
+        up = Up(data, port)
+        try:
+            first_ready = up.ready_s
+            made = time.monotonic()
+            make_sessions(port, cfg.sessions, cfg.concurrency)
+            made_s = time.monotonic() - made
+            before = weigh(up)
+            up.stop()
+            up = Up(data, port)
+            after = weigh(up)
+            kept = resumed(port, cfg.sessions)
+        finally:
+            up.stop()
+    if kept < min(cfg.sessions, RESUMED_SAMPLE):
+        raise BenchError(f"after the restart only {kept} of a sample of sessions were kept")
+    extra = {
+        "sessions": cfg.sessions, "sessions_per_s": round(cfg.sessions / made_s, 1),
+        "empty_start_to_ready_s": round(first_ready, 2),
+        "start_to_ready_s": round(up.ready_s, 2), "before_stop": before, "after_start": after,
+    }  # fmt: skip
+    return _result("restart", up, time.monotonic() - began, extra)
+
+
+def run_footprint(cfg: EmbeddedConfig) -> Result:
+    began = time.monotonic()
+    with _DataDir(cfg.data_dir) as data:
+        up = Up(data, _free_port())
+        try:
+            time.sleep(cfg.duration)  # at rest: what the idle broker holds, not its start
+            idle = weigh(up)
+        finally:
+            up.stop()
+    extra = {"start_to_ready_s": round(up.ready_s, 2), "rested_s": cfg.duration, **idle}
+    return _result("footprint", up, time.monotonic() - began, extra)
+
+
+RUNNERS: dict[str, Callable[[EmbeddedConfig], Result]] = {
+    "soak": run_soak, "restart": run_restart, "footprint": run_footprint,
+}  # fmt: skip

@@ -113,10 +113,15 @@ def resumed(port: int, sessions: int) -> int:
     return sum(uvloop.run(_gated(min(sessions, RESUMED_SAMPLE), 10, one)))
 
 
-def _cycles(port: int, start: int, count: int, sessions: int, concurrency: int) -> int:
-    """Lives start..start+count; returns the persistent returns that found no session."""
+def _cycles(
+    port: int, start: int, count: int, sessions: int, concurrency: int, deadline: float
+) -> tuple[int, int]:
+    """Lives start..start+count, none begun after `deadline` (monotonic); returns
+    the lives run and the persistent returns among them that found no session."""
 
-    async def one(k: int) -> int:
+    async def one(k: int) -> int | None:
+        if time.monotonic() > deadline:
+            return None
         i = start + k
         await life(port, f"bench-n-{i}", True, f"bench/n/{i}")
         if sessions and i % PERSISTENT_EVERY == 0:
@@ -126,7 +131,9 @@ def _cycles(port: int, start: int, count: int, sessions: int, concurrency: int) 
             return 0 if found else 1
         return 0
 
-    return sum(uvloop.run(_gated(count, concurrency, one)))
+    results = uvloop.run(_gated(count, concurrency, one))
+    ran = [r for r in results if r is not None]
+    return len(ran), sum(ran)
 
 
 class _DataDir:
@@ -163,10 +170,11 @@ def run_soak(cfg: EmbeddedConfig) -> Result:
             make_sessions(port, cfg.sessions, cfg.concurrency)
             checkpoint(lives=0, phase="sessions made")
             done, lost, cycling = 0, 0, time.monotonic()
-            while done < cfg.cycles and time.monotonic() - began < cfg.max_seconds:
+            deadline = began + cfg.max_seconds
+            while done < cfg.cycles and time.monotonic() < deadline:
                 step = min(cfg.sample, cfg.cycles - done)
-                lost += _cycles(port, done, step, cfg.sessions, cfg.concurrency)
-                done += step
+                ran, missing = _cycles(port, done, step, cfg.sessions, cfg.concurrency, deadline)
+                done, lost = done + ran, lost + missing
                 checkpoint(lives=done, lives_per_s=round(done / (time.monotonic() - cycling), 1))
             up.stop()
             up = Up(data, port)

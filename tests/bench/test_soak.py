@@ -5,6 +5,7 @@ on the same data dir (bench.soak)."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -66,3 +67,11 @@ def test_the_embedded_scenarios_refuse_bad_arguments(
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "must be positive" in err or "starts its own weir up" in err
+
+
+def test_no_soak_life_begins_past_the_deadline() -> None:
+    """--max-seconds holds inside a sample too: no life is begun after it (port 1:
+    nothing listens there, so a life begun would fail the call)."""
+    from bench import soak
+
+    assert soak._cycles(1, 0, 1000, 10, 20, deadline=time.monotonic() - 1) == (0, 0)

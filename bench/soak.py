@@ -113,27 +113,51 @@ def resumed(port: int, sessions: int) -> int:
     return sum(uvloop.run(_gated(min(sessions, RESUMED_SAMPLE), 10, one)))
 
 
+@dataclass(slots=True)
+class Lives:
+    """What a stretch of the soak's lives came to."""
+
+    ran: int = 0
+    lost: int = 0  # persistent sessions that came back and found no session
+    failed: int = 0  # lives the broker refused or cut (a busy machine's Redis timeouts)
+    first_failure: str = ""
+
+    def add(self, other: Lives) -> None:
+        self.ran += other.ran
+        self.lost += other.lost
+        self.failed += other.failed
+        self.first_failure = self.first_failure or other.first_failure
+
+
+MAX_FAILED_SHARE = 0.01
+"""A soak goes on past failed lives (one refusal in a million must not end an
+hours-long run) and counts them; past this share of its lives it stops."""
+
+
 def _cycles(
     port: int, start: int, count: int, sessions: int, concurrency: int, deadline: float
-) -> tuple[int, int]:
-    """Lives start..start+count, none begun after `deadline` (monotonic); returns
-    the lives run and the persistent returns among them that found no session."""
+) -> Lives:
+    """Lives start..start+count, none begun after `deadline` (monotonic)."""
+    lives = Lives()
 
-    async def one(k: int) -> int | None:
+    async def one(k: int) -> None:
         if time.monotonic() > deadline:
-            return None
+            return
         i = start + k
-        await life(port, f"bench-n-{i}", True, f"bench/n/{i}")
-        if sessions and i % PERSISTENT_EVERY == 0:
-            j = (i // PERSISTENT_EVERY) % sessions
-            found = await life(port, f"bench-p-{j}", False,
-                               f"bench/p/{j}/{i % FILTERS_PER_PERSISTENT}")  # fmt: skip
-            return 0 if found else 1
-        return 0
+        lives.ran += 1
+        try:
+            await life(port, f"bench-n-{i}", True, f"bench/n/{i}")
+            if sessions and i % PERSISTENT_EVERY == 0:
+                j = (i // PERSISTENT_EVERY) % sessions
+                found = await life(port, f"bench-p-{j}", False,
+                                   f"bench/p/{j}/{i % FILTERS_PER_PERSISTENT}")  # fmt: skip
+                lives.lost += not found
+        except BenchError as exc:
+            lives.failed += 1
+            lives.first_failure = lives.first_failure or str(exc)
 
-    results = uvloop.run(_gated(count, concurrency, one))
-    ran = [r for r in results if r is not None]
-    return len(ran), sum(ran)
+    uvloop.run(_gated(count, concurrency, one))
+    return lives
 
 
 class _DataDir:
@@ -169,13 +193,15 @@ def run_soak(cfg: EmbeddedConfig) -> Result:
             checkpoint(lives=0, phase="idle")
             make_sessions(port, cfg.sessions, cfg.concurrency)
             checkpoint(lives=0, phase="sessions made")
-            done, lost, cycling = 0, 0, time.monotonic()
+            lives, cycling = Lives(), time.monotonic()
             deadline = began + cfg.max_seconds
-            while done < cfg.cycles and time.monotonic() < deadline:
-                step = min(cfg.sample, cfg.cycles - done)
-                ran, missing = _cycles(port, done, step, cfg.sessions, cfg.concurrency, deadline)
-                done, lost = done + ran, lost + missing
-                checkpoint(lives=done, lives_per_s=round(done / (time.monotonic() - cycling), 1))
+            while lives.ran < cfg.cycles and time.monotonic() < deadline:
+                step = min(cfg.sample, cfg.cycles - lives.ran)
+                lives.add(_cycles(port, lives.ran, step, cfg.sessions, cfg.concurrency, deadline))
+                rate = round(lives.ran / (time.monotonic() - cycling), 1)
+                checkpoint(lives=lives.ran, lives_per_s=rate, failed=lives.failed)
+                if lives.failed > MAX_FAILED_SHARE * lives.ran:
+                    break
             up.stop()
             up = Up(data, port)
             after = weigh(up)
@@ -183,10 +209,11 @@ def run_soak(cfg: EmbeddedConfig) -> Result:
         finally:
             up.stop()
     extra = {
-        "cycles": done, "sessions": cfg.sessions, "stopped_early": done < cfg.cycles,
+        "cycles": lives.ran, "sessions": cfg.sessions, "stopped_early": lives.ran < cfg.cycles,
+        "failed_lives": lives.failed, "first_failure": lives.first_failure,
         "first_start_to_ready_s": round(first_ready, 2),
         "restart_to_ready_s": round(up.ready_s, 2), "after_restart": after,
-        "sessions_lost_while_running": lost,
+        "sessions_lost_while_running": lives.lost,
         "sessions_kept_of_sample": [kept, min(cfg.sessions, RESUMED_SAMPLE)],
         "curve": curve,
     }  # fmt: skip

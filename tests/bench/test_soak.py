@@ -36,7 +36,7 @@ def test_soak_weighs_every_embedded_process_and_restarts(
         weighed(record)
     assert curve[-1]["store_sessions"] >= 300  # the ended clients, below the store's bound
     assert result["scenario"] == "soak" and result["cycles"] == 300
-    assert result["sessions_lost_while_running"] == 0
+    assert result["sessions_lost_while_running"] == 0 and result["failed_lives"] == 0
     assert result["sessions_kept_of_sample"] == [10, 10]
     assert 0 < result["restart_to_ready_s"] < 60
     assert result["curve"] == curve
@@ -74,4 +74,13 @@ def test_no_soak_life_begins_past_the_deadline() -> None:
     nothing listens there, so a life begun would fail the call)."""
     from bench import soak
 
-    assert soak._cycles(1, 0, 1000, 10, 20, deadline=time.monotonic() - 1) == (0, 0)
+    assert soak._cycles(1, 0, 1000, 10, 20, deadline=time.monotonic() - 1) == soak.Lives()
+
+
+def test_a_failed_soak_life_is_counted_and_the_soak_goes_on() -> None:
+    """Port 1: nothing listens, every life fails; each is counted, none raises."""
+    from bench import soak
+
+    lives = soak._cycles(1, 0, 30, 10, 5, deadline=time.monotonic() + 60)
+    assert (lives.ran, lives.failed, lives.lost) == (30, 30, 0)
+    assert "cannot connect to port 1" in lives.first_failure

@@ -127,8 +127,8 @@ class LogCutter:
                 events.appended = 0
                 await self.state.new_generation(self.node_id)
                 seeded = 0
-                if snapshot is not None:
-                    live = snapshot.live_events()
+                if snapshot is not None:  # in a thread, as the load: the loop keeps turning
+                    live = await asyncio.to_thread(snapshot.live_events)
                     seeded = await bootstrap.append_all(events.log, live)
             except StateStoreError as exc:
                 log.warning("log cut: %s", exc)

@@ -14,6 +14,7 @@ import asyncio
 import random
 from collections.abc import Sequence
 
+import pytest
 import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -143,5 +144,49 @@ async def test_a_reseed_claim_of_a_killed_run_is_taken_again_by_the_same_node(
         assert await store.claim_reseed("n1", 300.0)  # then n1 is SIGKILLed mid-re-seed
         assert not await store.claim_reseed("n2", 300.0)  # another node waits for it
         assert await store.claim_reseed("n1", 300.0)  # n1 again: its own claim
+    finally:
+        await client.aclose()
+
+
+async def test_the_loop_keeps_turning_while_the_store_is_decoded(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node reads the store while it serves (the log cut): decoding 100,000
+    sessions took seconds of its loop, its heartbeat missed 5 s and the node
+    fenced itself in a soak. Here the decode is made slow on purpose (0.5 s
+    per call); the loop must tick through it."""
+    import time
+
+    from services.state import redis as state_redis
+
+    decode_all = state_redis.decode_all
+
+    def slow(suffix: str, entries: dict[bytes, bytes]) -> tuple[list[Event], int]:
+        time.sleep(0.5)  # blocks whichever thread runs it
+        return decode_all(suffix, entries)
+
+    monkeypatch.setattr(state_redis, "decode_all", slow)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        writer = StoreWriter(client, PREFIX)
+        await writer.write(
+            SessionOpened(
+                client_id="c1", version=1, node="n", ts_ms=1, epoch=1, clean_start=False,
+                expiry_s=60, protocol=5,
+            )
+        )  # fmt: skip
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.ensure_future(tick())
+        snapshot = await RedisStateStore(client, PREFIX).load()
+        ticker.cancel()
+        assert snapshot is not None and len(snapshot.sessions) == 1
+        assert ticks >= 20  # 1 s of decoding (two calls): ~100 ticks of 10 ms, 0 on the loop
     finally:
         await client.aclose()

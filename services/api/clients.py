@@ -18,7 +18,6 @@ forward to now, logged as its expiry), as EMQX's kick cleans the session.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from operator import itemgetter
 from typing import Any
 
 from aiohttp import web
@@ -158,28 +157,32 @@ class Clients:
             row["node"], row["connected"] = self.ctx.node_id, True
         return row
 
-    def _matching(self, query: Any) -> list[tuple[str, SessionEntry | None]]:
-        """Every client the filters keep, sorted by client id (stable pages).
-        Each filter is one pass over what the ones before it kept, the cheap
-        ones (the id, the log's fields) first: 50,000 clients cost tens of ms."""
+    def _matching(self, query: Any) -> tuple[list[str], dict[str, SessionEntry | None]]:
+        """The ids of every client the filters keep, sorted (stable pages), and
+        their entries. Each filter is one pass over the ids the ones before it
+        kept, the cheap ones (the id, the log's fields) first.
+
+        Lists of ids, not of (id, entry) pairs: strings are not tracked by the
+        cyclic garbage collector, while 50,000 pairs made per request were, and
+        lived long enough to be promoted; every few requests that set off a full
+        collection over the whole node (hundreds of ms with 50,000 clients held)."""
         entries: dict[str, SessionEntry | None] = dict(self.ctx.broker.logstate.view.sessions())
         for client_id in self.ctx.broker.sessions:
             entries.setdefault(client_id, None)  # opened here, its event not folded in yet
         here = self.ctx.node_id
-        items = list(entries.items())
+        ids = list(entries)
         if "clientid" in query:
             wanted = set(query.getall("clientid"))
-            items = [(c, e) for c, e in items if c in wanted]
+            ids = [c for c in ids if c in wanted]
         if "like_clientid" in query:
             part = query["like_clientid"]
-            items = [(c, e) for c, e in items if part in c]
+            ids = [c for c in ids if part in c]
         if "node" in query:
             node = query["node"]
-            items = [(c, e) for c, e in items if (e.node if e is not None else here) == node]
+            ids = [c for c in ids if _node_of(entries[c], here) == node]
         if "clean_start" in query:
             clean = query["clean_start"] == "true"
-            items = [(c, e) for c, e in items
-                     if (e.clean_start if e is not None else True) == clean]
+            ids = [c for c in ids if _clean_start(entries[c]) == clean]
         checks: list[Callable[[str, SessionEntry | None], bool]] = []
         if "username" in query:
             user = query["username"]
@@ -197,9 +200,9 @@ class Clients:
             ip = query["ip_address"]
             checks.append(lambda c, e: self._ip(c) == ip)
         for check in checks:
-            items = [(c, e) for c, e in items if check(c, e)]
-        items.sort(key=itemgetter(0))
-        return items
+            ids = [c for c in ids if check(c, entries[c])]
+        ids.sort()
+        return ids, entries
 
     def _user(self, client_id: str, entry: SessionEntry | None) -> str | None:
         conn = self._conn(client_id)
@@ -226,8 +229,8 @@ class Clients:
 
     async def list(self, request: web.Request) -> Any:
         page = Page.of(request.query)
-        matching = self._matching(request.query)
-        return page.answer(matching, lambda item: self.row(*item))
+        ids, entries = self._matching(request.query)
+        return page.answer(ids, lambda client_id: self.row(client_id, entries[client_id]))
 
     def _elsewhere(self, client_id: str) -> str | None:
         """The node holding `client_id` when it is not this one."""
@@ -309,3 +312,11 @@ def routes(ctx: Context) -> Iterable[Route]:
         Route("DELETE", "/clients/{clientid:.+}", "Kick a client (DISCONNECT 0x98) or end its "
               "offline session", clients.kick, "clients", (clientid,), None, status=204),
     )  # fmt: skip
+
+
+def _node_of(entry: SessionEntry | None, here: str) -> str:
+    return entry.node if entry is not None else here  # not in the log yet: opened here
+
+
+def _clean_start(entry: SessionEntry | None) -> bool:
+    return entry.clean_start if entry is not None else True

@@ -1,0 +1,70 @@
+"""How the suite is shared among pytest-xdist workers, and its two parts.
+
+scripts/test.sh runs the suite in two parts: `--part parallel` on two xdist
+workers (`-n 2`), then `--part serial` in one process. Most tests wait on
+sockets, subprocesses and timers rather than the CPU, so two workers on two
+cores nearly halve the wall time; a test marked `serial` loads the whole
+machine against a deadline (the SIGKILL chaos runs: nodes at 1,000 msg/s)
+and runs alone, as it always did. Plain `pytest` (no `--part`, no `-n`)
+still runs every test in one process.
+
+On the workers (`pytest_xdist_make_scheduler`), each test is its own unit
+of work, handed to whichever worker is free, except the modules of
+MODULE_UNITS: a Spark module's tests share a SparkSession (5-15 s to start,
+a JVM of up to 2 GiB), so such a module is one unit and its session starts
+once, as in a serial run. xdist deals the units with the most tests first,
+so those modules start early and none is left for the end. (xdist's
+`xdist_group` mark cannot do this here: under pytest 9 it no longer reaches
+the scheduler, as xdist 3.8 renames `item._nodeid`, which pytest 9 ignores.)
+Other module-scoped fixtures (a `weir up` of the robustness suite, the
+interop matrix's broker, a Mosquitto) start in a second or less: a module
+split between the workers starts them twice, which costs less than keeping
+its tests together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+PARTS = ("all", "parallel", "serial")
+MODULE_UNITS = ("tests/streams/",)  # path prefixes whose modules go to one worker whole
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--part",
+        choices=PARTS,
+        default="all",
+        help="parallel: leave out the tests marked serial; serial: only those (scripts/test.sh)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    part = config.getoption("--part")
+    if part == "all":
+        return
+    wanted = part == "serial"
+    keep = [item for item in items if _serial(item) == wanted]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if _serial(i) != wanted])
+        items[:] = keep
+
+
+def _serial(item: pytest.Item) -> bool:
+    return item.get_closest_marker("serial") is not None
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, called only with -n
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "load":  # -n without --dist; another --dist is xdist's own
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module.startswith(MODULE_UNITS) else nodeid
+
+    return Units(config, log)

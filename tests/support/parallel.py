@@ -3,17 +3,19 @@
 scripts/test.sh runs the suite in two parts: `--part parallel` on two xdist
 workers (`-n 2`), then `--part serial` in one process. Most tests wait on
 sockets, subprocesses and timers rather than the CPU, so two workers on two
-cores nearly halve the wall time; a test marked `serial` loads the whole
+cores overlap their waits; a test marked `serial` loads the whole
 machine against a deadline (the SIGKILL chaos runs: nodes at 1,000 msg/s)
 and runs alone, as it always did. Plain `pytest` (no `--part`, no `-n`)
 still runs every test in one process.
 
 On the workers (`pytest_xdist_make_scheduler`), each test is its own unit
-of work, handed to whichever worker is free, except the modules of
-MODULE_UNITS: a Spark module's tests share a SparkSession (5-15 s to start,
-a JVM of up to 2 GiB), so such a module is one unit and its session starts
-once, as in a serial run. xdist deals the units with the most tests first,
-so those modules start early and none is left for the end. (xdist's
+of work, handed to whichever worker is free, except the tests that run a
+JVM (SPARK: the Spark modules, each with a SparkSession of its own, and
+test_verify, whose fixture runs the state job): they are one unit, so one
+worker runs them one after the other and the other worker never has a
+second JVM beside it (two local Spark sessions at once, under load, ran
+past pytest-timeout's 300 s). xdist deals the units with the
+most tests first, so this one starts at once rather than last. (xdist's
 `xdist_group` mark cannot do this here: under pytest 9 it no longer reaches
 the scheduler, as xdist 3.8 renames `item._nodeid`, which pytest 9 ignores.)
 Other module-scoped fixtures (a `weir up` of the robustness suite, the
@@ -29,7 +31,7 @@ from typing import Any
 import pytest
 
 PARTS = ("all", "parallel", "serial")
-MODULE_UNITS = ("tests/streams/",)  # path prefixes whose modules go to one worker whole
+SPARK = ("tests/streams/", "tests/integration/test_verify.py")  # one unit: one JVM at a time
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -64,7 +66,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class Units(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return module if module.startswith(MODULE_UNITS) else nodeid
+            return "spark" if nodeid.startswith(SPARK) else nodeid
 
     return Units(config, log)

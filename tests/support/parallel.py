@@ -3,9 +3,10 @@
 scripts/test.sh runs the suite in two parts: `--part parallel` on two xdist
 workers (`-n 2`), then `--part serial` in one process. Most tests wait on
 sockets, subprocesses and timers rather than the CPU, so two workers on two
-cores overlap their waits; a test marked `serial` loads the whole
-machine against a deadline (the SIGKILL chaos runs: nodes at 1,000 msg/s)
-and runs alone, as it always did. Plain `pytest` (no `--part`, no `-n`)
+cores overlap their waits. A test marked `serial` runs alone, as it always
+did: the SIGKILL chaos runs load the whole machine against a deadline
+(nodes at 1,000 msg/s), and the partition tests fill in a table that their
+process prints at the end (a worker's would be lost). Plain `pytest` (no `--part`, no `-n`)
 still runs every test in one process.
 
 On the workers (`pytest_xdist_make_scheduler`), each test is its own unit

@@ -10,29 +10,36 @@ process prints at the end (a worker's would be lost). Plain `pytest` (no `--part
 still runs every test in one process.
 
 On the workers (`pytest_xdist_make_scheduler`), each test is its own unit
-of work, handed to whichever worker is free, except the tests that run a
-JVM (SPARK: the Spark modules, each with a SparkSession of its own, and
-test_verify, whose fixture runs the state job): they are one unit, so one
-worker runs them one after the other and the other worker never has a
-second JVM beside it (two local Spark sessions at once, under load, ran
-past pytest-timeout's 300 s). xdist deals the units with the
-most tests first, so this one starts at once rather than last. (xdist's
-`xdist_group` mark cannot do this here: under pytest 9 it no longer reaches
-the scheduler, as xdist 3.8 renames `item._nodeid`, which pytest 9 ignores.)
-Other module-scoped fixtures (a `weir up` of the robustness suite, the
-interop matrix's broker, a Mosquitto) start in a second or less: a module
-split between the workers starts them twice, which costs less than keeping
-its tests together.
+of work, handed to whichever worker is free, except:
+
+- the tests that run a JVM (SPARK: the Spark modules, each with a
+  SparkSession of its own, and test_verify, whose fixture runs the state
+  job) are one unit, so one worker runs them one after the other and never
+  has a second JVM beside it (two local Spark sessions at once, under load,
+  ran past pytest-timeout's 300 s);
+- a module that shares a module- or class-scoped fixture (a `weir up`, a
+  browser, a cluster; found by reading the module and its conftests) is a
+  unit of its own: its fixture starts once, and a test that relies on what
+  an earlier one left there still finds it, as in a serial run.
+
+xdist deals the units with the most tests first, so those start early
+rather than last. (xdist's `xdist_group` mark cannot do this here: under
+pytest 9 it no longer reaches the scheduler, as xdist 3.8 renames
+`item._nodeid`, which pytest 9 ignores.)
 """
 
 from __future__ import annotations
 
+import functools
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 PARTS = ("all", "parallel", "serial")
 SPARK = ("tests/streams/", "tests/integration/test_verify.py")  # one unit: one JVM at a time
+SHARED_SCOPE = re.compile(r"""scope\s*=\s*["'](module|class|package)["']""")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -65,8 +72,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    root = config.rootpath
+
     class Units(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "spark" if nodeid.startswith(SPARK) else nodeid
+            if nodeid.startswith(SPARK):
+                return "spark"
+            module = nodeid.split("::", 1)[0]
+            return module if _shares_fixtures(root, module) else nodeid
 
     return Units(config, log)
+
+
+@functools.cache
+def _shares_fixtures(root: Path, module: str) -> bool:
+    """Whether the module, or a conftest.py on its way down from tests/, declares a
+    fixture wider than a test (other than the session's, which every worker has)."""
+    path = root / module
+    sources = [path, *(d / "conftest.py" for d in path.parents if d.is_relative_to(root / "tests"))]
+    return any(SHARED_SCOPE.search(p.read_text()) for p in sources if p.is_file())

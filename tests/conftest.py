@@ -12,4 +12,5 @@ pytest_plugins = [
     "tests.fixtures.containers",
     "tests.fixtures.redis_server",
     "tests.fixtures.kafka_broker",
+    "tests.support.parallel",  # --part and the xdist groups of scripts/test.sh
 ]

@@ -66,7 +66,12 @@ from tests.chaos.harness import (
     NodeProcess,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.kafka, pytest.mark.timeout(300)]
+# serial: the run loads both cores against a deadline, so scripts/test.sh runs it
+# alone, after the xdist workers (tests/support/parallel.py)
+pytestmark = [
+    pytest.mark.slow, pytest.mark.serial, pytest.mark.redis, pytest.mark.kafka,
+    pytest.mark.timeout(300),
+]  # fmt: skip
 
 TOTAL = 20_000  # messages: 20 s of publishing at RATE
 RATE = 1000.0  # msg/s while connected

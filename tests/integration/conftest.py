@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from tests.integration.rawclient import Raw
 
 START_TIMEOUT_S = 10.0
+# A bound, not a measure (no test waits for a CONNACK that must not come): behind
+# three argon2id verifies, on two xdist workers under load, one took over 5 s.
+CONNACK_S = 20.0
 _SENTINELS = itertools.count(1)  # barrier payloads, unique in a test run
 
 
@@ -194,7 +197,7 @@ class Paho:
         )
         self.client.loop_start()
 
-    def connack(self, timeout: float = 5.0) -> Any:
+    def connack(self, timeout: float = CONNACK_S) -> Any:
         return self.connacks.get(timeout=timeout)
 
     def subscribe(self, topic: str, qos: int = 0, **options: Any) -> Any:

@@ -5,7 +5,6 @@ SIGHUP reads the log level again; a missing plugin stops it in one line."""
 from __future__ import annotations
 
 import json
-import os
 import queue
 import signal
 import subprocess
@@ -19,6 +18,7 @@ import pytest
 
 from tests.hooks.webhook_server import Endpoint
 from tests.integration.conftest import Paho
+from tests.support.childenv import weir_env  # a free HTTP port, not 18083
 from tests.support.ports import free_port
 
 START_S = 20.0
@@ -44,11 +44,10 @@ events = ["client.connected", "message.publish"]
 
 class Up:
     def __init__(self, *args: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "services", "up", "--host", "127.0.0.1", "--ws-port", "off",
              "--backend", "memory", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=weir_env(),
         )  # fmt: skip
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []  # every line taken from `lines`

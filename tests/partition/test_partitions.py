@@ -34,7 +34,10 @@ from tests.chaos.harness import LEVEL_5, Link, connect_retry
 from tests.partition.cluster import Cluster
 from tests.partition.scenario import Outcome, Scenario, drops
 
-pytestmark = [pytest.mark.partition, pytest.mark.timeout(180)]
+# serial: scripts/test.sh runs these in one process after the xdist workers: the
+# cluster fixture builds namespaces, nodes, Redis and Kafka once, and conftest's
+# summary prints the ROWS these tests fill in, which a worker's copy would keep
+pytestmark = [pytest.mark.partition, pytest.mark.serial, pytest.mark.timeout(180)]
 
 ROWS: list[Outcome] = []
 SERVER_UNAVAILABLE = 0x88  # CONNACK, 5.0

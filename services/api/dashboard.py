@@ -56,10 +56,8 @@ class Asset:
     def response(self, request: web.Request) -> web.Response:
         if request.headers.get("If-None-Match") == self.etag:
             return web.Response(status=304, headers={**HEADERS, "ETag": self.etag})
-        response = web.Response(body=self.body, headers={**HEADERS, "ETag": self.etag})
-        response.content_type = self.content_type
-        response.charset = "utf-8"
-        return response
+        return web.Response(body=self.body, headers={**HEADERS, "ETag": self.etag},
+                            content_type=self.content_type, charset="utf-8")  # fmt: skip
 
 
 def _walk(folder: Traversable, prefix: str = "") -> dict[str, Asset]:

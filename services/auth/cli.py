@@ -52,7 +52,7 @@ def _redis_url(options: dict[str, Any]) -> str:
     return endpoints.backends(settings.data_dir, "weir ban")[0]
 
 
-def _who(function: Any) -> Any:
+def who_options(function: Any) -> Any:
     """--clientid | --username | --peerhost: exactly one."""
     for kind, text in (("peerhost", "an address or a CIDR network"), ("username", "a user name"),
                        ("clientid", "a client id")):  # fmt: skip
@@ -60,7 +60,7 @@ def _who(function: Any) -> Any:
     return function
 
 
-def _one(who: dict[str, str | None]) -> tuple[str, str]:
+def one_who(who: dict[str, str | None]) -> tuple[str, str]:
     named = [(kind, value) for kind, value in who.items() if value is not None]
     if len(named) != 1:
         fail("give one of --clientid, --username, --peerhost")
@@ -68,14 +68,14 @@ def _one(who: dict[str, str | None]) -> tuple[str, str]:
 
 
 @ban.command("add", help="ban a client id, user name or address / CIDR")
-@_who
+@who_options
 @click.option("--until", help="when it ends: 2026-12-31T00:00:00Z, a Unix time, or a duration "
               "from now (90s, 30m, 12h, 7d); default: never")  # fmt: skip
 @click.option("--reason", default="")
 @click.pass_obj
 def add(options: dict[str, Any], /, until: str | None, reason: str, **who: str | None) -> int:
     redis_url = _redis_url(options)
-    kind, value = _one(who)
+    kind, value = one_who(who)
     now = time.time()
     ends = parse_until(until, now)
     if ends is not None and ends <= now:
@@ -88,11 +88,11 @@ def add(options: dict[str, Any], /, until: str | None, reason: str, **who: str |
 
 
 @ban.command("del", help="lift a ban")
-@_who
+@who_options
 @click.pass_obj
 def delete(options: dict[str, Any], /, **who: str | None) -> int:
     redis_url = _redis_url(options)
-    kind, value = _one(who)
+    kind, value = one_who(who)
     return asyncio.run(_run(redis_url, "del", kind, value, None))
 
 

@@ -9,8 +9,8 @@ import click
 
 from services.admin.ctl.base import Ctl, ctl, paging, pass_ctl
 from services.admin.ctl.client import segment
-from services.auth.cli import parse_until
-from services.cli import Group, fail
+from services.auth.cli import one_who, parse_until, who_options
+from services.cli import Group
 
 KINDS = ("clientid", "username", "peerhost")
 
@@ -34,29 +34,15 @@ def banned_list(c: Ctl, /, page: int | None, limit: int | None) -> None:
     c.out.rows(answer, BAN_COLUMNS, "bans")
 
 
-def _who(function: Any) -> Any:
-    for kind, text in (("peerhost", "an address or a CIDR network"), ("username", "a user name"),
-                       ("clientid", "a client id")):  # fmt: skip
-        function = click.option(f"--{kind}", help=text)(function)
-    return function
-
-
-def _one(who: dict[str, str | None]) -> tuple[str, str]:
-    named = [(kind, value) for kind, value in who.items() if value is not None]
-    if len(named) != 1:
-        fail("give one of --clientid, --username, --peerhost")
-    return named[0]
-
-
 @banned.command("add", help="ban a client id, user name or address / CIDR; its clients "
                 "are disconnected on every node")  # fmt: skip
-@_who
+@who_options
 @click.option("--until", help="when it ends: 2026-12-31T00:00:00Z, a Unix time, or a duration "
               "from now (90s, 30m, 12h, 7d); default: never")  # fmt: skip
 @click.option("--reason", default="")
 @pass_ctl
 def banned_add(c: Ctl, /, until: str | None, reason: str, **who: str | None) -> None:
-    kind, value = _one(who)
+    kind, value = one_who(who)
     body: dict[str, Any] = {"as": kind, "who": value, "reason": reason, "by": "weir ctl"}
     ends = parse_until(until, time.time())
     if ends is not None:
@@ -67,10 +53,10 @@ def banned_add(c: Ctl, /, until: str | None, reason: str, **who: str | None) -> 
 
 
 @banned.command("delete", help="lift a ban")
-@_who
+@who_options
 @pass_ctl
 def banned_delete(c: Ctl, /, **who: str | None) -> None:
-    kind, value = _one(who)
+    kind, value = one_who(who)
     c.call("DELETE", f"/banned/{kind}/{segment(value)}")
     c.out.done(f"ban of {kind} {value} lifted")
 

@@ -46,9 +46,14 @@ NOT_STARTED = {"MetricsService": "start", "ClusterFigures": "start"}  # class ->
 
 
 def _counts_into_metrics(target: ast.expr) -> bool:
-    """`x.metrics.f`, `x.metrics.f[k]`, `metrics.f`, `metrics.f[k]`: a figure."""
+    """`x.metrics.f`, `x.metrics.f[k]`, `metrics.f`, `metrics.f[k]`: a figure;
+    `tally[k]`, `x.tally[k]`: the per-message counts (registry.Metrics.tally)."""
     if isinstance(target, ast.Subscript):
         target = target.value
+        if isinstance(target, ast.Name) and target.id == "tally":
+            return True
+        if isinstance(target, ast.Attribute) and target.attr == "tally":
+            return True
     if not isinstance(target, ast.Attribute):
         return False
     owner = target.value

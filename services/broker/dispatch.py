@@ -72,6 +72,7 @@ class Dispatch:
         turn: Turn,
     ) -> None:
         self.node_id = node_id
+        self.tally = seams.metrics.tally  # the per-message counts (registry.RECEIVED...)
         self.routes = routes
         self.delivery = delivery
         self.remote = remote
@@ -139,11 +140,14 @@ class Dispatch:
                 held.append(route)
                 return  # counted when it comes back here
         message = route.message
-        metrics = self.seams.metrics
-        metrics.messages_received[message.qos] += 1
-        metrics.messages_received_bytes[message.qos] += len(message.payload)
-        if self.seams.gates_publish:
-            admitted = self._admitted(conn, route)
+        tally = self.tally
+        qos = message.qos
+        tally[qos] += 1  # RECEIVED + qos
+        tally[3 + qos] += len(message.payload)  # RECEIVED_BYTES + qos
+        seams = self.seams
+        checks = seams.checks_publish
+        if checks or seams.hooks.has("message.publish"):  # else nothing can refuse or change it
+            admitted = self._admitted(conn, route, checks)
             if admitted is None:
                 return
             route = admitted
@@ -181,12 +185,16 @@ class Dispatch:
         client = conn.client
         return self.seams.egress.publish(message, client.username if client else None)
 
-    def _admitted(self, conn: ConnectionPort, route: Route) -> Route | None:
-        """Authorization and the message.publish hook (which may replace the
-        message or stop it: a stopped QoS 1/2 message is still acknowledged).
-        A denied one: 5.0 PUBACK / PUBREC 0x87; 3.x acknowledged and dropped."""
+    def _admitted(self, conn: ConnectionPort, route: Route, checks: bool) -> Route | None:
+        """Authorization (when `checks`: Seams.checks_publish) and the
+        message.publish hook (which may replace the message or stop it: a
+        stopped QoS 1/2 message is still acknowledged). A denied one: 5.0
+        PUBACK / PUBREC 0x87; 3.x acknowledged and dropped."""
         message = route.message
-        if not self.seams.may_publish(conn, message.topic, message.qos, message.retain):
+        seams = self.seams
+        if checks and not seams.may_publish(
+            conn, message.topic, message.qos, message.retain
+        ):
             self.seams.metrics.messages_dropped["acl"] += 1
             if route.token is not None:
                 conn.routed(route.token, False, False, ReasonCode.NOT_AUTHORIZED)
@@ -379,11 +387,11 @@ class Dispatch:
                     continue
                 if told:  # the hooks hear of each copy (deferred ones when they go)
                     out = adjusted(message, qos, retain, sub_ids)
-                    write = functools.partial(self._write_told, session.client_id, conn, data, out)
                     if self._deferred is None:
-                        written += write()
+                        written += self._write_told(session.client_id, conn, data, out)
                     else:
-                        self._deferred.append(write)
+                        self._deferred.append(functools.partial(
+                            self._write_told, session.client_id, conn, data, out))
                         written += 1  # sent once the QoS 2 publisher's id is stored
                 elif self._deferred is None:
                     written += conn.write_qos0(data)
@@ -392,11 +400,12 @@ class Dispatch:
                     written += 1  # sent once the QoS 2 publisher's id is stored
             else:
                 self.deliver(session, adjusted(message, qos, retain, sub_ids))
-        if written or too_large:  # per message, not per subscriber
-            metrics = self.seams.metrics
-            metrics.messages_sent[0] += written
-            metrics.messages_sent_bytes[0] += written * len(message.payload)
-            metrics.messages_dropped["too_large"] += too_large
+        if written:  # per message, not per subscriber
+            tally = self.tally
+            tally[6] += written  # SENT + 0
+            tally[9] += written * len(message.payload)  # SENT_BYTES + 0
+        if too_large:
+            self.seams.metrics.messages_dropped["too_large"] += too_large
         return count
 
     def _write_told(self, client_id: str, conn: ConnectionPort, data: bytes, out: Message) -> bool:

@@ -351,11 +351,6 @@ class Seams:
         asks = self.authorizes and (acl is None or acl.publish_checked)
         return asks or self.hooks.has("client.check_acl")
 
-    @property
-    def gates_publish(self) -> bool:
-        """Whether a PUBLISH needs the authorizer or a hook (else: one flag check)."""
-        return self.checks_publish or self.hooks.has("message.publish")
-
 
 def admitting(seams: Seams, limits: Limits, redis: Any = None) -> Seams:
     """`seams` with the admission `limits` asks for: bans in `redis` when given

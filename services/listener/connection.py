@@ -97,6 +97,7 @@ class Connection(asyncio.Protocol):
         "max_outgoing_packet",
         "metrics",
         "session",
+        "tally",
         "tracer",
         "transport",
         "will_token",
@@ -105,6 +106,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, broker: BrokerPort, listener: Listener | None = None) -> None:
         self.broker = broker
         self.metrics = broker.metrics  # counted on the hot path: attribute increments only
+        self.tally = broker.metrics.tally  # the per-message counts (registry.SENT...)
         self.tracer = broker.tracer  # its `on` is checked per packet, in and out
         self.listener = listener  # None: a connection made by a test, on no listener
         self.cert_subject: str | None = None  # the client certificate's DN (TLS listeners)
@@ -309,8 +311,9 @@ class Connection(asyncio.Protocol):
                 case Send():
                     packet = action.packet
                     if type(packet) is Publish:
-                        self.metrics.messages_sent[packet.qos] += 1
-                        self.metrics.messages_sent_bytes[packet.qos] += len(packet.payload)
+                        tally = self.tally
+                        tally[6 + packet.qos] += 1  # registry.SENT + qos
+                        tally[9 + packet.qos] += len(packet.payload)  # SENT_BYTES + qos
                     self.write(codec.encode(packet, self.channel.protocol_level))
                 case StartTimer():
                     self.start_timer(action.name, action.delay_s)

@@ -13,6 +13,14 @@ lookup in a table. prometheus-client sees the figures only when /metrics is
 scraped: `services.metrics.collector` reads every field then, and $SYS and
 the alarms read them on their own timers.
 
+The per-message counts (messages and payload bytes received and sent, per
+QoS) go one step further: the parts that bump them once per message hold
+`metrics.tally`, a plain list, and add at fixed slots (`RECEIVED + qos`,
+`RECEIVED_BYTES + qos`, `SENT + qos`, `SENT_BYTES + qos`): a list item
+increment on a local, without the two attribute loads and the dict of the
+family. `fold` moves the tally into those families; every reader calls it
+first (through `MetricsService.figures`, the `refresh` each reader has).
+
 Each field is declared once, here, with `counter(...)` or `gauge(...)`:
 its Prometheus name is `weir_<field>` (counters get `_total`), its help
 text and, for a labelled family, the one label and every value it takes.
@@ -62,6 +70,16 @@ API_KEY_REFUSALS: Final = (
     "unknown",  # no such key: never made, or revoked
     "wrong_secret",  # the key exists; its secret is not the one sent
 )
+
+# Slots of `Metrics.tally` (each + qos): the per-message counts, folded by `Metrics.fold`.
+RECEIVED: Final = 0
+RECEIVED_BYTES: Final = 3
+SENT: Final = 6
+SENT_BYTES: Final = 9
+_TALLIED: Final = (  # slot -> the family it is folded into
+    (RECEIVED, "messages_received"), (RECEIVED_BYTES, "messages_received_bytes"),
+    (SENT, "messages_sent"), (SENT_BYTES, "messages_sent_bytes"),
+)  # fmt: skip
 
 Kind = Literal["counter", "gauge"]
 
@@ -178,6 +196,17 @@ class Metrics:
     dead_nodes: set[str] = field(default_factory=set)  # peers seen dead, until they rejoin
     full_queues: set[str] = field(default_factory=set)  # clients whose full queue refused
     # a message since the watch last looked (it empties the set)
+    # The per-message counts not yet folded into their families (module docstring).
+    tally: list[int] = field(default_factory=lambda: [0] * 12)
+
+    def fold(self) -> None:
+        """Move the tally's counts into their families (before any read)."""
+        tally = self.tally
+        for slot, name in _TALLIED:
+            family = getattr(self, name)
+            for qos in QOS:
+                family[qos] += tally[slot + qos]
+        tally[:] = [0] * len(tally)
 
     def connected(self) -> None:
         """A connection was accepted: count it and keep the high-water mark."""

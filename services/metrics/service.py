@@ -46,6 +46,7 @@ class MetricsService:
         self.metrics = metrics
 
         def figures(m: Metrics) -> None:
+            m.fold()
             m.redis_failures = UNANSWERED.count
             if refresh is not None:
                 refresh(m)

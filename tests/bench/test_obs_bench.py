@@ -23,6 +23,8 @@ def test_strip_removes_counting_and_keeps_the_rest() -> None:
         "    self.seams.metrics.messages_dropped['acl'] += n\n"
         "    metrics.messages_sent[0] += n\n"
         "    self.seams.metrics.connected()\n"
+        "    tally[6] += n\n"
+        "    self.tally[9] += n\n"
         "    self.count += 1\n"
         "    return n\n"
         "class MetricsService:\n"
@@ -30,11 +32,12 @@ def test_strip_removes_counting_and_keeps_the_rest() -> None:
         "        await self.http.start()\n"
     )
     out, removed = strip(source)
-    assert removed == 5
+    assert removed == 7
     tree = ast.parse(out)
     body = tree.body[0]
     assert isinstance(body, ast.FunctionDef)
-    assert "metrics" not in "".join(ast.unparse(stmt) for stmt in body.body)
+    kept = "".join(ast.unparse(stmt) for stmt in body.body)
+    assert "metrics" not in kept and "tally" not in kept
     assert "self.count += 1" in out and "return n" in out and "http" not in out
 
 

@@ -9,7 +9,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.metrics.collector import Exposition, NodeCollector
 from services.metrics.process import ProcessFigures
-from services.metrics.registry import DROP_REASONS, FAMILIES, QOS, Metrics, Refresh, total
+from services.metrics.registry import (
+    DROP_REASONS,
+    FAMILIES,
+    QOS,
+    RECEIVED,
+    RECEIVED_BYTES,
+    SENT,
+    SENT_BYTES,
+    Metrics,
+    Refresh,
+    total,
+)
 
 PROCESS = ProcessFigures(
     cpu_seconds=1.5, rss_bytes=1000, vms_bytes=2000, open_fds=7, max_fds=1024,
@@ -31,9 +42,9 @@ def scrape(metrics: Metrics, refresh: Refresh | None = None) -> Samples:
     return out
 
 
-def test_every_field_but_the_alarm_conditions_is_a_family() -> None:
+def test_every_field_but_the_alarm_conditions_and_the_tally_is_a_family() -> None:
     fields = {f.name for f in dataclasses.fields(Metrics)}
-    assert {f.field for f in FAMILIES} == fields - {"dead_nodes", "full_queues"}
+    assert {f.field for f in FAMILIES} == fields - {"dead_nodes", "full_queues", "tally"}
     assert all(f.help and f.kind in ("counter", "gauge") for f in FAMILIES)
 
 
@@ -50,6 +61,22 @@ def test_two_nodes_keep_apart() -> None:
     a.messages_received[1] += 1
     a.full_queues.add("c")
     assert b.messages_received[1] == 0 and not b.full_queues
+
+
+def test_the_tally_folds_into_its_families_once() -> None:
+    m = Metrics()
+    m.messages_sent[1] += 1
+    m.tally[RECEIVED + 2] += 4
+    m.tally[RECEIVED_BYTES + 2] += 40
+    m.tally[SENT + 1] += 2
+    m.tally[SENT_BYTES + 0] += 7
+    m.fold()
+    m.fold()  # a second read adds nothing more
+    assert m.messages_received == {0: 0, 1: 0, 2: 4}
+    assert m.messages_received_bytes == {0: 0, 1: 0, 2: 40}
+    assert m.messages_sent == {0: 0, 1: 3, 2: 0}
+    assert m.messages_sent_bytes == {0: 7, 1: 0, 2: 0}
+    assert not any(m.tally)
 
 
 def test_connections_keep_their_high_water_mark() -> None:

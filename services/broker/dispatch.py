@@ -416,7 +416,7 @@ class Dispatch:
         if conn.write_qos0(data):
             self.seams.hooks.run("message.delivered", client_id, out)
             return True
-        self.seams.hooks.run("message.dropped", out, "slow_subscriber", client_id)
+        self.seams.hooks.run("message.dropped", out, "qos0_slow_subscriber", client_id)
         return False
 
     @staticmethod

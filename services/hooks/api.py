@@ -178,9 +178,11 @@ class Hooks:
         if chain is None:
             return
         began = perf_counter()
+        two = len(args) == 2  # the per-message points: a plain call, which the
+        a, b = args if two else (None, None)  # interpreter specialises (no *args)
         for callback in chain:
             try:
-                result = callback(*args)
+                result = callback(a, b) if two else callback(*args)
             except Exception:
                 self._failed(point, callback)
                 continue
@@ -199,10 +201,11 @@ class Hooks:
         if chain is None:
             return value
         began = perf_counter()
-        call = (*args, value)
+        one = len(args) == 1  # message.publish: (client, message), a plain call
+        a = args[0] if one else None
         for callback in chain:
             try:
-                result = callback(*call)
+                result = callback(a, value) if one else callback(*args, value)
             except Exception:
                 self._failed(point, callback)
                 continue
@@ -211,7 +214,6 @@ class Hooks:
             kind = type(result)
             if kind is Continue:
                 value = result.value
-                call = (*args, value)
             elif kind is Stop:
                 if result is not STOP:
                     value = result.value

@@ -32,6 +32,8 @@ from bench.report import Result, comparison
 from bench.scenarios import FAN_OUT_SUBSCRIBERS, SCENARIOS, plan_for, run_plan
 from bench.scrape import timed_gets
 from bench.soak import RUNNERS, EmbeddedConfig
+from bench.suback import DEFAULT_COUNT as SUBACK_COUNT
+from bench.suback import SubackConfig, run_suback
 from services.cli import CONTEXT
 from services.cli import run as run_command
 
@@ -59,6 +61,8 @@ EPILOG = """scenarios:
   fan-out  1 publisher -> 100 subscribers
   pairs    100 publisher/subscriber pairs on distinct topics
   latency  1 publisher at --rate msg/s -> 1 subscriber; p50/p99/p99.9 in ms
+  suback   1 client subscribes to new filters one at a time (each SUBACK awaited):
+           SUBACK latency p50/p99 in ms, subscriptions/s (--messages: how many)
   idle     --connections idle connections from 127.0.0.2-250; connect rate and
            the broker's RSS per connection (VmRSS of --broker-pid, or of the
            process found listening on --port); --username/--password or
@@ -138,7 +142,7 @@ PORT = _Checked("PORT", _port)
 
 
 @click.command("bench", context_settings=CONTEXT, help=__doc__.splitlines()[0], epilog=EPILOG)
-@click.argument("scenario", type=click.Choice((*SCENARIOS, "idle", *RUNNERS)),
+@click.argument("scenario", type=click.Choice((*SCENARIOS, "idle", "suback", *RUNNERS)),
                 metavar="SCENARIO")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=PORT, default=1883, show_default=True)
@@ -232,6 +236,9 @@ def _run_once(args: SimpleNamespace, host: str, port: int, pid: int | None) -> R
             duration=args.duration, data_dir=args.data_dir,
         )  # fmt: skip
         return RUNNERS[args.scenario](embedded)
+    if args.scenario == "suback":
+        count = args.messages or SUBACK_COUNT
+        return run_suback(SubackConfig(host, port, count, args.duration, version))
     if args.scenario == "idle":
         workers = args.workers or math.ceil(args.connections / PER_WORKER_MAX)
         idle = IdleConfig(

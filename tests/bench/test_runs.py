@@ -115,3 +115,11 @@ def test_spawn_mosquitto_is_the_peer(mosquitto: tuple[int, int]) -> None:
     assert peer["broker"] != ours["broker"] and peer["broker"].startswith("127.0.0.1:")
     assert ours["received"] == peer["received"] == 800
     assert (summary["ours"], summary["peer"]) == (ours["broker"], peer["broker"])
+
+
+def test_suback_times_each_new_subscription(mosquitto: tuple[int, int]) -> None:
+    [line] = bench("suback", "--port", str(mosquitto[0]), "--messages", "50", "--duration", "20")
+    assert (line["scenario"], line["sent"], line["received"]) == ("suback", 50, 50)
+    assert line["latency"]["samples"] == 50
+    assert 0 < line["latency"]["p50_ms"] <= line["latency"]["p99_ms"]
+    assert line["msg_per_s"] > 0

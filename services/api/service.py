@@ -26,7 +26,18 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from services.api import apikeys, banned, clients, dashboard, nodes, pubsub, system, trace, users
+from services.api import (
+    apikeys,
+    banned,
+    bridges,
+    clients,
+    dashboard,
+    nodes,
+    pubsub,
+    system,
+    trace,
+    users,
+)
 from services.api.context import Context
 from services.api.errors import json_response
 from services.api.keys import FileKeyStore, KeyCheck, KeyStore, RedisKeyStore, bootstrap
@@ -77,9 +88,11 @@ class Api:
         config: ApiConfig,
         drain: Callable[[], None] = signal_drain,
         cluster: Callable[[], ClusterFigures | None] = lambda: None,  # the node's, once built
+        bridge_stats: bridges.Bridges = lambda: (),  # the node's data bridges, read per request
     ) -> None:
         self.config = config
         self.cluster = cluster
+        self.bridge_stats = bridge_stats
         client = None
         if config.redis_url is None:
             self.store: KeyStore = FileKeyStore(config.data_dir)
@@ -127,6 +140,7 @@ class Api:
             *self._own(), *nodes.routes(self.ctx, watched, self.cluster), *clients.routes(self.ctx),
             *pubsub.routes(self.ctx), *banned.routes(self.ctx), *users.routes(self.users),
             *system.routes(self.system), *apikeys.routes(self.store), *trace.routes(self.ctx),
+            *bridges.routes(self.ctx, self.bridge_stats),
         ]  # fmt: skip
         return [*aiohttp_routes(self.declared, self.check), *dashboard.routes()]
 

@@ -1,35 +1,63 @@
-"""What the broker sees of the data bridges: one `Egress`, and its figures.
+"""What the node sees of the data bridges: one `Egress`, and their figures.
 
 The node that receives a PUBLISH from its client hands it to the egress
 (`services.broker.dispatch`); each message is bridged there and nowhere
-else, so once cluster-wide without any coordination between nodes.
+else, so once cluster-wide without any coordination between nodes. The
+other way (`services.bridge.ingress`) each bridge is given the broker's
+`Publish` when the node builds it. Every bridge reports its figures as one
+`BridgeStats`, plain integers taken when asked (the metrics scrape, the
+management API), never kept up to date anywhere else.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
 from services.mqtt.packets import Message
 
 Bridged: TypeAlias = "asyncio.Future[bool] | bool"  # what `Egress.publish` gives (see there)
+# A message into MQTT (`services.broker.inside`): True once routed and stored.
+Publish: TypeAlias = "Callable[[Message], asyncio.Future[bool]]"
+
+OUT = "out"  # MQTT -> Kafka ([[bridge.kafka_out]])
+IN = "in"  # Kafka -> MQTT ([[bridge.kafka_in]])
 
 
 @dataclass(frozen=True, slots=True)
 class BridgeStats:
-    """One bridge's figures since the node started, as plain integers."""
+    """One bridge's figures since the node started, as plain integers, and its
+    state (`services.bridge.health`: running, kafka_down, stopped). Out: records
+    to Kafka; in: records from Kafka published into MQTT."""
 
     name: str
-    records: int  # acknowledged by Kafka
-    bytes: int  # key + value bytes of those records
-    failures: int  # records Kafka did not take in time (sync publishers got 0x80)
-    dropped: int  # records never produced: the buffer was full or the producer failed
-    buffered_records: int  # produced, not yet acknowledged (lost if the node dies now)
+    records: int  # out: acknowledged by Kafka; in: published and routed
+    bytes: int  # out: key + value bytes of those records; in: payload bytes
+    failures: int  # out: records Kafka did not take in time (sync publishers got 0x80);
+    #   in: publishes that failed (the store or the log): published again, later
+    dropped: int  # out: never produced (buffer full, producer failed);
+    #   in: records that rendered no valid MQTT topic, skipped
+    buffered_records: int  # out: produced, not yet acknowledged (lost if the node dies now);
+    #   in: handed to MQTT, not yet routed (consumed again if the node dies now)
     buffered_bytes: int
-    latency_us_total: int  # produce to Kafka's acknowledgement, summed over `records`
-    latency_us_max: int
+    latency_us_total: int = 0  # out: produce to Kafka's acknowledgement, summed over `records`
+    latency_us_max: int = 0
+    lag: int = 0  # in: records in the assigned partitions past the committed offsets
+    direction: str = OUT
+    state: str = "running"
+
+    def figures(self) -> dict[str, int]:
+        """The integer figures of its direction by name (the metrics and the API)."""
+        skip = ONLY_IN if self.direction == OUT else ONLY_OUT
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.type == "int" and f.name not in skip}  # fmt: skip
+
+
+ONLY_OUT = frozenset({"latency_us_total", "latency_us_max"})
+ONLY_IN = frozenset({"lag"})
 
 
 class Egress(Protocol):

@@ -42,8 +42,9 @@ from typing import Any, Final
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka import admin as _admin
 
-from services.bridge.api import BridgeStats, all_true
-from services.bridge.templates import Fields, Template, envelope
+from services.bridge.api import OUT, BridgeStats, all_true
+from services.bridge.health import KafkaHealth
+from services.bridge.templates import Fields, envelope, message_template
 from services.config.bridges import KafkaOut, Mode
 from services.mqtt.packets import Message
 from services.mqtt.topics import matches
@@ -51,6 +52,7 @@ from services.mqtt.topics import matches
 log = logging.getLogger("weir.bridge")
 
 POLL_INTERVAL_S: Final = 0.05  # delivery-report poll period of a producer's thread
+STATS_INTERVAL_MS: Final = 5000  # librdkafka's statistics (the bridge's state): a small JSON
 ADMIN_TIMEOUT_S: Final = 5.0  # topic creation at start; a Kafka down then is only a warning
 CLOSE_FLUSH_S: Final = 5.0  # at stop, how long buffered records get to reach Kafka
 DROP_LOG_EVERY_S: Final = 10.0  # at most one warning about dropped records per this long
@@ -76,13 +78,14 @@ class KafkaBridge:
         self.bootstrap = bootstrap
         self.loop = loop
         self.sync = config.mode == Mode.SYNC
-        self.key = Template(config.key) if config.key else None
-        self.value = Template(config.value) if config.value is not None else None
-        self.headers = tuple((name, Template(text)) for name, text in config.headers)
+        self.key = message_template(config.key) if config.key else None
+        self.value = message_template(config.value) if config.value is not None else None
+        self.headers = tuple((name, message_template(text)) for name, text in config.headers)
         self.records = self.bytes = self.failures = self.dropped = 0
         self.buffered_records = self.buffered_bytes = 0
         self.latency_us_total = self.latency_us_max = 0
         self._dropped_logged = self._failed_logged = -DROP_LOG_EVERY_S
+        self.health = KafkaHealth()
         self._producer: Producer | None = None
         self._poller: threading.Thread | None = None
         self._stop_polling = threading.Event()
@@ -90,7 +93,7 @@ class KafkaBridge:
         self._failed = False  # a fatal producer error: rebuild before the next record
         self._rebuilding = False
         self._rebuild_task: asyncio.Task[None] | None = None
-        self._closed = False
+        self._started = self._closed = False
 
     def describe(self) -> str:
         c = self.config
@@ -104,6 +107,7 @@ class KafkaBridge:
         """The producer, and the topic if `partitions` asks for it (a Kafka
         that cannot be reached now is a warning: records wait or fail)."""
         self._producer = self._make_producer()
+        self._started = True
         if self.config.partitions:
             try:
                 await asyncio.to_thread(self._ensure_topic)
@@ -140,6 +144,8 @@ class KafkaBridge:
             "queue.buffering.max.kbytes": min(2_097_151, c.buffer_bytes // 1024 * 2),
             "queue.buffering.max.messages": MAX_QUEUED_MESSAGES,
             "error_cb": self._on_error,
+            "stats_cb": self.health.stats,
+            "statistics.interval.ms": STATS_INTERVAL_MS,
             "logger": log,
         })  # fmt: skip
         self._stop_polling = stop = threading.Event()
@@ -174,6 +180,7 @@ class KafkaBridge:
                     self.loop.call_soon_threadsafe(self._settle_reports)
 
     def _on_error(self, err: KafkaError) -> None:
+        self.health.error(err)
         if err.fatal():
             log.error("bridge %s: producer failed: %s", self.name, err)
             self._failed = True
@@ -194,12 +201,14 @@ class KafkaBridge:
             self.buffered_records -= 1
             self.buffered_bytes -= size
             if err is None:
+                self.health.ok()
                 self.records += 1
                 self.bytes += size
                 latency_us = (now - started) // 1000
                 self.latency_us_total += latency_us
                 self.latency_us_max = max(self.latency_us_max, latency_us)
             else:
+                self.health.error(err)
                 self.failures += 1
                 self._log_failure(err)
                 if err.fatal() or err.code() in FENCED:
@@ -296,6 +305,8 @@ class KafkaBridge:
             buffered_bytes=self.buffered_bytes,
             latency_us_total=self.latency_us_total,
             latency_us_max=self.latency_us_max,
+            direction=OUT,
+            state=self.health.state(self._started and not self._closed),
         )
 
 

@@ -14,6 +14,8 @@ imports run (each imports only parts above it):
   cluster-wide, and redispatch when a member leaves;
 - `dispatch.Dispatch`: PUBLISH to every matching session, shared groups
   (through `shared`), QoS 2 ordering, retained messages;
+- `inside.InsidePublish`: messages from inside the node (a Kafka -> MQTT
+  bridge) down the same path, answered by a future;
 - `subscriptions.Subscriptions`: SUBSCRIBE / UNSUBSCRIBE, retained on subscribe;
 - `wills.Wills`: wills stored with the session, published once cluster-wide;
 - `expiry.Expiry`: an offline session's end when its timer fires, logged once;
@@ -55,6 +57,7 @@ from services.broker.cm import ConnectionManager
 from services.broker.delivery import Delivery
 from services.broker.dispatch import Dispatch
 from services.broker.expiry import Expiry
+from services.broker.inside import InsidePublish
 from services.broker.logstate import LogState
 from services.broker.orphans import Orphans
 from services.broker.ports import ConnectionPort, Expiries, Flow, Session, SubOptions, Turn
@@ -175,6 +178,9 @@ class Broker:
             shared_local=shared_local,
             seams=seams,
             turn=turn,
+        )
+        self.inside = InsidePublish(
+            dispatch=dispatch, delivery=delivery, metrics=seams.metrics, loop=loop, spawn=spawn
         )
         self.subscriptions = subscriptions = Subscriptions(
             node_id=node_id,
@@ -342,6 +348,9 @@ class Broker:
 
     def publish_message(self, message: Message, store_retained: bool = True) -> int:
         return self.dispatch.publish_message(message, store_retained)
+
+    def publish_inside(self, message: Message) -> asyncio.Future[bool]:
+        return self.inside.publish(message)
 
     # -- what the cluster router calls (services.cluster.router.LocalNode) -------------
 

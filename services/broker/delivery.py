@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from services.broker.ports import ConnectionPort, Session, Turn, now_ms
+from services.broker.ports import Answered, ConnectionPort, Session, Turn, now_ms
 from services.broker.stores import DurablePartFailed
 from services.hooks.api import Hooks
 from services.metrics.registry import Metrics
@@ -52,7 +52,7 @@ from services.session.api import Fenced, SessionError
 log = logging.getLogger("weir.delivery")
 
 Token = tuple[
-    "ConnectionPort",
+    "Answered",
     int,
     bool,
     "asyncio.Future[bool] | None",
@@ -143,7 +143,7 @@ class Delivery:
 
     def token(
         self,
-        conn: ConnectionPort,
+        conn: Answered,
         token: int,
         no_subscribers: bool,
         gate: asyncio.Future[bool] | None = None,
@@ -188,7 +188,7 @@ class Delivery:
 
     @staticmethod
     async def _answer_gated(
-        conn: ConnectionPort, token: int, no_subs: bool, ok: bool, gate: asyncio.Future[bool]
+        conn: Answered, token: int, no_subs: bool, ok: bool, gate: asyncio.Future[bool]
     ) -> None:
         gated = await gate
         conn.routed(token, ok and gated, no_subs)

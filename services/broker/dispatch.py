@@ -22,6 +22,8 @@ that of a message a sync data bridge takes waits for Kafka the same way
 (`seams.egress`; a QoS 2 message is bridged before its packet id is stored).
 The connection whose packets are in hand is `publisher` (set by the
 connection), so a subscriber that cannot keep up can hold it back.
+A message from inside the node (a Kafka -> MQTT bridge) takes the same path
+after authorization (`services.broker.inside`).
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ class Dispatch:
             if not delivered:
                 self.seams.metrics.messages_dropped["no_subscribers"] += 1
             gate = self.loop.create_future()
-            self.spawn(self._retain_gate(message, gate))
+            self.spawn(self.retain_gate(message, gate))
             gate = gate if kafka is None else all_true((gate, kafka))
             none = delivered == 0 and bridged is False
             self.delivery.token(conn, route.token, none, gate, since=since)
@@ -210,7 +212,7 @@ class Dispatch:
                 return dataclasses.replace(route, message=changed)
         return route
 
-    async def _retain_gate(self, message: Message, gate: asyncio.Future[bool]) -> None:
+    async def retain_gate(self, message: Message, gate: asyncio.Future[bool]) -> None:
         ok = False
         try:
             ok = await self.set_retained(message)
@@ -268,7 +270,7 @@ class Dispatch:
         gate: asyncio.Future[bool] | None = None
         if message.retain and route.token is not None:
             gate = self.loop.create_future()
-            self.spawn(self._retain_gate(message, gate))
+            self.spawn(self.retain_gate(message, gate))
         since = self.delivery.batched
         deferred: list[Callable[[], object]] = []
         self._deferred = deferred

@@ -228,6 +228,18 @@ class PeerGate:
             publisher.unblock(self)
 
 
+class Answered(Protocol):
+    """Who hears whether a PUBLISH was routed (`delivery.Delivery.token`): a
+    client's connection (its PUBACK / PUBREC), or a publisher inside the node
+    (`dispatch.Inside`: a future)."""
+
+    def routed(
+        self, token: int, ok: bool, no_subscribers: bool, reason_code: int | None = None
+    ) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class ConnectionPort(Protocol):
     """What a connection offers the broker's parts."""
 

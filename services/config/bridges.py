@@ -1,7 +1,8 @@
-"""Data bridge settings: `[[bridge.kafka_out]]` tables, part of `services.config`.
+"""Data bridge settings: `[[bridge.kafka_out]]` and `[[bridge.kafka_in]]`
+tables, part of `services.config`.
 
-Theory of operation. Each table maps an MQTT topic filter to a Kafka topic
-(`services.bridge` does the work):
+Theory of operation. Each kafka_out table maps an MQTT topic filter to a
+Kafka topic (`services.bridge` does the work):
 
     [[bridge.kafka_out]]
     name = "telemetry"
@@ -13,12 +14,26 @@ Theory of operation. Each table maps an MQTT topic filter to a Kafka topic
     mode = "sync"                    # sync | async
     bootstrap = "kafka:9092"         # default: the event log's Kafka
 
-Templates are text with `${variable}` in it; the variables are `VARIABLES`
-and `${user_property.NAME}` (the message's first user property NAME, empty
-if it has none). This module only checks them (an unknown variable, an
-unclosed `${`: one line naming the table); `services.bridge.templates`
-renders them. A filter is checked here by the MQTT rules, written out again
-because config sits below the protocol package and may not import it.
+Each kafka_in table maps Kafka topics to MQTT messages:
+
+    [[bridge.kafka_in]]
+    name = "commands"
+    topics = ["device-commands"]     # Kafka topics, consumed by one group
+    mqtt_topic = "devices/${key}/cmd"
+    qos = 1
+    retain = false
+    payload = "${value}"             # default: the record's value
+    group = "weir-bridge-commands"   # default: weir-bridge-<name>
+    bootstrap = "kafka:9092"         # default: the event log's Kafka
+
+Templates are text with `${variable}` in it. A kafka_out template names
+`VARIABLES` and `${user_property.NAME}` (the message's first user property
+NAME, empty if it has none); a kafka_in template names `RECORD_VARIABLES`
+and `${header.NAME}` (the record's first header NAME). This module only
+checks them (an unknown variable, an unclosed `${`: one line naming the
+table); `services.bridge.templates` renders them. A filter is checked here
+by the MQTT rules, written out again because config sits below the protocol
+package and may not import it.
 """
 
 from __future__ import annotations
@@ -27,13 +42,15 @@ import enum
 import re
 from typing import Annotated, Any, Final
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 from pydantic.dataclasses import dataclass
 
 from services.config.declare import FROZEN, Bool, Int, KafkaBootstrap, Seconds, Text, opt
 
 VARIABLES: Final = ("clientid", "username", "topic", "payload", "qos", "retain", "timestamp")
 USER_PROPERTY: Final = "user_property."  # ${user_property.NAME}
+RECORD_VARIABLES: Final = ("key", "value", "payload", "topic", "partition", "offset", "timestamp")
+HEADER: Final = "header."  # ${header.NAME}
 TEMPLATE_VARIABLE: Final = re.compile(r"\$\{([^}]*)\}")
 KAFKA_TOPIC: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's own rule for topic names
 
@@ -61,20 +78,39 @@ class Compression(enum.StrEnum):  # librdkafka's compression.type
     ZSTD = "zstd"
 
 
-def check_template(text: str) -> str:
-    """`text` if every `${...}` in it names a variable; ValueError (one line) if not."""
+def check_template(
+    text: str, variables: tuple[str, ...] = VARIABLES, prefix: str = USER_PROPERTY
+) -> str:
+    """`text` if every `${...}` in it names one of `variables` or `prefix`NAME;
+    ValueError (one line) if not."""
     for found in TEMPLATE_VARIABLE.finditer(text):
         name = found.group(1)
-        if name in VARIABLES:
+        if name in variables:
             continue
-        if name.startswith(USER_PROPERTY) and len(name) > len(USER_PROPERTY):
+        if name.startswith(prefix) and len(name) > len(prefix):
             continue
-        known = ", ".join(VARIABLES)
-        raise ValueError(
-            f"unknown template variable ${{{name}}} (known: {known}, user_property.NAME)"
-        )
+        known = ", ".join(variables)
+        raise ValueError(f"unknown template variable ${{{name}}} (known: {known}, {prefix}NAME)")
     if "${" in TEMPLATE_VARIABLE.sub("", text):
         raise ValueError(f"unclosed ${{ in template {text!r}")
+    return text
+
+
+def check_record_template(text: str) -> str:
+    """A kafka_in template: the record's variables (`RECORD_VARIABLES`, header.NAME)."""
+    return check_template(text, RECORD_VARIABLES, HEADER)
+
+
+def check_topic_template(text: str) -> str:
+    """An MQTT topic template: a record template whose literal text is a valid
+    topic name (no wildcard, no U+0000); what the variables render is checked
+    per record (a record that renders no valid topic is skipped and counted)."""
+    check_record_template(text)
+    literal = TEMPLATE_VARIABLE.sub("x", text)
+    if "+" in literal or "#" in literal or "\x00" in literal:
+        raise ValueError(f"mqtt_topic {text!r}: a topic name has no wildcard or U+0000")
+    if literal.startswith("$"):
+        raise ValueError(f"mqtt_topic {text!r}: $ topics are the broker's")
     return text
 
 
@@ -110,6 +146,8 @@ def _headers(raw: Any) -> Any:
 
 
 Template = Annotated[str, AfterValidator(check_template)]
+RecordTemplate = Annotated[str, AfterValidator(check_record_template)]
+TopicTemplate = Annotated[str, Field(min_length=1), AfterValidator(check_topic_template)]
 Filter = Annotated[str, AfterValidator(check_filter)]
 KafkaTopic = Annotated[str, AfterValidator(_kafka_topic)]
 Headers = Annotated[tuple[tuple[str, Template], ...], BeforeValidator(_headers)]
@@ -141,25 +179,74 @@ class KafkaOut:
         return SYNC_TIMEOUT_S if self.mode == Mode.SYNC else ASYNC_TIMEOUT_S
 
 
-def _named(raw: Any) -> Any:
-    """Each table names itself, and no two share a name (the metrics are per name)."""
-    if isinstance(raw, list):
-        seen: set[str] = set()
-        for number, table in enumerate(raw, start=1):
-            if isinstance(table, dict):
-                name = table.get("name")
-                if name is None:
-                    raise ValueError(f"bridge.kafka_out {number}: needs a name")
-                if name in seen:
-                    raise ValueError(f"two bridges are named {name!r}")
-                seen.add(str(name))
-    return raw
+class OffsetReset(enum.StrEnum):  # where a group with no committed offset starts
+    EARLIEST = "earliest"  # the start of each partition (the default: see KafkaIn)
+    LATEST = "latest"  # records produced from now on (not on the embedded Kafka)
+
+
+DEFAULT_INFLIGHT: Final = 1000  # records of one kafka_in bridge handed to MQTT and not yet
+#   routed (stored for persistent subscribers); past it the consumer pauses its partitions
+DEFAULT_SESSION_TIMEOUT_S: Final = 6.0  # a dead node's partitions go to another after this;
+#   also how long the embedded Kafka makes a group join wait (about half of it)
+DEFAULT_FETCH_WAIT_MS: Final = 100  # a fetch with no records waits this long for some
+
+
+@dataclass(frozen=True, slots=True, config=FROZEN)
+class KafkaIn:
+    """One `[[bridge.kafka_in]]` table: records of Kafka `topics` as MQTT messages."""
+
+    name: Text
+    topics: Annotated[tuple[KafkaTopic, ...], Field(min_length=1)]
+    mqtt_topic: TopicTemplate
+    qos: Annotated[Int, Field(ge=0, le=2)] = 1
+    retain: Bool = False
+    payload: RecordTemplate = "${value}"
+    bootstrap: KafkaBootstrap | None = None  # None: the event log's Kafka
+    group: Text | None = None  # None: weir-bridge-<name>
+    # A group with no committed offset starts at the beginning: "latest" relies on
+    # ListOffsets, which the embedded Kafka gets wrong (KAFKA-NOTES.md).
+    offset_reset: OffsetReset = OffsetReset.EARLIEST
+    max_inflight: Annotated[Int, Field(ge=1, le=1_000_000)] = DEFAULT_INFLIGHT
+    session_timeout_s: Annotated[Seconds, Field(ge=1.0, le=300.0)] = DEFAULT_SESSION_TIMEOUT_S
+    fetch_wait_ms: Annotated[Int, Field(ge=1, le=10_000)] = DEFAULT_FETCH_WAIT_MS
+
+    @property
+    def group_id(self) -> str:
+        return self.group or f"weir-bridge-{self.name}"
+
+
+def _named(kind: str) -> Any:
+    def check(raw: Any) -> Any:
+        """Each table names itself, and no two share a name (the metrics are per name)."""
+        if isinstance(raw, list):
+            seen: set[str] = set()
+            for number, table in enumerate(raw, start=1):
+                if isinstance(table, dict):
+                    name = table.get("name")
+                    if name is None:
+                        raise ValueError(f"bridge.{kind} {number}: needs a name")
+                    if name in seen:
+                        raise ValueError(f"two bridges are named {name!r}")
+                    seen.add(str(name))
+        return raw
+
+    return check
 
 
 @dataclass(frozen=True, slots=True, config=FROZEN)
 class Bridges:
     """The [bridge] section: its tables."""
 
-    kafka_out: Annotated[tuple[KafkaOut, ...], BeforeValidator(_named)] = opt(
+    kafka_out: Annotated[tuple[KafkaOut, ...], BeforeValidator(_named("kafka_out"))] = opt(
         (), "the config file's [[bridge.kafka_out]] tables (docs/bridges.md)", flag=False
     )
+    kafka_in: Annotated[tuple[KafkaIn, ...], BeforeValidator(_named("kafka_in"))] = opt(
+        (), "the config file's [[bridge.kafka_in]] tables (docs/bridges.md)", flag=False
+    )
+
+    @model_validator(mode="after")
+    def _names_unique_across_kinds(self) -> Bridges:
+        both = {b.name for b in self.kafka_out} & {b.name for b in self.kafka_in}
+        if both:
+            raise ValueError(f"two bridges are named {sorted(both)[0]!r}")
+        return self

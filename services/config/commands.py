@@ -140,6 +140,22 @@ TABLES = """
 # timeout_s = 5.0           # a record's wait for Kafka (default: sync 5, async 60)
 # partitions = 8            # of a topic the bridge creates (0: never creates it)
 
+# [[bridge.kafka_in]] tables: Kafka records to MQTT messages (docs/bridges.md).
+# [[bridge.kafka_in]]
+# name = "commands"
+# topics = ["device-commands"]        # Kafka topics; one consumer group across the nodes,
+#                                     # so each record is published once cluster-wide
+# mqtt_topic = "devices/${key}/cmd"   # templates: ${key} ${value} ${payload} ${topic}
+# payload = "${value}"                #   ${partition} ${offset} ${timestamp} ${header.NAME}
+# qos = 1
+# retain = false
+# group = "weir-bridge-commands"      # default: weir-bridge-<name>
+# bootstrap = "kafka:9092"            # default: the event log's Kafka
+# offset_reset = "earliest"           # where a new group starts: earliest | latest
+# max_inflight = 1000                 # records published and not yet routed, at most
+# session_timeout_s = 6.0             # a dead node's partitions move after this
+# fetch_wait_ms = 100                 # a fetch waits this long for records
+
 # [[plugin]] tables: plugins loaded by `weir up`, in order (docs/plugins.md).
 # [[plugin]]
 # name = "topic_rewrite"    # an entry point of group weir.plugins, or "module:attr"
@@ -153,7 +169,7 @@ TABLES = """
 """
 
 _NOT_IN_FILE = ("listeners.tables", "auth", "listeners.ports",  # tables below; per node
-                "bridge.kafka_out", "plugin")
+                "bridge.kafka_out", "bridge.kafka_in", "plugin")
 
 
 def example_toml() -> str:

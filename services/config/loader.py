@@ -151,7 +151,7 @@ def _one_line(exc: ValidationError, values: Mapping[str, Any], sources: Mapping[
 
 
 _TABLES = {"listeners.tables": "[[listener]]", "auth": "[[auth]]",
-           "bridge.kafka_out": "bridge"}  # fmt: skip
+           "bridge.kafka_out": "bridge", "bridge.kafka_in": "bridge"}  # fmt: skip
 
 
 def _in_table(kind: str, raw: Any, inner: list[str], message: str, source: str | None) -> str:

@@ -3,8 +3,9 @@
 Each field is one option: its type and bounds validate it, `opt()` gives
 its help, unit, WEIR_* variable and flag (`services.config.declare`). The
 TOML key is the dotted path: `node_id`, `[listeners] mqtt_port`,
-`[limits] queue_limit`; `[[listener]]`, `[[auth]]` and `[[bridge.kafka_out]]`
-tables fill `listeners.tables`, `auth` and `bridge.kafka_out`. Rules across
+`[limits] queue_limit`; `[[listener]]`, `[[auth]]`, `[[bridge.kafka_out]]`
+and `[[bridge.kafka_in]]` tables fill `listeners.tables`, `auth` and
+`bridge.*`. Rules across
 fields are model validators here, so a file, the environment, the flags and `weir config check` all
 get them. Every limit is a named constant with its unit and why.
 """
@@ -21,7 +22,7 @@ from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
 
 from services.config.auth import AuthBackend, AuthKind, chain
-from services.config.bridges import Bridges
+from services.config.bridges import Bridges, KafkaIn, KafkaOut
 from services.config.declare import (
     FROZEN,
     Bool,
@@ -327,7 +328,8 @@ class Settings:
             raise ValueError("--acl-redis / --auth-redis need Redis; --backend memory has none")
         if self.limits.rate_storage == RateStorage.REDIS:
             raise ValueError("--rate-storage redis needs Redis; --backend memory has none")
-        for bridge in self.bridge.kafka_out:
+        tables: list[KafkaOut | KafkaIn] = [*self.bridge.kafka_out, *self.bridge.kafka_in]
+        for bridge in tables:
             if bridge.bootstrap is None:
                 raise ValueError(f"bridge {bridge.name!r} needs a bootstrap: --backend memory "
                                  "has no Kafka of its own")  # fmt: skip

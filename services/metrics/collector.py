@@ -7,7 +7,9 @@ only it knows), then reads every field of `Metrics` into a metric family
 (`weir_<field>`, counters with `_total`) and the process's figures into the
 names every Prometheus client library uses (`process_cpu_seconds_total`,
 `process_resident_memory_bytes`, `process_open_fds`, ...), so the
-dashboards written for them work unchanged.
+dashboards written for them work unchanged. The data bridges' figures come
+as `weir_bridge_<figure>{bridge, direction}` and `weir_bridge_up` (1 while
+a bridge runs and reaches Kafka).
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, gener
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from services.metrics.process import ProcessFigures, read_process
-from services.metrics.registry import Family, Metrics, Refresh, samples
+from services.metrics.registry import (
+    BRIDGE_FIGURES,
+    BridgeFigures,
+    Family,
+    Metrics,
+    Refresh,
+    samples,
+)
 
 
 class NodeCollector:
@@ -48,7 +57,25 @@ class NodeCollector:
         yield info
         for family, value in samples(self.metrics):
             yield _family(family, value)
+        if self.metrics.bridges:
+            yield from _bridges(self.metrics.bridges)
         yield from _process(self.process())
+
+
+def _bridges(bridges: list[BridgeFigures]) -> Iterator[Metric]:
+    labels = ["bridge", "direction"]
+    up = GaugeMetricFamily("weir_bridge_up", "1: the data bridge runs and reaches Kafka; "
+                           "0: Kafka is down or the bridge stopped", labels=labels)  # fmt: skip
+    for bridge in bridges:
+        up.add_metric([bridge.name, bridge.direction], int(bridge.state == "running"))
+    yield up
+    for figure, (kind, help) in BRIDGE_FIGURES.items():
+        make = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+        metric = make(f"weir_bridge_{figure}", help, labels=labels)
+        for bridge in bridges:
+            if figure in bridge.figures:
+                metric.add_metric([bridge.name, bridge.direction], bridge.figures[figure])
+        yield metric
 
 
 def _family(family: Family, value: int | float | dict[object, int | float]) -> Metric:

@@ -83,6 +83,37 @@ _TALLIED: Final = (  # slot -> the family it is folded into
 
 Kind = Literal["counter", "gauge"]
 
+# Per data bridge (`services.bridge`), labelled by bridge name and direction
+# (out: MQTT -> Kafka, in: Kafka -> MQTT): `weir_bridge_<figure>`. The bridges
+# keep these as plain integers of their own; the node copies them into
+# `Metrics.bridges` only when the figures are read (`Refresh`).
+BRIDGE_FIGURES: Final[dict[str, tuple[Kind, str]]] = {
+    "records": ("counter", "out: records Kafka acknowledged; in: records published into "
+                "MQTT and routed"),
+    "bytes": ("counter", "out: key + value bytes acknowledged; in: payload bytes routed"),
+    "failures": ("counter", "out: records Kafka did not take in time; in: publishes that "
+                 "failed (retried)"),
+    "dropped": ("counter", "out: records never produced (buffer full, producer replaced); "
+                "in: records with no valid MQTT topic, skipped"),
+    "buffered_records": ("gauge", "out: records waiting for Kafka's acknowledgement; in: "
+                         "records published and not yet routed"),
+    "buffered_bytes": ("gauge", "bytes of the buffered records"),
+    "latency_us_total": ("counter", "out: microseconds from produce to Kafka's "
+                         "acknowledgement, summed over the records"),
+    "latency_us_max": ("gauge", "out: the longest produce-to-acknowledgement, microseconds"),
+    "lag": ("gauge", "in: records in the assigned partitions past the committed offsets"),
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeFigures:
+    """One data bridge's figures as the node read them (`BRIDGE_FIGURES`)."""
+
+    name: str
+    direction: str  # out | in
+    state: str  # running | kafka_down | stopped
+    figures: dict[str, int]
+
 
 @dataclass(frozen=True, slots=True)
 class Family:
@@ -207,6 +238,7 @@ class Metrics:
             for qos in QOS:
                 family[qos] += tally[slot + qos]
         tally[:] = [0] * len(tally)
+    bridges: list[BridgeFigures] = field(default_factory=list)  # filled by `Refresh`
 
     def connected(self) -> None:
         """A connection was accepted: count it and keep the high-water mark."""

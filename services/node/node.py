@@ -28,9 +28,11 @@ import gc
 import importlib.metadata
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.api.keys import read_key_file
 from services.api.service import Api, ApiConfig
+from services.bridge.api import BridgeStats
 from services.broker.broker import Broker
 from services.broker.ports import Flow
 from services.broker.seams import Seams
@@ -44,7 +46,7 @@ from services.listener.connection import Connection
 from services.listener.listeners import Listener
 from services.listener.websocket import WebSocketProtocol
 from services.metrics.cluster import ClusterFigures, FigureStore, MemoryFigures
-from services.metrics.registry import Metrics
+from services.metrics.registry import BridgeFigures, Metrics
 from services.metrics.service import MetricsService
 from services.metrics.systopics import ClientEvents
 from services.metrics.trace import Tracer
@@ -57,6 +59,9 @@ from services.retain.api import RetainStore
 from services.session.api import SessionStore, WillStore
 from services.session.memory import MemoryWillStore
 from services.state.store import StateStore
+
+if TYPE_CHECKING:
+    from services.bridge.ingress import KafkaIngresses
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +162,7 @@ class Node:
         self.tracer = Tracer(Path(settings.data_dir) / "trace", settings.node_id)
         self.client_events: ClientEvents | None = None  # --sys-client-events
         self.cluster_figures: ClusterFigures | None = None  # the sum over live nodes
+        self.ingress: KafkaIngresses | None = None  # [[bridge.kafka_in]], once the node is up
 
     async def start(self) -> None:
         """Bind the listeners; raises OSError (e.g. port in use) with nothing left open."""
@@ -197,13 +203,14 @@ class Node:
         self.listeners = open_listeners(settings, broker, self.services.seams.metrics)
         if settings.http_port is not None:
             config = api_config(settings, self.services, self.version)
-            self.api = Api(broker, self.listeners, config, cluster=lambda: self.cluster_figures)
+            self.api = Api(broker, self.listeners, config, cluster=lambda: self.cluster_figures,
+                           bridge_stats=self.bridge_stats)  # fmt: skip
             await self.api.start()  # the key file's keys, before the port answers
         self.metrics_service = MetricsService(
             broker.metrics, settings.node_id, self.version, broker.publish_sys,
             http_host=settings.http_host, http_port=settings.http_port,
             sys_interval_s=settings.sys_interval_s,
-            max_connections=settings.limits.max_connections, refresh=broker.figures,
+            max_connections=settings.limits.max_connections, refresh=self._figures,
             routes=self.api.routes if self.api is not None else None,
             http_ssl=http_ssl_context(settings.http_certfile, settings.http_keyfile)
             if settings.http_certfile and settings.http_keyfile else None,
@@ -236,6 +243,35 @@ class Node:
             settings.sys_interval_s, refresh=self.metrics_service.figures,
         )  # fmt: skip
         self.cluster_figures.start(loop)
+        await self._start_ingress(broker, loop)
+
+    async def _start_ingress(self, broker: Broker, loop: asyncio.AbstractEventLoop) -> None:
+        """The Kafka -> MQTT bridges, last: their messages need every route the
+        log holds (replayed above), or a persistent subscriber would miss one
+        whose offset is then committed."""
+        tables = self.settings.bridge.kafka_in
+        if not tables:
+            return
+        from services.bridge.ingress import KafkaIngresses
+
+        bootstrap = self.services.endpoints[1] if self.services.endpoints else None
+        self.ingress = KafkaIngresses.build(tables, bootstrap, broker.publish_inside, loop)
+        await self.ingress.start()
+        for bridge in self.ingress.bridges:
+            print(f"weir: {bridge.describe()}", flush=True)
+
+    def bridge_stats(self) -> list[BridgeStats]:
+        """Every data bridge's figures and state: out (the egress), then in."""
+        egress = self.services.seams.egress
+        out = egress.stats() if egress is not None else []
+        return [*out, *(self.ingress.stats() if self.ingress is not None else [])]
+
+    def _figures(self, m: Metrics) -> None:
+        """What the metrics read: the broker's gauges, the bridges' figures."""
+        if self.broker is not None:
+            self.broker.figures(m)
+        m.bridges = [BridgeFigures(s.name, s.direction, s.state, s.figures())
+                     for s in self.bridge_stats()]  # fmt: skip
 
     def _client_events(self, broker: Broker) -> None:
         """$SYS/.../clients/<id>/connected|disconnected, on the client hook points."""
@@ -265,6 +301,8 @@ class Node:
     ) -> None:
         """Stop; a drain passes 0x9C "use another server" and the 5.0 Server Reference."""
         broker = self.broker
+        if self.ingress is not None:  # first: what it has in flight is routed, then committed
+            await self.ingress.close()
         for listener in self.listeners:
             listener.close()
         if self.metrics_service is not None:

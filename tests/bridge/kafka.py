@@ -70,3 +70,34 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
     h = (h * m) & 0xFFFFFFFF
     h ^= h >> 15
     return (h & 0x7FFFFFFF) % partitions
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=partitions)])[topic].result(timeout=10)
+
+
+def produce(bootstrap: str, topic: str,
+            records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]]) -> None:
+    """(key, value, headers) records, keyed as Java clients key them, all acknowledged."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random",
+                         "enable.idempotence": True, "linger.ms": 1})  # fmt: skip
+    for key, value, headers in records:
+        producer.produce(topic, value, key, headers=headers or None)
+    assert producer.flush(30) == 0, "records not acknowledged by Kafka"
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """The group's committed offset per partition (-1001: none)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                         "enable.auto.commit": False})  # fmt: skip
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in range(partitions)],
+                                   timeout=10)  # fmt: skip
+        return {tp.partition: tp.offset for tp in found}
+    finally:
+        consumer.close()

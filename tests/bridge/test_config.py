@@ -1,4 +1,5 @@
-"""`[[bridge.kafka_out]]` tables: read into settings; a bad one is one line, exit 2."""
+"""`[[bridge.kafka_out]]` and `[[bridge.kafka_in]]` tables: read into settings;
+a bad one is one line, exit 2."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from services.config import SettingsError, load
-from services.config.bridges import ASYNC_TIMEOUT_S, DEFAULT_KEY, SYNC_TIMEOUT_S, Mode
+from services.config.bridges import (
+    ASYNC_TIMEOUT_S,
+    DEFAULT_INFLIGHT,
+    DEFAULT_KEY,
+    SYNC_TIMEOUT_S,
+    Mode,
+    OffsetReset,
+)
 
 GOOD = """
 [[bridge.kafka_out]]
@@ -97,3 +105,60 @@ def test_the_command_line_says_one_line_and_exits_2(tmp_path: Path, command: lis
     assert done.returncode == 2, done
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "bridge 'b': mode: must be one of" in lines[0], done.stderr
+
+
+IN_TABLE = '[[bridge.kafka_in]]\nname = "c"\ntopics = ["cmds"]\nmqtt_topic = "d/${key}/cmd"\n'
+
+
+def test_an_in_table_is_read_with_its_defaults(tmp_path: Path) -> None:
+    text = IN_TABLE + 'payload = "${header.verb}:${value}"\nqos = 2\nretain = true\n'
+    (table,) = load({"config": write(tmp_path, text)}, env={}).bridge.kafka_in
+    assert table.topics == ("cmds",) and table.mqtt_topic == "d/${key}/cmd"
+    assert table.qos == 2 and table.retain and table.payload == "${header.verb}:${value}"
+    assert table.group_id == "weir-bridge-c" and table.bootstrap is None
+    assert table.offset_reset == OffsetReset.EARLIEST and table.max_inflight == DEFAULT_INFLIGHT
+    (plain,) = load({"config": write(tmp_path, IN_TABLE)}, env={}).bridge.kafka_in
+    assert plain.payload == "${value}" and plain.qos == 1 and not plain.retain
+
+
+BAD_IN = [
+    ('mqtt_topic = "d/${clientid}"', "bridge 'c': mqtt_topic: unknown template variable "
+     "${clientid} (known: key, value, payload, topic, partition, offset, timestamp, header.NAME)"),
+    ('mqtt_topic = "d/+/${key}"', "bridge 'c': mqtt_topic: mqtt_topic 'd/+/${key}': a topic "
+     "name has no wildcard"),
+    ('mqtt_topic = "$SYS/${key}"', "bridge 'c': mqtt_topic: mqtt_topic '$SYS/${key}': $ topics "
+     "are the broker's"),
+    ('mqtt_topic = ""', "bridge 'c': mqtt_topic: String should have at least 1 character"),
+    ('payload = "${value"', "bridge 'c': payload: unclosed ${"),
+    ('topics = []', "bridge 'c': topics: Tuple should have at least 1 item"),
+    ('topics = ["a b"]', "bridge 'c': topics: topic 'a b': a Kafka topic is 1-249 of"),
+    ('qos = 3', "bridge 'c': qos: Input should be less than or equal to 2"),
+    ('offset_reset = "middle"', "bridge 'c': offset_reset: must be one of 'earliest' or 'latest'"),
+    ('bootstrap = "nowhere"', "bridge 'c': bootstrap: expected HOST:PORT"),
+    ('filter = "t/#"', "bridge 'c': unknown key 'filter'"),
+    ('max_inflight = 0', "bridge 'c': max_inflight: Input should be greater than or equal to 1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("extra", "error"), BAD_IN)
+def test_a_bad_in_table_is_one_line(tmp_path: Path, extra: str, error: str) -> None:
+    key = extra.partition(" = ")[0]
+    lines = [line for line in IN_TABLE.splitlines() if not line.startswith(f"{key} =")]
+    with pytest.raises(SettingsError) as caught:
+        load({"config": write(tmp_path, "\n".join([*lines, extra]) + "\n")}, env={})
+    message = str(caught.value)
+    assert "\n" not in message
+    assert error in message, message
+
+
+def test_in_tables_are_named_once_across_both_kinds(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=r"bridge\.kafka_in 1: needs a name"):
+        load({"config": write(tmp_path, IN_TABLE.replace('name = "c"\n', ""))}, env={})
+    with pytest.raises(SettingsError, match="two bridges are named 'c'"):
+        load({"config": write(tmp_path, IN_TABLE + IN_TABLE)}, env={})
+    out = TABLE.replace('name = "b"', 'name = "c"')
+    with pytest.raises(SettingsError, match="two bridges are named 'c'") as caught:
+        load({"config": write(tmp_path, out + IN_TABLE)}, env={})
+    assert "\n" not in str(caught.value)
+    with pytest.raises(SettingsError, match="bridge 'c' needs a bootstrap"):
+        load({"config": write(tmp_path, IN_TABLE), "backend": "memory"}, env={})

@@ -1,4 +1,5 @@
-"""Templates of a bridge's key, value and headers: what each variable renders."""
+"""Templates of a bridge: a kafka_out record's key, value and headers from a
+message, a kafka_in message's topic and payload from a record."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import json
 
 import pytest
 
-from services.bridge.templates import Fields, Template, envelope
-from services.config.bridges import check_template
+from services.bridge.templates import Fields, Record, envelope, message_template, record_template
+from services.config.bridges import check_record_template, check_template, check_topic_template
 from services.mqtt.packets import Message, Properties
 
 PROPS = Properties(user_property=(("dev", "d-1"), ("site", "lyon"), ("dev", "second")))
@@ -35,15 +36,15 @@ FIELDS = Fields(MESSAGE, "alice", 1_700_000_000_123)
 )
 def test_a_template_renders_its_variables(text: str, rendered: bytes) -> None:
     assert check_template(text) == text
-    assert Template(text).render(FIELDS) == rendered
+    assert message_template(text).render(FIELDS) == rendered
 
 
 def test_a_payload_template_hands_the_payload_on_as_it_is() -> None:
-    assert Template("${payload}").render(FIELDS) is MESSAGE.payload
+    assert message_template("${payload}").render(FIELDS) is MESSAGE.payload
 
 
 def test_no_username_renders_empty() -> None:
-    assert Template("[${username}]").render(Fields(MESSAGE, None, 0)) == b"[]"
+    assert message_template("[${username}]").render(Fields(MESSAGE, None, 0)) == b"[]"
 
 
 @pytest.mark.parametrize(
@@ -71,3 +72,46 @@ def test_the_envelope_is_json_with_the_message_and_its_sender() -> None:
     binary = json.loads(envelope(FIELDS))
     assert binary["payload"] == "AP9yYXc=" and binary["payload_encoding"] == "base64"
     assert binary["username"] == "alice" and binary["retain"] is True
+
+
+RECORD = Record("cmds", 3, 42, b"dev-7", b"\x01on", 1_700_000_000_456,
+                (("trace", b"t-1"), ("via", b"x"), ("trace", b"t-2")))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "rendered"),
+    [
+        ("devices/${key}/cmd", b"devices/dev-7/cmd"),
+        ("${value}", b"\x01on"),
+        ("${payload}", b"\x01on"),
+        ("${topic}:${partition}:${offset}", b"cmds:3:42"),
+        ("${timestamp}", b"1700000000456"),
+        ("${header.trace}", b"t-1"),  # the first of a repeated header
+        ("${header.none}", b""),
+    ],
+)
+def test_a_record_template_renders_its_variables(text: str, rendered: bytes) -> None:
+    assert check_record_template(text) == text
+    assert record_template(text).render(RECORD) == rendered
+
+
+def test_a_record_without_a_key_renders_it_empty() -> None:
+    keyless = Record("t", 0, 0, None, b"v", 0)
+    assert record_template("k/${key}/x").render(keyless) == b"k//x"
+    assert record_template("${value}").render(keyless) is keyless.value
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("${clientid}", "unknown template variable ${clientid}"),  # a message's, not a record's
+        ("${user_property.a}", "unknown template variable ${user_property.a}"),
+        ("d/+/${key}", "a topic name has no wildcard"),
+        ("d/${key}/#", "a topic name has no wildcard"),
+        ("$SYS/${key}", "$ topics are the broker's"),
+    ],
+)
+def test_a_bad_topic_template_is_one_line(text: str, error: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        check_topic_template(text)
+    assert error in str(caught.value) and "\n" not in str(caught.value)

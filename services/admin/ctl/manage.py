@@ -1,4 +1,4 @@
-"""`weir ctl` on bans, API keys, alarms, nodes and the cluster."""
+"""`weir ctl` on bans, API keys, alarms, nodes, the cluster and the data bridges."""
 
 from __future__ import annotations
 
@@ -182,3 +182,31 @@ def cluster_processes(c: Ctl, /) -> None:
 def stats(c: Ctl, /) -> None:
     answer = c.call("GET", "/stats")
     c.out.record(answer if c.out.as_json else answer[0])
+
+
+# -- data bridges ----------------------------------------------------------------------
+
+BRIDGE_COLUMNS = [("name", "bridge"), ("direction", "dir"), ("status", "status"),
+                  ("records", "records"), ("failures", "failures"), ("dropped", "dropped"),
+                  ("buffered_records", "in flight"), ("lag", "lag"),
+                  ("latency", "mean latency")]  # fmt: skip
+
+
+def _bridge_row(bridge: dict[str, Any]) -> dict[str, Any]:
+    """One line per bridge: its figures flat, the mean latency in ms (out only)."""
+    figures = bridge.get("metrics") or {}
+    row = {**bridge, **figures}
+    records, total = figures.get("records"), figures.get("latency_us_total")
+    if bridge.get("direction") == "out" and isinstance(total, int) and records:
+        row["latency"] = f"{total / records / 1000:.2f} ms"
+    if bridge.get("direction") == "out":
+        row["lag"] = ""
+    return row
+
+
+@ctl.command("bridges", help="the answering node's data bridges: state and figures")
+@pass_ctl
+def bridges(c: Ctl, /) -> None:
+    answer = c.call("GET", "/bridges")
+    c.out.rows(answer if c.out.as_json else [_bridge_row(b) for b in answer], BRIDGE_COLUMNS,
+               "bridges")  # fmt: skip

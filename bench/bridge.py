@@ -1,6 +1,7 @@
 """QoS 1 through a Kafka bridge: throughput and PUBACK latency, per bridge mode.
 
     python -m bench.bridge [--seconds 5] [--publishers 4] [--window 32] [--payload 64]
+    python -m bench.bridge --modes in [--records 20000]
 
 For each mode (no bridge, async, sync) a fresh `weir up` (embedded Redis and
 Kafka, a bridge table for `bench/#` unless "none") runs on a free port, and
@@ -8,6 +9,13 @@ Kafka, a bridge table for `bench/#` unless "none") runs on a free port, and
 unacknowledged for `seconds`. Reported: PUBACKs per second, the PUBACK
 latency (send to PUBACK, per message) p50 / p99, and the bridge's own
 figures read from Kafka afterwards (records in the topic).
+
+Mode "in" (Kafka -> MQTT, not in the default modes): a `[[bridge.kafka_in]]`
+table publishes the records of a 4-partition topic to one raw QoS 1
+subscriber; once a first record came through (the consumer group joined),
+`records` records are produced as fast as Kafka takes them. Reported:
+records per second at the subscriber (first produce to last delivery) and
+the produce-to-delivery latency p50 / p99 (wall clock, one machine).
 """
 
 from __future__ import annotations
@@ -29,7 +37,10 @@ from bench import wire
 
 READY = re.compile(r"ready, mqtt on [^ ]+:(\d+)")
 KAFKA = re.compile(r"kafka (\S+?)[;)]")
-MODES = ("none", "async", "sync")
+MODES = ("none", "async", "sync")  # the default; "in" measures Kafka -> MQTT
+IN_TOPIC = "bench-in"
+IN_PARTITIONS = 4
+JOIN_S = 60.0  # the first record's wait: topic metadata (10 s) and the group join
 
 
 async def publisher(port: int, name: str, seconds: float, window: int, payload: bytes,
@@ -77,13 +88,18 @@ def start_node(
 ) -> tuple[subprocess.Popen[str], int, str]:
     config = data_dir / "weir.toml"
     linger = f"linger_ms = {linger_ms}\n" if linger_ms is not None else ""
-    config.write_text("" if mode == "none" else (
-        '[[bridge.kafka_out]]\nname = "bench"\nfilter = "bench/#"\ntopic = "bench"\n'
-        f'mode = "{mode}"\n{linger}'))  # fmt: skip
+    if mode == "in":
+        config.write_text(f'[[bridge.kafka_in]]\nname = "bench"\ntopics = ["{IN_TOPIC}"]\n'
+                          'mqtt_topic = "bench/in/${partition}"\nqos = 1\n')  # fmt: skip
+    else:
+        config.write_text("" if mode == "none" else (
+            '[[bridge.kafka_out]]\nname = "bench"\nfilter = "bench/#"\ntopic = "bench"\n'
+            f'mode = "{mode}"\n{linger}'))  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
     node = subprocess.Popen(
         [sys.executable, "-m", "services", "up", "--config", str(config), "--host", "127.0.0.1",
-         "--mqtt-port", "0", "--ws-port", "off", "--data-dir", str(data_dir / "data")],
+         "--mqtt-port", "0", "--ws-port", "off", "--http-port", "0",
+         "--data-dir", str(data_dir / "data")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
     assert node.stdout is not None
@@ -164,17 +180,88 @@ async def run_mode(mode: str, args: argparse.Namespace) -> str:
                 node.kill()
 
 
+def produce_stamped(bootstrap: str, count: int) -> None:
+    """`count` records whose values are the wall-clock ns they were produced at."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                         "partitioner": "murmur2_random"})  # fmt: skip
+    for n in range(count):
+        while True:
+            try:
+                producer.produce(IN_TOPIC, b"%d" % time.time_ns(), b"k%d" % n)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    assert producer.flush(60) == 0, "records not acknowledged by Kafka"
+
+
+async def run_in(args: argparse.Namespace) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    with tempfile.TemporaryDirectory(prefix="weir-bench-bridge-") as tmp:
+        node, port, bootstrap = start_node("in", Path(tmp), None)
+        try:
+            admin = AdminClient({"bootstrap.servers": bootstrap})
+            admin.create_topics([NewTopic(IN_TOPIC, num_partitions=IN_PARTITIONS)])[
+                IN_TOPIC].result(timeout=10)  # fmt: skip
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(wire.connect("bench-sub") + wire.subscribe(1, "bench/in/#", 1))
+            parser = wire.FrameParser()
+            latencies: list[float] = []
+
+            async def receive(count: int) -> None:
+                while count:
+                    data = await reader.read(65536)
+                    if not data:
+                        raise ConnectionError("the node closed the connection")
+                    now = time.time_ns()
+                    for first, body in parser.feed(data):
+                        if first >> 4 != 3:  # PUBLISH
+                            continue
+                        pid, at = wire.publish_body_offsets(body, (first >> 1) & 3,
+                                                            wire.MQTT_311)  # fmt: skip
+                        if pid:
+                            writer.write(wire.puback(pid))
+                        latencies.append((now - int(bytes(body[at:]))) / 1e9)
+                        count -= 1
+
+            await asyncio.to_thread(produce_stamped, bootstrap, 1)
+            await asyncio.wait_for(receive(1), JOIN_S)
+            latencies.clear()
+            began = time.perf_counter()
+            producing = asyncio.create_task(asyncio.to_thread(produce_stamped, bootstrap,
+                                                              args.records))  # fmt: skip
+            await asyncio.wait_for(receive(args.records), JOIN_S + args.records / 100)
+            took = time.perf_counter() - began
+            await producing
+            writer.write(wire.DISCONNECT_PACKET)
+            writer.close()
+            return (f"   in: {args.records / took:8.0f} records/s to one QoS 1 subscriber, "
+                    f"produce-to-delivery p50 {percentile(latencies, 0.5) * 1000:6.2f} ms, "
+                    f"p99 {percentile(latencies, 0.99) * 1000:6.2f} ms")  # fmt: skip
+        finally:
+            node.send_signal(signal.SIGTERM)
+            try:
+                node.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                node.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--publishers", type=int, default=4)
     parser.add_argument("--window", type=int, default=32, help="QoS 1 in flight per publisher")
     parser.add_argument("--payload", type=int, default=64, help="bytes per message")
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(MODES), help="none, async, sync, in")
     parser.add_argument("--linger-ms", type=int, help="the bridge's linger_ms (default: its own)")
+    parser.add_argument("--records", type=int, default=20_000, help="records of mode in")
     args = parser.parse_args()
     for mode in args.modes.split(","):
-        print(asyncio.run(run_mode(mode, args)), flush=True)
+        run = run_in(args) if mode == "in" else run_mode(mode, args)
+        print(asyncio.run(run), flush=True)
 
 
 if __name__ == "__main__":

@@ -195,6 +195,7 @@ def test_kafka_paused_fails_sync_and_buffers_async(
             s, a = stats(node)
             assert a.buffered_records == 7 and a.dropped == 3 and a.records == 0
             assert s.failures >= 1  # the sync records that timed out
+            assert s.state == "kafka_down"  # its records timed out, none went through since
         finally:
             private_kafka.resume()
 
@@ -208,6 +209,7 @@ def test_kafka_paused_fails_sync_and_buffers_async(
                 break
             assert time.monotonic() < deadline, "sync publishes did not recover"
         assert b'"payload":"after"' in read_topic(own, sync_topic)[-1].value
+        assert stats(node)[0].state == "running"  # a record went through since
     finally:
         for c in clients:
             c.close()

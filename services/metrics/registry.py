@@ -227,6 +227,7 @@ class Metrics:
     dead_nodes: set[str] = field(default_factory=set)  # peers seen dead, until they rejoin
     full_queues: set[str] = field(default_factory=set)  # clients whose full queue refused
     # a message since the watch last looked (it empties the set)
+    bridges: list[BridgeFigures] = field(default_factory=list)  # filled by `Refresh`
     # The per-message counts not yet folded into their families (module docstring).
     tally: list[int] = field(default_factory=lambda: [0] * 12)
 
@@ -238,7 +239,6 @@ class Metrics:
             for qos in QOS:
                 family[qos] += tally[slot + qos]
         tally[:] = [0] * len(tally)
-    bridges: list[BridgeFigures] = field(default_factory=list)  # filled by `Refresh`
 
     def connected(self) -> None:
         """A connection was accepted: count it and keep the high-water mark."""

@@ -75,6 +75,7 @@ METADATA_REFRESH_MS: Final = 10_000  # a subscribed topic created later is found
 RETRY_FIRST_S: Final = 0.2  # back-off of a failed publish, doubled up to RETRY_MAX_S
 RETRY_MAX_S: Final = 5.0
 CLOSE_WAIT_S: Final = 5.0  # at stop, how long records in flight get to be routed
+CLOSE_JOIN_S: Final = 10.0  # ... and the consumer to commit and leave the group
 LOG_EVERY_S: Final = 10.0  # at most one warning per kind per bridge per this long
 
 Key = tuple[str, int]  # (Kafka topic, partition)
@@ -175,8 +176,12 @@ class KafkaIngress:
         for handle in self._retries:
             handle.cancel()
         self._stop.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
+        if self._thread is not None:  # its consumer's close waits for Kafka: bounded
+            await asyncio.to_thread(self._thread.join, CLOSE_JOIN_S)
+            if self._thread.is_alive():
+                log.warning("bridge %s: the consumer did not close in %.0f s (Kafka away?); "
+                            "its partitions move after the session timeout", self.name,
+                            CLOSE_JOIN_S)  # fmt: skip
 
     # -- the consumer's thread ----------------------------------------------
 

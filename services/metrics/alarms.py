@@ -23,6 +23,10 @@ active ones is what the management API will answer).
     node_down/<peer>           membership saw the peer dead (cleared when it rejoins)
     session_queue_full         a persistent session's full queue refused a message
                                since the last check (details: which clients)
+    bridge_down/<bridge>       the data bridge's state is kafka_down (cleared when it
+                               runs again)
+    bridge_dropped/<bridge>    the data bridge dropped records since the last check
+                               (out: never produced; in: skipped)
 
 The failure alarms follow the failures: raised at the first check after one,
 cleared at the first check with none. The levels have a gap between raise
@@ -158,6 +162,7 @@ class Watch:
         self.process = process
         self.check_s = check_s
         self._seen = (metrics.eventlog_produce_failures, metrics.redis_failures)
+        self._bridges_dropped: dict[str, int] = {}  # per bridge, at the last check
         self._handle: asyncio.TimerHandle | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -204,6 +209,7 @@ class Watch:
         self._seen = (eventlog, redis)
         self._nodes_down(m.dead_nodes)
         self._queues_full(m.full_queues)
+        self._bridges(m)
 
     def _level(
         self, name: str, value: float, high: float, low: float, message: str,
@@ -226,6 +232,25 @@ class Watch:
         for name in [n for n in self.alarms.active if n.startswith("node_down/")]:
             if name.removeprefix("node_down/") not in dead:
                 self.alarms.deactivate(name)
+
+    def _bridges(self, m: Metrics) -> None:
+        for bridge in m.bridges:
+            down, dropped_name = f"bridge_down/{bridge.name}", f"bridge_dropped/{bridge.name}"
+            if bridge.state == "kafka_down":
+                self.alarms.activate(down, f"data bridge {bridge.name} cannot reach Kafka",
+                                     {"bridge": bridge.name, "direction": bridge.direction})
+            else:
+                self.alarms.deactivate(down)
+            dropped = bridge.figures.get("dropped", 0)
+            new = dropped - self._bridges_dropped.get(bridge.name, 0)
+            self._bridges_dropped[bridge.name] = dropped
+            if new > 0:
+                self.alarms.activate(
+                    dropped_name, f"data bridge {bridge.name} dropped {new} records",
+                    {"bridge": bridge.name, "direction": bridge.direction, "dropped": new},
+                )  # fmt: skip
+            else:
+                self.alarms.deactivate(dropped_name)
 
     def _queues_full(self, clients: set[str]) -> None:
         if not clients:

@@ -5,15 +5,17 @@ Start (DESIGN 6): read the ban table (`Seams.start`), replay the event
 log to the end of every partition into the broker's state (`LogState`),
 warm the event log (`EventLog.warm`: the first CONNACK need not wait),
 freeze what the replay allocated out of the garbage collector's way
-(`gc.freeze`), then open the listeners, then tail the log. So the node
-is ready only once it knows every subscription, session and retained
-message the log holds. A freeze keeps whatever is in the heap then, garbage
+(`gc.freeze`), then open the listeners, then tail the log, then start
+the Kafka -> MQTT bridges (`services.bridge.ingress`: their messages need
+every route). So the node is ready only once it knows every subscription,
+session and retained message the log holds. A freeze keeps whatever is in the heap then, garbage
 too, so the start first collects what was already garbage (in a process
 that runs node after node, as the tests do: earlier nodes and clients,
 with their sockets).
 
-Shutdown order (STYLE 11): stop accepting, tell every client (5.0 gets
-DISCONNECT 0x8B), flush and close, wait a bounded grace for sockets and
+Shutdown order (STYLE 11): stop the Kafka -> MQTT bridges (what they have
+in flight is routed and committed), stop accepting, tell every client
+(5.0 gets DISCONNECT 0x8B), flush and close, wait a bounded grace for sockets and
 broker tasks, then abort whatever is left; then stop the seams (the ban
 table's tasks, the authenticator's connections) and the cluster, and give
 what the start froze back to the collector (`gc.unfreeze`). Everything a

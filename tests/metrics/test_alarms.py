@@ -8,7 +8,7 @@ from typing import Any
 
 from services.metrics.alarms import HISTORY, Alarms, Thresholds, Watch
 from services.metrics.process import ProcessFigures
-from services.metrics.registry import Metrics
+from services.metrics.registry import BridgeFigures, Metrics
 
 PROCESS = ProcessFigures(
     cpu_seconds=0, rss_bytes=100, vms_bytes=0, open_fds=1, max_fds=1024, start_time=0,
@@ -148,6 +148,27 @@ def test_full_queues_raise_while_they_keep_refusing() -> None:
     assert "session_queue_full" in a.active
     w.check()
     assert "session_queue_full" not in a.active
+
+
+def test_a_bridge_raises_while_kafka_is_down_and_when_it_drops() -> None:
+    m = Metrics()
+    w, a = watch(m)
+
+    def bridges(state: str, dropped: int) -> list[BridgeFigures]:
+        return [BridgeFigures("up", "out", state, {"records": 1, "dropped": dropped}),
+                BridgeFigures("down", "in", "running", {"records": 1, "dropped": 0})]  # fmt: skip
+
+    m.bridges = bridges("kafka_down", 3)
+    w.check()
+    assert set(a.active) == {"bridge_down/up", "bridge_dropped/up"}
+    assert a.active["bridge_dropped/up"].details == {"bridge": "up", "direction": "out",
+                                                     "dropped": 3}  # fmt: skip
+    m.bridges = bridges("kafka_down", 5)
+    w.check()
+    assert set(a.active) == {"bridge_down/up", "bridge_dropped/up"}  # 2 more dropped
+    m.bridges = bridges("running", 5)
+    w.check()
+    assert set(a.active) == set()  # Kafka back, nothing dropped since the last check
 
 
 def test_the_watch_reads_the_figures_only_their_owner_knows_first() -> None:

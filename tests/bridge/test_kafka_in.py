@@ -183,3 +183,45 @@ def test_kafka_paused_holds_the_bridge_up_and_it_carries_on(
         if sub is not None:
             sub.close()
         node.stop()
+
+
+def test_two_nodes_share_the_partitions_and_publish_each_record_once(
+    redis_url: str, kafka_bootstrap: str, kafka_topic_prefix: str
+) -> None:
+    """One consumer group across two nodes: each takes some partitions, and a
+    subscriber on the first gets every record once (the second's through the
+    cluster link)."""
+    topic, group = fresh("shared"), fresh("g")
+    create_topic(kafka_bootstrap, topic, PARTITIONS)
+    table = KafkaIn(name="s", topics=(topic,), mqtt_topic="s/${partition}/${key}", group=group)
+    nodes = []
+    sub = None
+    try:
+        for node_id in ("in-a", "in-b"):
+            settings = backend_settings(redis_url, kafka_bootstrap, kafka_topic_prefix, node_id)
+            nodes.append(start_node(replace(settings, bridge=Bridges(kafka_in=(table,)))))
+        a, b = nodes
+
+        def partitions(node: BackendNode) -> int:
+            ingress = node.node.ingress
+            return int(node.call(lambda: len(ingress.bridges[0]._tracks)))
+
+        wait_until(lambda: partitions(a) + partitions(b) == PARTITIONS and partitions(a) > 0
+                   and partitions(b) > 0, "the partitions shared by the group", JOIN_S)  # fmt: skip
+        sub = Paho(a.mqtt_port, "s-sub")
+        assert sub.connack()[1] == 0
+        assert sub.subscribe("s/#", qos=1) == [1]
+        wait_until(lambda: b.call(lambda: bool(b.node.broker.routes.plan("s/0/k")[2])),
+                   "the subscription's route on the second node")  # fmt: skip
+        count = 200
+        produce(kafka_bootstrap, topic, [(b"k%d" % n, b"%d" % n, []) for n in range(count)])
+        got = sorted(int(sub.message(timeout=10.0).payload) for _ in range(count))
+        assert got == list(range(count))
+        assert sub.no_message(0.5)  # none twice
+        records = [stats(node)[0].records for node in nodes]
+        assert sum(records) == count and all(records), records  # both published some
+    finally:
+        if sub is not None:
+            sub.close()
+        for node in nodes:
+            node.stop()

@@ -204,8 +204,9 @@ class KafkaIngress:
                     self._handed += len(records)
                     with contextlib.suppress(RuntimeError):  # the loop is gone
                         self.loop.call_soon_threadsafe(self._take, records, self._epoch)
-        except Exception:  # never silently: the bridge stops taking records
+        except Exception:  # never silently: the bridge stops taking records, shows stopped
             log.exception("bridge %s: consumer thread failed", self.name)
+            self._stop.set()
         finally:
             self._commit(consumer, None)
             with contextlib.suppress(KafkaException, RuntimeError):

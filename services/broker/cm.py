@@ -32,7 +32,7 @@ from services.broker.dispatch import Dispatch
 from services.broker.logstate import LogState
 from services.broker.ports import ConnectionPort, Expiries, Session, SubOptions, now_ms
 from services.broker.remote import Remote
-from services.broker.routes import Routes
+from services.broker.routes import Routes, taken_over
 from services.broker.seams import Seams, about
 from services.broker.shared import hand_over_left
 from services.broker.wills import Wills
@@ -305,6 +305,10 @@ class ConnectionManager:
         """After CONNACK: resend the inflight, then let deliveries flow."""
         try:
             pending = await self.queue.pending(session.client_id, epoch)
+        except Fenced:  # taken over elsewhere since the claim, before its kick came
+            if session.conn is conn:
+                taken_over(conn)
+            return
         except SessionError as exc:  # after CONNACK: close; the client resumes later
             log.warning("inflight of %s not resent: %s", session.client_id, exc,
                         extra=about(conn.client))  # fmt: skip

@@ -25,7 +25,9 @@ Incoming QoS 2 (`mark`): the copies a QoS 2 PUBLISH added to this batch are
 listed under its publisher's packet id, and the store adds the id in the
 same atomic step that enqueues them; a refused id (already there: a
 resend) leaves them out and the publisher just gets its PUBREC; a stale
-publisher epoch closes the publisher's connection.
+publisher epoch (its session was taken over on another node, whose kick has
+not come yet) ends the publisher's connection as that kick would, with
+DISCONNECT 0x8E (`routes.taken_over`); so does a stale epoch in the pump.
 
 Outgoing QoS 2: the subscriber's PUBREC (`received`) is stored by the pump,
 and only then does the PUBREL go out (`channel.resend_pubrel`), so a crash
@@ -38,9 +40,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 from services.broker.ports import Answered, ConnectionPort, Session, Turn, now_ms
+from services.broker.routes import taken_over
 from services.broker.stores import DurablePartFailed
 from services.hooks.api import Hooks
 from services.metrics.registry import Metrics
@@ -175,7 +178,8 @@ class Delivery:
                 if mark in result.fenced_marks:  # taken over: the new owner routes the resend
                     if then is not None:
                         then(False)
-                    conn.close()
+                    # Marks come with a client's QoS 2 PUBLISH only (an inside publisher has none).
+                    taken_over(cast("ConnectionPort", conn))
                     continue
                 if mark in result.duplicate_marks:  # routed before: PUBREC only
                     no_subs = fresh = False
@@ -381,9 +385,9 @@ class Delivery:
                 taken = await self.queue.ack_and_take(client_id, epoch, acks, window)
                 if taken:
                     self._send_taken(session, taken)
-        except Fenced:
+        except Fenced:  # taken over elsewhere, before its kick came here
             if session.conn is not None:
-                session.conn.close()
+                taken_over(session.conn)
         except SessionError:
             log.exception("delivery to %s failed", client_id)
         finally:

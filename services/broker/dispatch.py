@@ -40,7 +40,7 @@ from services.broker.delivery import Delivery, tell_hooks
 from services.broker.logstate import LogState
 from services.broker.ports import ConnectionPort, Session, SubOptions, Turn, now_ms
 from services.broker.remote import Remote
-from services.broker.routes import PlanEntry, Routes, adjusted
+from services.broker.routes import PlanEntry, Routes, adjusted, taken_over
 from services.broker.seams import Seams
 from services.broker.shared import Shared
 from services.event.api import EventLogError
@@ -244,8 +244,8 @@ class Dispatch:
         mark = IncomingMark(session.client_id, session.epoch, route.qos2_packet_id or 0)
         try:
             known = await self.queue.incoming_has(mark.client_id, mark.epoch, mark.packet_id)
-        except Fenced:
-            conn.close()
+        except Fenced:  # taken over elsewhere, before its kick came here: 0x8E
+            taken_over(conn)
             return
         except SessionError as exc:  # the store is down: no PUBREC (5.0: 0x80)
             log.warning("QoS 2 publish of %s not stored: %s", session.client_id, exc)

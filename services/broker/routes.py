@@ -13,7 +13,8 @@ subscription or session changes (`invalidate_plans`). The log projection
 It owns which connection and claim each local session is on and whether
 deliveries may flow to it (`attach`, `renew`, `open_deliveries`, `detach`,
 `take_over`), and what it routes for it (`subs`): the connection manager,
-the log projection and the remote side ask it for those changes.
+the log projection and the remote side ask it for those changes. A
+connection whose session was taken over goes through `taken_over`.
 
 The functions at the bottom give a message its delivered form for one
 subscriber (QoS, retain flag, subscription identifiers).
@@ -74,12 +75,8 @@ class Routes:
     def take_over(self, session: Session) -> None:
         """A newer connection (here or elsewhere) has the session: ours goes.
         Its will waits for the session's expiry."""
-        conn = session.conn
-        if conn is None:
-            return
-        self.detach(session)
-        conn.carry_out(conn.channel.taken_over())
-        conn.session = None
+        if session.conn is not None:
+            taken_over(session.conn)
 
     def drop(self, session: Session) -> None:
         """The session ended here: out of the table, with its routes."""
@@ -186,3 +183,17 @@ def delivered_form(
     retain = message.retain and any(o.retain_as_published for o in live)
     sub_ids = tuple(o.subscription_id for o in live if o.subscription_id)
     return adjusted(message, qos, retain, sub_ids)
+
+
+def taken_over(conn: ConnectionPort) -> None:
+    """A newer connection has `conn`'s session: `conn` goes with DISCONNECT 0x8E
+    (5.0), detached first, so its end is not its session's end. The kick of a
+    takeover (`Routes.take_over`) ends here, and so does a store call of ours
+    that met the new owner's epoch (`Fenced`) before that kick came over the
+    cluster link: either way the session lives on with its new owner."""
+    session = conn.session
+    if session is not None and session.conn is conn:
+        session.conn = None
+        session.ready = False
+    conn.carry_out(conn.channel.taken_over())
+    conn.session = None

@@ -35,6 +35,7 @@ from services.event.schema import (
     RetainedSet,
     SessionClosed,
     SessionEvent,
+    SessionOpened,
     Subscribed,
     Unsubscribed,
 )
@@ -209,15 +210,25 @@ class LogState:
             table.sub_removed(session, filter_)
 
     def _session_changed(self, event: SessionEvent) -> None:
-        """Keep a local Session for every persistent session the log shows offline."""
+        """Keep a local Session for every persistent session the log shows
+        offline, or resumed on this node: the tail can bring this node's own
+        SessionOpened before its append returns to the CONNECT that logged it
+        (`cm`), and until that CONNECT's session is in the table, publishes
+        here must still reach the session's queue (the plan sends a client
+        without a local session to the node the view names: this one)."""
         client_id = event.client_id
         entry = self.view.session(client_id)
         table = self.table
         local = table.sessions.get(client_id)
-        if entry is not None and not entry.online and entry.persistent:
+        if entry is not None and entry.persistent and not entry.online:
             if local is None:
                 session = self._offline_session(client_id, entry.expiry_s)
                 self._expire_later(session, entry.expires_at_ms)
+            return
+        resumed_here = isinstance(event, SessionOpened) and not event.clean_start
+        if resumed_here and entry is not None and entry.persistent and entry.node == table.node_id:
+            if local is None:
+                self._offline_session(client_id, entry.expiry_s)  # the CONNECT attaches it
             return
         moved = entry is not None and entry.online and entry.node != table.node_id
         if moved and local is not None and local.conn is not None:

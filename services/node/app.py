@@ -40,6 +40,7 @@ from services.machine.backends import BackendError, start_backends
 
 if TYPE_CHECKING:
     from services.broker.seams import Seams
+    from services.cluster.api import Membership
     from services.cluster.router import ClusterRouter
     from services.node.node import Services
 
@@ -166,20 +167,19 @@ def seams_for(settings: Settings, redis: Any = None) -> Seams:
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
 
-def cluster_router(settings: Settings, client: Any) -> ClusterRouter:
-    """This node's cluster membership (in `client`'s Redis) and links; the link
-    listens beside MQTT on a free port and is advertised under the MQTT host,
-    or this machine's name when MQTT listens on every interface."""
+def cluster_router(settings: Settings, membership: Membership) -> ClusterRouter:
+    """This node's cluster membership and links; the link listens beside MQTT
+    on a free port and is advertised under the MQTT host, or this machine's
+    name when MQTT listens on every interface."""
     import socket
 
-    from services.cluster.membership import RedisMembership
     from services.cluster.router import ClusterRouter
 
     host = settings.listeners.host
     advertise = socket.gethostname() if host in WILDCARD_HOSTS else host
     return ClusterRouter(
         settings.node_id,
-        RedisMembership(client, settings.cluster_ttl_s),
+        membership,
         host=host,
         advertise_host=advertise,
     )
@@ -200,6 +200,7 @@ async def open_backends(
         return
     from services.broker.seams import admitting
     from services.broker.stores import TieredQueueStore, TieredSessionStore, Tiers
+    from services.cluster.membership import RedisMembership
     from services.embedded.redis_server import RedisServer
     from services.metrics.cluster import RedisFigures
     from services.node.node import Services
@@ -240,12 +241,17 @@ async def open_backends(
             RedisQueueStore(client, limits.queue_limit, full=limits.queue_full, replicas=wait),
             tiers,
         )
+        # The heartbeat has a connection of its own: behind the stores' calls in
+        # their pool (64 at most, then callers wait) a busy node's beat could
+        # miss its half TTL and fence the node (router._beat_went_through).
+        membership = RedisMembership.from_url(redis_url, settings.cluster_ttl_s)
+        closers.append(membership.close)
         services = Services(
             sessions=sessions,
             queue=queue,
             retain=MemoryRetainStore(),
             events=events,
-            cluster=cluster_router(settings, client),
+            cluster=cluster_router(settings, membership),
             state=RedisStateStore(client, settings.kafka_topic_prefix),
             endpoints=(redis_url, bootstrap),
             seams=admitting(seams_for(settings, client), settings.limits, client),

@@ -142,6 +142,7 @@ class ClusterRouter(LinkHandler):
         self._notify: dict[str, dict[str, None]] = {}
         self._notify_scheduled = False
         self._watch: asyncio.Task[None] | None = None
+        self._beats: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()  # set and replaced on every membership change
         self.fenced = False  # the last heartbeat that went through is too old (see _beat)
         self._fence_at: asyncio.TimerHandle | None = None
@@ -158,23 +159,32 @@ class ClusterRouter(LinkHandler):
         await self.membership.join(Member(self.node_id, self.links.address))
         self._beat_went_through(sent)
         await self._apply(await self.membership.poll())
-        self._watch = asyncio.get_running_loop().create_task(self._run_watch())
+        loop = asyncio.get_running_loop()
+        self._beats = loop.create_task(self._run_beats(sent))
+        self._watch = loop.create_task(self._run_watch())
+
+    async def _run_beats(self, last: float) -> None:
+        """A beat every `beat_every_s`, in a task of its own: a poll that is slow
+        (a SCAN behind a busy Redis) or fails cannot hold the next beat back."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(0.0, last + self.beat_every_s - loop.time()))
+            last = loop.time()
+            try:
+                await self.membership.beat()
+            except MembershipUnavailable as exc:
+                log.warning("membership: %s", exc)
+                continue
+            self._beat_went_through(last)
 
     async def _run_watch(self) -> None:
         loop = asyncio.get_running_loop()
-        beat_every = self.beat_every_s
-        next_beat = loop.time() + beat_every
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.poll_interval_s):
                     await self._wake.wait()
             self._wake.clear()
             try:
-                if loop.time() >= next_beat or self.fenced:  # fenced: try every turn
-                    next_beat = sent = loop.time()
-                    next_beat += beat_every
-                    await self.membership.beat()
-                    self._beat_went_through(sent)
                 change = await self.membership.poll()
             except MembershipUnavailable as exc:
                 log.warning("membership: %s", exc)
@@ -322,8 +332,9 @@ class ClusterRouter(LinkHandler):
 
     async def stop(self) -> None:
         """Leave (peers see it on their next poll), then close the links."""
-        task, self._watch = self._watch, None
-        await cancel_and_wait(task)
+        for task in (self._watch, self._beats):
+            await cancel_and_wait(task)
+        self._watch = self._beats = None
         if self._fence_at is not None:
             self._fence_at.cancel()
             self._fence_at = None

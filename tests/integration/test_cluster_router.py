@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
-from services.cluster.api import Membership
+from services.cluster.api import Member, Membership
 from services.cluster.membership import MemoryMembership, MemoryMembershipHub, RedisMembership
 from services.cluster.router import ClusterRouter
 from services.mqtt.packets import Message
@@ -131,3 +132,46 @@ async def test_three_nodes_fan_out(cluster: Cluster) -> None:
     await until(lambda: bool(b_local.forwarded and c_local.forwarded))
     assert b_local.forwarded == [(m, ("b1",))]
     assert c_local.forwarded == [(m, ("c1", "c2"))]
+
+
+class SlowPolls(MemoryMembership):
+    """Polls that take `slow_s` once `slow` is set (a SCAN behind a busy Redis);
+    beats as fast as ever."""
+
+    def __init__(self, hub: MemoryMembershipHub, ttl_s: float, slow_s: float) -> None:
+        super().__init__(hub, ttl_s)
+        self.slow = False
+        self.slow_s = slow_s
+
+    async def live_nodes(self) -> dict[str, Member]:
+        if self.slow:
+            await asyncio.sleep(self.slow_s)  # the slow answer itself, not a wait for something
+        return await super().live_nodes()
+
+
+class Fences(Local):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fences: list[bool] = []
+
+    def fenced(self, fenced: bool) -> None:
+        self.fences.append(fenced)
+
+
+async def test_a_slow_poll_does_not_hold_the_heartbeat_back() -> None:
+    """Beats keep their own pace while a poll hangs for longer than the fence
+    bound (half the TTL): the node is not fenced. (When the poll and the beat
+    took turns in one loop, the beat waited for the poll, and the node fenced
+    itself though Redis stored every beat it was sent.)"""
+    ttl_s = 0.6
+    membership = SlowPolls(MemoryMembershipHub(), ttl_s, slow_s=3 * ttl_s)
+    router = ClusterRouter("slow", membership, poll_interval_s=POLL_S)
+    local = Fences()
+    await router.start(local)
+    try:
+        membership.slow = True
+        await asyncio.sleep(2 * ttl_s)  # past the fence bound four times over
+        assert local.fences == [] and not router.fenced
+    finally:
+        membership.slow = False
+        await router.stop()

@@ -170,18 +170,15 @@ async def test_nodes_cut_from_each_other(cluster: Cluster) -> None:
     check(cluster, s.outcome("node a <-> node b", drops(s), wills, due, converge))
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open (issue 23): in 2 of about 25 runs on a loaded machine this scenario failed, "
-    "once with 16 acknowledged messages missing for both subscribers while the publisher moved "
-    "to b (b had fenced itself for 0.3 s: no heartbeat stored for 1.0 s); cause not found yet. "
-    "Every check still runs: XPASS when none fails",
-)
 async def test_clients_cut_from_their_node(cluster: Cluster) -> None:
     """a's clients lose their link to a (a keeps Redis, Kafka and b): they
     notice (as a keep-alive would) and resume on b, taking their sessions
     over; a ends the will client's connection after 1.5 keep alives and its
-    will goes out once."""
+    will goes out once. (It failed now and then on a loaded machine: b's own
+    tail could apply a resuming subscriber's SessionOpened before b had the
+    session in its table, and b's publishes then reached nobody, see
+    tests/integration/test_tail_ahead_of_connect.py; and a fence of b could
+    drop the clean will watcher while the will went out.)"""
     hold = 2 * cluster.ttl_s
     s = Scenario(cluster, "clients", publisher_home="a", subscriber_home="a", will_home="a")
     await s.start(hold)

@@ -16,7 +16,8 @@ The producer queue is bounded (`max_pending` records): a full queue raises
 EventLogBackpressure at once instead of growing memory. A fatal producer
 error (an idempotent producer that lost its broker's state, e.g. an
 embedded broker restart) fails the waiting appends and the next append
-builds a new producer.
+builds a new producer (one rebuild at a time; each producer's poll thread
+has its own stop flag).
 
 Warm-up (`warm`, before the node opens its listeners): an idempotent
 producer sends nothing until the broker has given it a producer id, which
@@ -95,8 +96,9 @@ class Appender:
         self._timeouts = 0
         self._down = False  # the last append timed out and none was acknowledged since
         self._poller: threading.Thread | None = None
-        self._stop_polling = threading.Event()
+        self._stop_polling = threading.Event()  # the current poller's: each producer has its own
         self._waiting: set[asyncio.Future[None]] = set()
+        self._renewing = asyncio.Lock()  # one rebuild at a time (`_renew`)
 
     async def start(self) -> None:
         """The topics, then the producer, unless there is one."""
@@ -123,15 +125,16 @@ class Appender:
         producer = Producer(config)
         self._producer_failed = False
         self._timeouts = 0
-        self._stop_polling.clear()
+        stop = self._stop_polling = threading.Event()
         self._poller = threading.Thread(
-            target=self._poll_loop, args=(producer,), name="weir-event-produce", daemon=True
+            target=self._poll_loop, args=(producer, stop), name="weir-event-produce", daemon=True
         )
         self._poller.start()
         return producer
 
-    def _poll_loop(self, producer: Producer) -> None:
-        while not self._stop_polling.is_set():
+    @staticmethod
+    def _poll_loop(producer: Producer, stop: threading.Event) -> None:
+        while not stop.is_set():
             producer.poll(POLL_INTERVAL_S)
 
     @staticmethod
@@ -175,24 +178,50 @@ class Appender:
             self._producer_failed = True
 
     def _retire_producer(self, purge: bool = False) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            self._stop_polling.set()
-            if self._poller is not None:
-                self._poller.join()
-            if purge:  # abandon what the failed producer still holds (callers were told)
-                producer.purge()
-                producer.flush(0)
+        self._stop_retired(*self._detach(), purge)
+
+    def _detach(self) -> tuple[Producer | None, threading.Event, threading.Thread | None]:
+        """Take the producer out of use, with its own poller and stop flag."""
+        retired = (self._producer, self._stop_polling, self._poller)
+        self._producer = self._poller = None
+        return retired
+
+    @staticmethod
+    def _stop_retired(
+        producer: Producer | None, stop: threading.Event, poller: threading.Thread | None,
+        purge: bool,
+    ) -> None:  # fmt: skip
+        """Stop a detached producer's poller (blocks: a thread's work), maybe purge it."""
+        if producer is None:
+            return
+        stop.set()
+        if poller is not None:
+            poller.join()
+        if purge:  # abandon what the failed producer still holds (callers were told)
+            producer.purge()
+            producer.flush(0)
+
+    async def _renew(self) -> None:
+        """Retire a failed producer and make a new one, one append at a time:
+        appends that found the same failure wait for the first one's rebuild.
+        (Two rebuilding at once made a new producer while the old one's poller
+        was being stopped; they shared one stop flag, which the new producer
+        cleared, so that poller never stopped and the append joining it hung:
+        its event was never logged.)"""
+        async with self._renewing:
+            if self._producer_failed:
+                retired = self._detach()
+                await asyncio.to_thread(self._stop_retired, *retired, True)
+                self._forget_topics()  # a broker that forgot us may have forgotten them too
+                for waiting in self._waiting:
+                    if not waiting.done():
+                        waiting.set_exception(EventLogUnavailable("event log producer failed"))
+            if self._producer is None:
+                await self.start()
 
     async def append(self, event: Event) -> None:
-        if self._producer_failed:
-            await asyncio.to_thread(self._retire_producer, True)
-            self._forget_topics()  # a broker that forgot us may have forgotten them too
-            for waiting in self._waiting:
-                if not waiting.done():
-                    waiting.set_exception(EventLogUnavailable("event log producer failed"))
-        if self._producer is None:
-            await self.start()
+        if self._producer_failed or self._producer is None:
+            await self._renew()
         assert self._producer is not None
         suffix, key, value = encode(event)
         loop = asyncio.get_running_loop()

@@ -27,7 +27,6 @@ before the heal, and what the clients saw (drops, refused CONNECTs).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -56,22 +55,31 @@ class WillClient:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self, node: Node) -> None:
+        """Reads all along, so a drop is seen when it comes (the Redis cut times
+        it): reading only after each second's PINGREQ added up to a second."""
         will = Will(self.topic, b"1", qos=1)
         connect = Connect(self.client_id, keep_alive=WILL_KEEP_ALIVE_S, will=will)
         link, _ = await Link.open(node, connect)
+        loop = asyncio.get_running_loop()
+        stopped = asyncio.ensure_future(self.stop.wait())
+        reading = asyncio.ensure_future(link.recv())
         try:
+            next_ping = loop.time()
             while not self.stop.is_set():
-                link.send(Pingreq())
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stop.wait(), 1.0)
-                while True:  # take what came (PINGRESPs); EOF raises
-                    try:
-                        await asyncio.wait_for(link.recv(), 0.001)
-                    except TimeoutError:
-                        break
+                if loop.time() >= next_ping:
+                    link.send(Pingreq())
+                    next_ping = loop.time() + 1.0
+                await asyncio.wait({stopped, reading}, timeout=next_ping - loop.time(),
+                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                if reading.done():
+                    reading.result()  # a PINGRESP; EOF raises
+                    reading = asyncio.ensure_future(link.recv())
         except (OSError, ConnectionError):
             self.drops += 1  # the node dropped it (or the test did): its will is due
         finally:
+            for task in (stopped, reading):
+                task.cancel()
+            await asyncio.gather(stopped, reading, return_exceptions=True)
             link.close()
 
 

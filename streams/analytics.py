@@ -54,20 +54,18 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import signal
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Final
 
 from services.config.settings import FLAPPING_MAX_CONNECTS, FLAPPING_WINDOW_S
 from services.event.schema import SESSIONS, SUBSCRIPTIONS, topic_names
 from streams.config import JobConfig
 from streams.events import bad_records, parse
-from streams.failures import is_data_loss, one_line, until_stopped
+from streams.failures import is_data_loss, on_stop_signals, one_line, until_stopped
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -393,7 +391,7 @@ def run(config: JobConfig) -> int:
     writer = BatchWriter(analytics_dir(config.data_dir), config.topic_prefix, query_id(checkpoint))
     log.info("analytics: writing %s (checkpoint %s)", writer.out_dir, checkpoint)
     stop = threading.Event()
-    restore = _on_stop_signals(stop)
+    restore = on_stop_signals(stop, JOB)
     failures = 0
     try:
         while True:
@@ -440,22 +438,3 @@ def _start(spark: SparkSession, config: JobConfig, writer: BatchWriter) -> Strea
     else:
         stream = stream.trigger(processingTime=f"{round(config.trigger_s * 1000)} milliseconds")
     return stream.start()
-
-
-def _on_stop_signals(stop: threading.Event) -> Callable[[], None]:
-    """SIGTERM and SIGINT (Ctrl-C) set `stop` (main thread only); returns the undo."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        log.info("analytics: %s, stopping", signal.Signals(signum).name)
-        if not stop.is_set():  # set() off the handler: its lock may be held (statestore.run)
-            threading.Thread(target=stop.set, daemon=True).start()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def restore() -> None:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-    return restore

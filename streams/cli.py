@@ -1,7 +1,9 @@
 """`weir streams run NAME`: run one of Weir's Spark jobs.
 
-Jobs: `state` (the state store, streams.statestore) and `analytics`
-(Parquet tables for `weir report`, streams.analytics). Where the log and
+Jobs: `state` (the state store, streams.statestore), `analytics`
+(Parquet tables for `weir report`, streams.analytics) and `rules` (the
+config file's `[[rule]]` tables: Spark SQL over bridged MQTT messages,
+streams.rules, docs/rules.md). Where the log and
 the store are comes from Weir's settings (--kafka / --redis, or
 WEIR_KAFKA_BOOTSTRAP / WEIR_REDIS_URL, or the config file); with neither,
 from the `weir up` running on the data dir (its endpoints.json: the
@@ -10,7 +12,7 @@ embedded default also starts the state job itself with `weir up --spark`.
 
 Exit codes: 0 after a clean stop (or, with --available-now, once the log
 as it was is folded), 1 when the job fails for good (a data-loss error),
-2 for bad arguments or settings.
+2 for bad arguments or settings (a rule Spark cannot run among them).
 """
 
 from __future__ import annotations
@@ -30,7 +32,11 @@ from services.config.flags import given, settings_flags, some
 from services.embedded.endpoints import backends
 from streams.config import DEFAULT_TRIGGER_S, MAX_RECORDS_PER_TRIGGER, JobConfig
 
-JOBS: Final = {"state": "streams.statestore", "analytics": "streams.analytics"}
+JOBS: Final = {
+    "state": "streams.statestore",
+    "analytics": "streams.analytics",
+    "rules": "streams.rules",
+}
 
 
 @click.command("run", cls=Command, context_settings=CONTEXT,
@@ -65,6 +71,8 @@ def command(
         )
     if job == "state" and settings.redis_url is None:
         fail("the state job needs the store: --redis URL (or WEIR_REDIS_URL)")
+    if job == "rules" and not settings.rule:
+        fail("no [[rule]] tables in the config file (--config FILE or WEIR_CONFIG; docs/rules.md)")
     assert settings.kafka_bootstrap is not None
     job_config = JobConfig(
         bootstrap=settings.kafka_bootstrap,
@@ -75,6 +83,7 @@ def command(
         available_now=available_now,
         max_records_per_trigger=max_records_per_trigger,
         checkpoint_dir=checkpoint_dir,
+        rules=settings.rule,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # at INFO it logs every JVM call

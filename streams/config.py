@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from services.config.rules import Rule
 from services.event.schema import DEFAULT_TOPIC_PREFIX
 
 DEFAULT_TRIGGER_S: Final = 1.0  # micro-batch period: the state store lags the log by about this
@@ -26,6 +27,7 @@ class JobConfig:
     available_now: bool = False  # read what the log holds now, then stop
     max_records_per_trigger: int = MAX_RECORDS_PER_TRIGGER
     checkpoint_dir: str | None = None  # default: <data_dir>/checkpoints/<job>
+    rules: tuple[Rule, ...] = ()  # the rules job's [[rule]] tables
 
     def checkpoint(self, job: str) -> str:
         if self.checkpoint_dir is not None:

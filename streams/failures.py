@@ -3,14 +3,19 @@
 A failure raised in a Python worker (the log source) reaches the driver only
 as the text of a JVM exception, so its kind is read from that text: the
 source's `DataLoss` (its messages start with "data loss:") or the wording
-of Spark's Kafka connector ("failOnDataLoss"). Both jobs (streams.statestore,
-streams.analytics) wait, classify and log their failures through here.
+of Spark's Kafka connector ("failOnDataLoss"). The jobs (streams.statestore,
+streams.analytics, streams.rules) wait, classify and log their failures through here,
+and the last two stop on SIGTERM / SIGINT through `on_stop_signals`.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import signal
 import threading
+from collections.abc import Callable
+from types import FrameType
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -18,6 +23,7 @@ if TYPE_CHECKING:
 
 POLL_S: Final = 1  # s (an int, awaitTermination's type) between looks for a stop request
 ONE_LINE_CHARS: Final = 300  # a failure's logged line is cut here
+log = logging.getLogger("weir.streams")
 _TRACEBACK: Final = "Traceback (most recent call last):"
 _RAISED: Final = re.compile(r"[A-Za-z_][\w.]*: ")  # "module.Error: message", not indented
 
@@ -57,3 +63,22 @@ def one_line(exc: BaseException) -> str:
         if raised is not None:
             return raised[:ONE_LINE_CHARS]
     return lines[0].strip()[:ONE_LINE_CHARS] if lines else type(exc).__name__
+
+
+def on_stop_signals(stop: threading.Event, job: str) -> Callable[[], None]:
+    """SIGTERM and SIGINT (Ctrl-C) set `stop` (main thread only); returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        log.info("%s: %s, stopping", job, signal.Signals(signum).name)
+        if not stop.is_set():  # set() off the handler: its lock may be held (statestore.run)
+            threading.Thread(target=stop.set, daemon=True).start()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore

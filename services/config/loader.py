@@ -151,7 +151,8 @@ def _one_line(exc: ValidationError, values: Mapping[str, Any], sources: Mapping[
 
 
 _TABLES = {"listeners.tables": "[[listener]]", "auth": "[[auth]]",
-           "bridge.kafka_out": "bridge", "bridge.kafka_in": "bridge"}  # fmt: skip
+           "bridge.kafka_out": "bridge", "bridge.kafka_in": "bridge",
+           "rule": "rule"}  # fmt: skip
 
 
 def _in_table(kind: str, raw: Any, inner: list[str], message: str, source: str | None) -> str:
@@ -159,7 +160,7 @@ def _in_table(kind: str, raw: Any, inner: list[str], message: str, source: str |
     index = int(inner[0]) if inner[0].isdigit() else 0
     table = raw[index] if isinstance(raw, list) and index < len(raw) else {}
     name = table.get("name") if isinstance(table, dict) else None
-    named = kind in ("listener", "bridge") and name
+    named = kind in ("listener", "bridge", "rule") and name
     where = f"{kind} {name!r}" if named else f"{kind} {index + 1}"
     key = f" {inner[1]}:" if len(inner) > 1 else ""
     if kind == "[[auth]]" and isinstance(table, dict) and "backend" in table and key:

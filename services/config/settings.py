@@ -3,9 +3,9 @@
 Each field is one option: its type and bounds validate it, `opt()` gives
 its help, unit, WEIR_* variable and flag (`services.config.declare`). The
 TOML key is the dotted path: `node_id`, `[listeners] mqtt_port`,
-`[limits] queue_limit`; `[[listener]]`, `[[auth]]`, `[[bridge.kafka_out]]`
-and `[[bridge.kafka_in]]` tables fill `listeners.tables`, `auth` and
-`bridge.*`. Rules across
+`[limits] queue_limit`; `[[listener]]`, `[[auth]]`, `[[bridge.kafka_out]]`,
+`[[bridge.kafka_in]]` and `[[rule]]` tables fill `listeners.tables`, `auth`,
+`bridge.*` and `rule`. Rules across
 fields are model validators here, so a file, the environment, the flags and `weir config check` all
 get them. Every limit is a named constant with its unit and why.
 """
@@ -38,6 +38,7 @@ from services.config.declare import (
 )
 from services.config.listeners import Listeners
 from services.config.plugins import LogLevel, PluginTables
+from services.config.rules import Rules
 
 # Limits.
 MAX_CONNECTIONS = 19_000  # connections; the process may open 20,000 files (DESIGN 11)
@@ -293,6 +294,9 @@ class Settings:
         "client's connect and disconnect (EMQX's event messages; JSON, not retained)",
         env="WEIR_SYS_CLIENT_EVENTS")  # fmt: skip
     bridge: Bridges = opt(factory=Bridges, flag=False)
+    rule: Rules = opt(
+        (), "the config file's [[rule]] tables: Spark SQL over the bridged messages, run by "
+        "weir streams run rules (docs/rules.md)", flag=False)  # fmt: skip
     plugin: PluginTables = opt(
         (), "the config file's [[plugin]] tables, loaded in order (docs/plugins.md)", flag=False)
     log_level: LogLevel = opt(

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -80,6 +81,7 @@ class KafkaSink:
 
         key = F.col(f"`{self.key}`").cast("string") if self.key else F.lit(None).cast("string")
         out = df.select(key.alias("key"), F.to_json(F.struct("*")).alias("value"))
+        started = time.monotonic()
         headers = ((RULE_HEADER, self.rule), (BATCH_HEADER, f"{self.query_id}:{batch_id}"))
         target = (self.bootstrap, self.topic, headers)
         counter = df.sparkSession.sparkContext.accumulator(0)
@@ -91,8 +93,8 @@ class KafkaSink:
         self.batches += 1
         self.rows += counter.value
         if counter.value:
-            log.info("rule %s: batch %d: %d rows to Kafka topic %s", self.rule, batch_id,
-                     counter.value, self.topic)  # fmt: skip
+            log.info("rule %s: batch %d: %d rows to Kafka topic %s in %.2f s", self.rule, batch_id,
+                     counter.value, self.topic, time.monotonic() - started)  # fmt: skip
 
 
 # One producer per Python worker process and Kafka cluster, kept across batches

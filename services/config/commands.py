@@ -156,6 +156,20 @@ TABLES = """
 # session_timeout_s = 6.0             # a dead node's partitions move after this
 # fetch_wait_ms = 100                 # a fetch waits this long for records
 
+# [[rule]] tables: Spark SQL over the bridged messages, run by `weir streams run rules`
+# (docs/rules.md).
+# [[rule]]
+# name = "hot"              # names its checkpoint: <data-dir>/checkpoints/rules/hot
+# topics = ["mqtt-telemetry"]  # Kafka topics of [[bridge.kafka_out]] tables
+# payload_schema = "temp DOUBLE"  # the payload parsed as JSON: the `json` column
+# sql = '''SELECT clientid, avg(json.temp) AS avg_temp FROM messages
+#   GROUP BY window(ts, '1 minute'), clientid HAVING avg(json.temp) > 30'''
+# sink = "kafka"            # kafka | parquet (<data-dir>/rules/<name>/) | console
+# sink_topic = "alerts"     # sink = "kafka": the topic
+# key = "clientid"          # sink = "kafka": the column keying each record
+# watermark = "1 minute"    # how late (event time) a message may come and still count
+# output_mode = "update"    # update | append | complete
+
 # [[plugin]] tables: plugins loaded by `weir up`, in order (docs/plugins.md).
 # [[plugin]]
 # name = "topic_rewrite"    # an entry point of group weir.plugins, or "module:attr"
@@ -169,7 +183,7 @@ TABLES = """
 """
 
 _NOT_IN_FILE = ("listeners.tables", "auth", "listeners.ports",  # tables below; per node
-                "bridge.kafka_out", "bridge.kafka_in", "plugin")
+                "bridge.kafka_out", "bridge.kafka_in", "rule", "plugin")
 
 
 def example_toml() -> str:

@@ -31,7 +31,7 @@ def test_the_example_names_every_option_and_uncommented_is_the_defaults(tmp_path
     text = example_toml()
     for option in OPTIONS:
         if option.path not in ("listeners.tables", "auth", "listeners.ports", "bridge.kafka_out",
-                               "bridge.kafka_in", "plugin"):
+                               "bridge.kafka_in", "rule", "plugin"):
             assert f"# {option.name} = " in text, option.path
     # Every key line uncommented, but node_id and the unset ones: the file loads as the defaults.
     options = text.partition("\n# [[listener]] tables")[0]  # then the tables' examples

@@ -35,7 +35,8 @@ COMMANDS = {
                "show the effective settings, check a file, write the example file"),
 }  # fmt: skip
 STREAMS = {
-    "run": ("streams.cli:command", "run a Spark job over the event log: state, analytics"),
+    "run": ("streams.cli:command",
+            "run a Spark job: state, analytics (over the event log), rules (bridged messages)"),
     "verify": ("services.admin.verify:command",
                "compare the state store and the live nodes with a replay of the log"),
 }  # fmt: skip

@@ -1,7 +1,7 @@
 """A rule's end-to-end latency: from an MQTT PUBLISH to the alert it causes.
 
-    python -m bench.rules [--samples 30] [--interval-s 2] [--trigger-s 1]
-                          [--config-extra FILE --mqtt-filter FILTER]
+    python -m bench.rules [--samples 30] [--interval-s 2] [--trigger-s 1] [--via-mqtt]
+                          [--job-log FILE]
 
 Starts a `weir up` (embedded Redis and Kafka) with docs/rules.md's example
 (the `tele/#` -> `mqtt-telemetry` bridge, sync, and the `hot` rule, with
@@ -15,10 +15,9 @@ before its PUBLISH is written to when a record with seq N is read:
 
 - from the Kafka topic `alerts` (a consumer in this process, 10 ms fetch
   wait): PUBLISH -> bridge -> Kafka -> rule -> Kafka;
-- with `--mqtt-filter`, also at an MQTT subscriber of that filter, where a
-  Kafka -> MQTT bridge (`[[bridge.kafka_in]]`, given in `--config-extra`, a
-  TOML file appended to the generated config) publishes the alerts: the
-  whole way back to a device.
+- with `--via-mqtt`, also at an MQTT subscriber of `alerts/#`, where a
+  Kafka -> MQTT bridge (`[[bridge.kafka_in]]`, `KAFKA_IN`) publishes each
+  alert to `alerts/<clientid>`: the whole way back to a device.
 
 The first alert (Spark's first batches start its Python workers) is a
 warm-up and not counted. Two readings in one micro-batch give one alert,
@@ -74,6 +73,19 @@ sink = "kafka"
 sink_topic = "alerts"
 key = "clientid"
 '''
+
+
+# The way back (docs/bridges.md, "Kafka to MQTT"): each alert to alerts/<its key>.
+# A 20 ms fetch wait instead of the bridge's 100 ms default: alerts are sparse, so
+# the wait is added to every one of them.
+KAFKA_IN: Final = """
+[[bridge.kafka_in]]
+name = "alerts"
+topics = ["alerts"]
+mqtt_topic = "alerts/${key}"
+fetch_wait_ms = 20
+"""
+MQTT_FILTER: Final = "alerts/#"
 
 
 class Arrivals:
@@ -199,8 +211,10 @@ def start_node(config: Path, data_dir: Path) -> tuple[subprocess.Popen[str], int
     raise RuntimeError("weir up did not start (or started without its Kafka)")
 
 
-def start_rules(config: Path, data_dir: Path, trigger_s: float) -> subprocess.Popen[str]:
-    """`weir streams run rules` beside the node; returns once the rule started."""
+def start_rules(config: Path, data_dir: Path, trigger_s: float,
+                log_to: str | None) -> subprocess.Popen[str]:  # fmt: skip
+    """`weir streams run rules` beside the node; returns once the rule started.
+    Its output goes on to `log_to` (None: nowhere)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
     job = subprocess.Popen(
         [sys.executable, "-m", "streams", "run", "rules", "--config", str(config),
@@ -208,15 +222,23 @@ def start_rules(config: Path, data_dir: Path, trigger_s: float) -> subprocess.Po
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
     assert job.stdout is not None
-    if not _wait_line(job.stdout, STARTED):
+    sink: IO[str] = open(log_to, "w") if log_to else open(os.devnull, "w")  # noqa: SIM115
+    for line in job.stdout:
+        sink.write(line)
+        if STARTED.search(line):
+            break
+    else:
         job.wait()
+        sink.close()
         raise RuntimeError("weir streams run rules did not start the rule")
-    threading.Thread(target=job.stdout.read, daemon=True).start()  # keep draining
+
+    def drain(stream: IO[str]) -> None:
+        with sink:
+            for line in stream:
+                sink.write(line)
+
+    threading.Thread(target=drain, args=(job.stdout,), daemon=True).start()
     return job
-
-
-def _wait_line(stream: IO[str], pattern: re.Pattern[str]) -> bool:
-    return any(pattern.search(line) for line in stream)
 
 
 def stop_process(proc: subprocess.Popen[str]) -> None:
@@ -230,20 +252,19 @@ def stop_process(proc: subprocess.Popen[str]) -> None:
 
 def measure(args: argparse.Namespace) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="weir-bench-rules-") as tmp:
-        extra = Path(args.config_extra).read_text() if args.config_extra else ""
         config, data_dir = Path(tmp) / "weir.toml", Path(tmp) / "data"
-        config.write_text(CONFIG + "\n" + extra)
+        config.write_text(CONFIG + (KAFKA_IN if args.via_mqtt else ""))
         node, port, bootstrap = start_node(config, data_dir)
         job = None
         stop = threading.Event()
         try:
-            job = start_rules(config, data_dir, args.trigger_s)
+            job = start_rules(config, data_dir, args.trigger_s, args.job_log)
             arrivals = Arrivals()
-            places = ["kafka"] + (["mqtt"] if args.mqtt_filter else [])
+            places = ["kafka"] + (["mqtt"] if args.via_mqtt else [])
             threading.Thread(target=tail_kafka, args=(bootstrap, "alerts", arrivals, stop),
                              daemon=True).start()  # fmt: skip
-            if args.mqtt_filter:
-                subscribe_mqtt(port, args.mqtt_filter, arrivals, stop)
+            if args.via_mqtt:
+                subscribe_mqtt(port, MQTT_FILTER, arrivals, stop)
             device = Device(port)
             warm = time.monotonic() + WARMUP_TIMEOUT_S
             seq = 0
@@ -288,8 +309,9 @@ def main() -> None:
     parser.add_argument("--interval-s", type=float, default=2.0,
                         help="between readings (plus a random part of the trigger)")
     parser.add_argument("--trigger-s", type=float, default=1.0, help="the rules job's trigger")
-    parser.add_argument("--config-extra", help="TOML appended to the config ([[bridge.kafka_in]])")
-    parser.add_argument("--mqtt-filter", help="also measure at an MQTT subscriber of this filter")
+    parser.add_argument("--via-mqtt", action="store_true",
+                        help="alerts back over MQTT too ([[bridge.kafka_in]]), measured there")
+    parser.add_argument("--job-log", help="write the rules job's output to this file")
     args = parser.parse_args()
     for line in measure(args):
         print(line, flush=True)

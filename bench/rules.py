@@ -279,7 +279,8 @@ def measure(args: argparse.Namespace) -> list[str]:
                 sent[seq] = device.publish(seq)
                 seq += 1
                 time.sleep(args.interval_s + random.uniform(0, args.trigger_s))
-            arrivals.wait_for(places[-1], seq - 1, SAMPLE_TIMEOUT_S)
+            for where in places:  # the last reading's alert, everywhere it is looked for
+                arrivals.wait_for(where, seq - 1, SAMPLE_TIMEOUT_S)
             return [_line(where, sent, arrivals.seen.get(where, {})) for where in places]
         finally:
             stop.set()

@@ -1,12 +1,12 @@
 """A rule's end-to-end latency: from an MQTT PUBLISH to the alert it causes.
 
-    python -m bench.rules [--samples 30] [--interval-s 2] [--trigger-s 1] [--via-mqtt]
-                          [--job-log FILE]
+    python -m bench.rules [--samples 30] [--interval-s 2] [--trigger-s 1] [--job-log FILE]
 
 Starts a `weir up` (embedded Redis and Kafka) with docs/rules.md's example
-(the `tele/#` -> `mqtt-telemetry` bridge, sync, and the `hot` rule, with
-one more column, `max(json.seq) AS seq`, so each alert names the reading
-that caused it), and `weir streams run rules` beside it with `--trigger-s`.
+(the `tele/#` -> `mqtt-telemetry` bridge, sync; the `hot` rule, with one
+more column, `max(json.seq) AS seq`, so each alert names the reading that
+caused it; the `alerts` -> `alerts/${key}` Kafka -> MQTT bridge), and
+`weir streams run rules` beside it with `--trigger-s`.
 One device publishes a reading over the threshold (QoS 1, `{"temp": 35,
 "seq": N}`) every `interval-s` plus a random fraction of the trigger, so
 readings fall at every phase of it. In update mode each reading changes its
@@ -15,9 +15,9 @@ before its PUBLISH is written to when a record with seq N is read:
 
 - from the Kafka topic `alerts` (a consumer in this process, 10 ms fetch
   wait): PUBLISH -> bridge -> Kafka -> rule -> Kafka;
-- with `--via-mqtt`, also at an MQTT subscriber of `alerts/#`, where a
-  Kafka -> MQTT bridge (`[[bridge.kafka_in]]`, `KAFKA_IN`) publishes each
-  alert to `alerts/<clientid>`: the whole way back to a device.
+- at an MQTT subscriber of `alerts/#`, where the Kafka -> MQTT bridge
+  publishes each alert to `alerts/<clientid>`: the whole way back to a
+  device.
 
 The first alert (Spark's first batches start its Python workers) is a
 warm-up and not counted. Two readings in one micro-batch give one alert,
@@ -253,18 +253,17 @@ def stop_process(proc: subprocess.Popen[str]) -> None:
 def measure(args: argparse.Namespace) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="weir-bench-rules-") as tmp:
         config, data_dir = Path(tmp) / "weir.toml", Path(tmp) / "data"
-        config.write_text(CONFIG + (KAFKA_IN if args.via_mqtt else ""))
+        config.write_text(CONFIG + KAFKA_IN)
         node, port, bootstrap = start_node(config, data_dir)
         job = None
         stop = threading.Event()
         try:
             job = start_rules(config, data_dir, args.trigger_s, args.job_log)
             arrivals = Arrivals()
-            places = ["kafka"] + (["mqtt"] if args.via_mqtt else [])
+            places = ["kafka", "mqtt"]
             threading.Thread(target=tail_kafka, args=(bootstrap, "alerts", arrivals, stop),
                              daemon=True).start()  # fmt: skip
-            if args.via_mqtt:
-                subscribe_mqtt(port, MQTT_FILTER, arrivals, stop)
+            subscribe_mqtt(port, MQTT_FILTER, arrivals, stop)
             device = Device(port)
             warm = time.monotonic() + WARMUP_TIMEOUT_S
             seq = 0
@@ -310,8 +309,6 @@ def main() -> None:
     parser.add_argument("--interval-s", type=float, default=2.0,
                         help="between readings (plus a random part of the trigger)")
     parser.add_argument("--trigger-s", type=float, default=1.0, help="the rules job's trigger")
-    parser.add_argument("--via-mqtt", action="store_true",
-                        help="alerts back over MQTT too ([[bridge.kafka_in]]), measured there")
     parser.add_argument("--job-log", help="write the rules job's output to this file")
     args = parser.parse_args()
     for line in measure(args):

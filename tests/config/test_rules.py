@@ -31,6 +31,7 @@ def test_the_docs_example_is_one_config_file_for_weir_up_and_the_rules_job(
     settings = load({"config": write(tmp_path, block.group(1))}, env={})
     (rule,) = settings.rule
     assert [b.topic for b in settings.bridge.kafka_out] == list(rule.topics)
+    assert [b.topics for b in settings.bridge.kafka_in] == [(rule.sink_topic,)]
     assert (rule.sink, rule.sink_topic, rule.key) == (Sink.KAFKA, "alerts", "clientid")
     assert (rule.table, rule.watermark, rule.output_mode) == (
         DEFAULT_TABLE, DEFAULT_WATERMARK, OutputMode.UPDATE,

@@ -210,3 +210,44 @@ def test_the_command_says_a_bad_rule_in_one_line_and_exits_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("weir streams run: rule 'r': sql: "), err
+
+
+@pytest.mark.kafka
+def test_a_rule_failing_while_running_is_restarted_from_its_checkpoint(
+    spark: SparkSession, kafka_bootstrap: str, kafka_topic_prefix: str, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Not with available_now: the job goes on, the rule is started again after a
+    back-off (that the other rules go on is the example's test above)."""
+    import threading
+    import time
+
+    source = kafka_topic_prefix + "telemetry"
+    produce(kafka_bootstrap, source, [
+        ("dev-1", envelope("dev-1", "tele/dev-1/temp", b'{"temp": 31}', T0))
+    ])  # fmt: skip
+    broken = Rule(name="broken", sql="SELECT assert_true(qos > 5) AS never FROM messages",
+                  topics=(source,), sink=Sink.CONSOLE)  # fmt: skip
+    job = dataclasses.replace(config(kafka_bootstrap, tmp_path, broken),
+                              available_now=False, trigger_s=0.2)  # fmt: skip
+    (planned,) = [rules.plan(spark, rule, job) for rule in job.rules]
+    stop = threading.Event()
+
+    def watch() -> None:
+        """Stop once the rule failed and was started again."""
+        deadline = time.monotonic() + 240  # a loaded 2-core machine: Spark's first batches
+        while time.monotonic() < deadline and not (planned.failures and planned.query):
+            stop.wait(0.2)  # polling the supervisor's record, not standing in for a sync
+        stop.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    with caplog.at_level(logging.INFO, logger="weir.streams.rules"):
+        rules.supervise([planned], job, stop)
+    watcher.join(5)
+    assert planned.failures >= 1 and planned.ended is None  # restarted, not given up
+    messages_ = [r.getMessage() for r in caplog.records]
+    failed = [m for m in messages_ if m.startswith("rule broken: failed (")]
+    assert failed and "restarting from its checkpoint in 1 s" in failed[0], messages_
+    assert sum(m.startswith("rule broken: started") for m in messages_) >= 2, messages_
+    assert not spark.streams.active

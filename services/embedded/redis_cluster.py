@@ -53,6 +53,7 @@ class LocalRedisCluster:
             "cluster-config-file nodes.conf",
             f"cluster-node-timeout {NODE_TIMEOUT_MS}",
             "cluster-require-full-coverage no",  # the other shards answer during a failover
+            "repl-diskless-sync-delay 0",  # a replica's first sync at once, not 5 s later
         )
         try:
             for i in range(2 * PRIMARIES):
@@ -81,9 +82,23 @@ class LocalRedisCluster:
         text = text.decode() if isinstance(text, bytes) else str(text)
         return dict(line.split(":", 1) for line in text.split() if ":" in line)
 
+    def _replicated(self, port: int) -> bool:
+        """The primary on `port` has a replica whose link is up (a primary
+        whose replica was killed counts as replicated: nothing to wait for)."""
+        with self._client(port) as client:
+            info = client.info("replication")
+        if info.get("role") != "master":
+            return True
+        live = sum(1 for n in self.nodes if n.process is not None)
+        if live < len(self.nodes):
+            return True
+        slaves = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+        return any(s.get("state") == "online" for s in slaves)
+
     def wait_ok(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Until every live node says the cluster is whole (state ok, all slots
-        served, and, when none was killed, six nodes known)."""
+        served, every live node known) and every primary's replica is in sync
+        (so `--redis-wait 1` is met from the first write)."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -91,7 +106,7 @@ class LocalRedisCluster:
                 infos = [self._info(p) for p in live]
                 if all(i.get("cluster_state") == "ok" and i.get("cluster_slots_ok") == "16384"
                        and int(i.get("cluster_known_nodes", 0)) >= len(live)
-                       for i in infos):  # fmt: skip
+                       for i in infos) and all(self._replicated(p) for p in live):  # fmt: skip
                     return
             except (redis.RedisError, OSError):
                 pass
@@ -123,13 +138,20 @@ class LocalRedisCluster:
         raise RedisServerError(f"no live replica of 127.0.0.1:{primary}")
 
     def failover(self, replica: int) -> None:
-        """CLUSTER FAILOVER on `replica`, then wait until it is a primary."""
-        with self._client(replica) as client:
-            client.execute_command("CLUSTER", "FAILOVER")
+        """CLUSTER FAILOVER on `replica` once its link to its primary is up,
+        then wait until it is a primary. A manual failover that does not
+        complete (Redis gives up after a few node timeouts, e.g. when the
+        replica had just been resynced) is asked for again."""
         deadline = time.monotonic() + READY_TIMEOUT_S
+        asked = 0.0
         while replica not in self.primaries():
             if time.monotonic() > deadline:
                 raise RedisServerError(f"127.0.0.1:{replica} not promoted in {READY_TIMEOUT_S} s")
+            with self._client(replica) as client:
+                linked = client.info("replication").get("master_link_status") == "up"
+                if linked and time.monotonic() - asked > 4 * NODE_TIMEOUT_MS / 1000:
+                    client.execute_command("CLUSTER", "FAILOVER")
+                    asked = time.monotonic()
             time.sleep(0.05)
 
     def kill(self, port: int) -> None:

@@ -38,11 +38,11 @@ from importlib import resources
 from typing import Any, Final, TypeVar, cast
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, RedisError
 
 from services.config.redisurl import cluster_nodes, is_cluster_url
 from services.store.errors import StoreUnavailable
@@ -173,16 +173,64 @@ async def run_script(
     for a lost answer."""
     if replicas <= 0:
         return await bounded(script(keys=keys, args=args), limit_s)
-    pipe = script.registered_client.pipeline(transaction=False)
-    await script(keys=keys, args=args, client=cast(Any, pipe))  # a Pipeline is handled there
-    pipe.wait(replicas, max(1, int(limit_s * 500)))  # ms: half the call's bound
-    result, copies = await bounded(pipe.execute(), limit_s)
+    client = script.registered_client
+    if isinstance(client, RedisCluster):
+        result, copies = await bounded(_waited_on_cluster(client, script, keys, args, replicas,
+                                                          limit_s), limit_s)  # fmt: skip
+    else:
+        result, copies = await bounded(_waited(script, keys, args, replicas, limit_s), limit_s)
     if int(copies) < replicas:
         UNANSWERED.count += 1
         raise StoreUnavailable(
             f"redis WAIT: {copies} of {replicas} replicas took the write within {limit_s / 2} s"
         )
     return result
+
+
+async def _waited(
+    script: AsyncScript, keys: Sequence[bytes], args: list[Any], replicas: int, limit_s: float
+) -> tuple[Any, Any]:
+    pipe = script.registered_client.pipeline(transaction=False)
+    await script(keys=keys, args=args, client=cast(Any, pipe))  # a Pipeline is handled there
+    pipe.wait(replicas, max(1, int(limit_s * 500)))  # ms: half the call's bound
+    result, copies = await pipe.execute()
+    return result, copies
+
+
+async def _waited_on_cluster(
+    client: RedisCluster, script: AsyncScript, keys: Sequence[bytes], args: list[Any],
+    replicas: int, limit_s: float,
+) -> tuple[Any, Any]:  # fmt: skip
+    """Script and WAIT on one connection to the primary of the keys' slot (the
+    cluster client's own WAIT goes to every node, on other connections).
+    NOSCRIPT (a primary that a failover promoted has no scripts): load it there
+    and send both again, the script did not run. MOVED (a failover the
+    client's slot map does not know yet): the map is read again and the call
+    fails, its script not run."""
+    if client._initialize:
+        await client.initialize()
+    node = client.get_node_from_key(keys[0].decode())
+    if node is None:
+        raise ClusterDownError(f"no primary serves the slot of {keys[0]!r}")
+    wait_ms = max(1, int(limit_s * 500))  # half the call's bound
+    for _ in range(2):
+        commands = [
+            PipelineCommand(0, "EVALSHA", script.sha, len(keys), *keys, *args),
+            PipelineCommand(1, "WAIT", replicas, wait_ms),
+        ]
+        await node.execute_pipeline(commands)
+        result, copies = commands[0].result, commands[1].result
+        if isinstance(result, NoScriptError):
+            await node.execute_command("SCRIPT", "LOAD", script.script)
+            continue
+        if isinstance(result, MovedError | AskError | ClusterDownError):
+            await client.nodes_manager.initialize()
+            raise result
+        for answer in (result, copies):
+            if isinstance(answer, Exception):
+                raise answer
+        return result, copies
+    raise NoScriptError("script not loaded on its primary")
 
 
 async def bounded(call: Awaitable[T], limit_s: float) -> T:

@@ -72,7 +72,8 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
                 tiers,
             )
     else:
-        url = request.getfixturevalue("redis_cluster_url" if request.param == "cluster" else "redis_url")
+        fixture = "redis_cluster_url" if request.param == "cluster" else "redis_url"
+        url = request.getfixturevalue(fixture)
         client = connect(url)
         sessions = RedisSessionStore(client)
 

@@ -9,7 +9,7 @@ Batching: `enqueue` and `enqueue_and_take` send every client of a batch in
 ONE script call (8 keys per client, 2 per incoming QoS 2 mark) on a single
 Redis (and its replicas). On Redis Cluster a script may touch one hash slot
 only, so a batch whose clients sit in several slots is split
-(`services.queue.slots`): one call per slot, run one after the other.
+(`services.queue.slots`): one call per slot, run at once.
 `ack_and_take` pipelines two scripts in one round trip (on a cluster: two
 calls, since a cluster pipeline does not re-register scripts). Marks are all or
 nothing in the script: when one is refused (a duplicate id, a stale
@@ -194,7 +194,7 @@ class RedisQueueStore:
         if self._cluster:
             split = BySlot(items, takers, marks or {}, together)
             if split.slots > 1:
-                return await split.run(self._one_slot, self.incoming_has, evicted)
+                return await split.run(self._one_slot, self.incoming_ids, evicted)
         return await self._one_slot(items, takers, marks, together, evicted)
 
     async def _one_slot(

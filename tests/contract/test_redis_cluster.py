@@ -137,3 +137,19 @@ def test_a_bad_cluster_url_is_one_line() -> None:
         load({"redis_url": "redis+cluster://127.0.0.1"}, env={})
     settings = load({"redis_url": "redis+cluster://u:p@127.0.0.1:7000,127.0.0.1:7001"}, env={})
     assert settings.redis_url is not None and settings.redis_url.startswith("redis+cluster://")
+
+
+def test_what_does_not_run_on_a_cluster_yet_is_one_line() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "services", "up", "--redis", "redis+cluster://127.0.0.1:7000",
+         "--rate-storage", "redis"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "weir up: --rate-storage redis does not run on Redis Cluster (yet): "
+        "use --rate-storage memory"
+    ]

@@ -167,7 +167,7 @@ def _redis_url(text: str) -> str:
         cluster_nodes(text)  # its ValueError says what is wrong
         return text
     if not text.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError(f"expected a redis:// or redis+cluster:// URL, got {text!r}")
+        raise ValueError(f"expected a redis:// URL (or redis+cluster://...), got {text!r}")
     return text
 
 

@@ -139,17 +139,29 @@ def test_a_bad_cluster_url_is_one_line() -> None:
     assert settings.redis_url is not None and settings.redis_url.startswith("redis+cluster://")
 
 
-def test_what_does_not_run_on_a_cluster_yet_is_one_line() -> None:
+CLUSTER = "redis+cluster://127.0.0.1:7000"
+NOT_YET = "does not run on a Redis Cluster yet: name one Redis (redis://...)"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("up", "--redis", CLUSTER, "--rate-storage", "redis"),
+         "weir up: --rate-storage redis does not run on Redis Cluster (yet): "
+         "use --rate-storage memory"),
+        (("ban", "--redis", CLUSTER, "list"), f"weir ban list: {NOT_YET}"),
+        (("passwd", "--redis", CLUSTER, "u", "--password-stdin"), f"weir passwd: {NOT_YET}"),
+        (("streams", "verify", "--redis", CLUSTER, "--kafka", "127.0.0.1:1"),
+         f"weir streams verify: {NOT_YET}"),
+    ],
+)  # fmt: skip
+def test_what_does_not_run_on_a_cluster_yet_says_so_in_one_line(
+    args: tuple[str, ...], says: str
+) -> None:
     import subprocess
     import sys
 
-    done = subprocess.run(
-        [sys.executable, "-m", "services", "up", "--redis", "redis+cluster://127.0.0.1:7000",
-         "--rate-storage", "redis"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "services", *args], input="pw\n",
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        "weir up: --rate-storage redis does not run on Redis Cluster (yet): "
-        "use --rate-storage memory"
-    ]
+    assert done.stderr.strip().splitlines() == [says]

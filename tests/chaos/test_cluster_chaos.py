@@ -112,8 +112,9 @@ KILLS = 12  # half quick (restart at once), half slow (restart after the TTL), s
 CLUSTER_KILLS = 4  # on Redis Cluster: a shorter run (with its failover) for the CI budget
 # On Redis Cluster: 6 redis-servers share the 2 cores with the nodes and Kafka, and a QoS 2
 # PUBLISH costs 4 sequential round trips before its PUBREC (2 on one Redis):
-# at 1,000 msg/s the QoS 2 publishers fall minutes behind here, at 300 tens of seconds.
-CLUSTER_RATE = 150.0
+# at 1,000 msg/s the QoS 2 publishers fell minutes behind here, at 150 (with other work on
+# the machine) 25-37 s, past the 30 s completion bound.
+CLUSTER_RATE = 60.0
 CLUSTER_TTL_S = 4.0  # heartbeat TTL: a quick restart (1-2.5 s to join here) beats it
 KILL_GAP_S = (1.0, 2.5)  # a kill comes this long after the previous restart was ready
 DOWN_AFTER_LAPSE_S = (0.7, 1.5)  # slow kill: down this long after the lapse (> 1 poll, 0.5 s)

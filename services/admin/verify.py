@@ -53,6 +53,7 @@ from services.cli import CONTEXT, Command, Progress, Step, fail, run
 from services.cluster.membership import RedisMembership
 from services.config import load
 from services.config.flags import given, settings_flags, some
+from services.config.redisurl import NOT_ON_CLUSTER, is_cluster_url
 from services.embedded import endpoints
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.event.schema import Event, topic_names
@@ -103,6 +104,8 @@ class Config:
 @click.option("-v", "--verbose", is_flag=True, help="show the clients' warnings")
 def command(config: str | None, timeout: float, verbose: bool, **flags: Any) -> int:
     settings = load({"config": config, **given(flags)})
+    if settings.redis_url is not None and is_cluster_url(settings.redis_url):
+        fail(NOT_ON_CLUSTER)
     if settings.redis_url is None and settings.kafka_bootstrap is None:
         # Neither named: the weir up running on the data dir (its embedded default).
         redis_url, kafka, prefix = endpoints.backends(settings.data_dir, "weir streams verify", 2)

@@ -41,7 +41,7 @@ from services.auth.cache import CredentialCache, digest
 from services.config import SettingsError
 from services.metrics.registry import Metrics
 from services.store.errors import StoreUnavailable
-from services.store.redis import DEFAULT_TIMEOUT_S, bounded
+from services.store.redis import DEFAULT_TIMEOUT_S, bounded, is_cluster
 
 KEY_PREFIX: Final = "weir:apikey:"
 KEY_SET: Final = "weir:apikeys"
@@ -124,6 +124,12 @@ class KeyStore(Protocol):
 class RedisKeyStore:
     def __init__(self, client: aioredis.Redis) -> None:
         self._client = client
+        # A key's hash and the set of names sit in two hash slots on Redis
+        # Cluster, where one MULTI cannot hold both: there the two writes go
+        # in one pipeline without MULTI (a failure between them leaves a name
+        # without a hash, which `all` skips, or a hash without a name, which
+        # `get` still finds).
+        self._atomic = not is_cluster(client)
 
     async def get(self, api_key: str) -> ApiKey | None:
         raw = await bounded(self._client.hgetall(KEY_PREFIX + api_key), DEFAULT_TIMEOUT_S)
@@ -131,13 +137,13 @@ class RedisKeyStore:
 
     async def put(self, key: ApiKey) -> None:
         fields = {k: json.dumps(v) for k, v in asdict(key).items()}
-        pipe = self._client.pipeline(transaction=True)
+        pipe = self._client.pipeline(transaction=self._atomic)
         pipe.hset(KEY_PREFIX + key.api_key, mapping=fields)  # type: ignore[arg-type]
         pipe.sadd(KEY_SET, key.api_key)
         await bounded(pipe.execute(), DEFAULT_TIMEOUT_S)
 
     async def delete(self, api_key: str) -> bool:
-        pipe = self._client.pipeline(transaction=True)
+        pipe = self._client.pipeline(transaction=self._atomic)
         pipe.delete(KEY_PREFIX + api_key)
         pipe.srem(KEY_SET, api_key)
         removed, _ = await bounded(pipe.execute(), DEFAULT_TIMEOUT_S)

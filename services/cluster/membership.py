@@ -9,6 +9,9 @@ ttl + one poll interval; a node that comes back under the same id with
 another address is reported as joined again.
 
 `watch` is the loop a node runs: beat, poll, report, every ttl / 3.
+
+On Redis Cluster the records sit in many hash slots: SCAN goes to every
+primary (redis-py's cluster `scan_iter`) and the MGET is one per slot.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from services.cluster.api import (
@@ -29,7 +34,7 @@ from services.cluster.api import (
     MembershipChange,
     MembershipUnavailable,
 )
-from services.store.redis import connect
+from services.store.redis import connect, is_cluster
 
 log = logging.getLogger("weir.cluster")
 
@@ -116,6 +121,7 @@ class RedisMembership(_Base):
         super().__init__(ttl_s)
         self._client = client
         self._prefix = prefix
+        self._cluster = is_cluster(client)
 
     @classmethod
     def from_url(cls, url: str, ttl_s: float = DEFAULT_TTL_S) -> RedisMembership:
@@ -152,7 +158,7 @@ class RedisMembership(_Base):
         try:
             async with asyncio.timeout(CALL_TIMEOUT_S):
                 keys = [k async for k in self._client.scan_iter(self._prefix + "*", SCAN_COUNT)]
-                values = await self._client.mget(keys) if keys else []
+                values = await self._values(keys) if keys else []
         except (RedisError, OSError, TimeoutError) as exc:
             raise MembershipUnavailable(f"listing nodes failed: {exc!r}") from exc
         cut = len(self._prefix)
@@ -162,6 +168,11 @@ class RedisMembership(_Base):
                 node_id = _text(key)[cut:]
                 out[node_id] = Member(node_id, _text(value))
         return out
+
+    async def _values(self, keys: list[bytes]) -> list[bytes | str | None]:
+        if self._cluster:  # the records sit in many slots: one MGET per slot
+            return await cast(RedisCluster, self._client).mget_nonatomic(keys)
+        return await self._client.mget(keys)
 
     async def close(self) -> None:
         await self._client.aclose()

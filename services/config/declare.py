@@ -27,6 +27,8 @@ from typing import Annotated, Any
 import click
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
+from services.config.redisurl import cluster_nodes, is_cluster_url
+
 MAX_PORT = 65_535
 FROZEN = ConfigDict(extra="forbid")  # an unknown key is an error, never ignored
 
@@ -161,8 +163,11 @@ RateText = Annotated[str, Field(min_length=1), AfterValidator(_rate)]
 
 
 def _redis_url(text: str) -> str:
+    if is_cluster_url(text):
+        cluster_nodes(text)  # its ValueError says what is wrong
+        return text
     if not text.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError(f"expected a redis:// URL, got {text!r}")
+        raise ValueError(f"expected a redis:// URL (or redis+cluster://...), got {text!r}")
     return text
 
 

@@ -38,6 +38,7 @@ from services.config.declare import (
 )
 from services.config.listeners import Listeners
 from services.config.plugins import LogLevel, PluginTables
+from services.config.redisurl import is_cluster_url
 from services.config.rules import Rules
 
 # Limits.
@@ -320,6 +321,15 @@ class Settings:
                 http_ssl_context(self.http_certfile, self.http_keyfile)
             except (OSError, ssl.SSLError) as exc:
                 raise ValueError(f"--http-certfile/--http-keyfile: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _cluster_lacks(self) -> Settings:
+        cluster = self.redis_url is not None and is_cluster_url(self.redis_url)
+        if cluster and self.limits.rate_storage == RateStorage.REDIS:
+            # `limits` is handed the node's pool, which a cluster client has not
+            raise ValueError("--rate-storage redis does not run on Redis Cluster (yet): "
+                             "use --rate-storage memory")  # fmt: skip
         return self
 
     @model_validator(mode="after")

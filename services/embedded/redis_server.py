@@ -50,6 +50,7 @@ class RedisServer:
     port: int = 0  # 0: pick a free port at start (kept across restarts)
     host: str = "127.0.0.1"
     process: subprocess.Popen[bytes] | None = None
+    extra: tuple[str, ...] = ()  # more redis.conf lines (a cluster node's: redis_cluster.py)
 
     @property
     def url(self) -> str:
@@ -65,6 +66,7 @@ class RedisServer:
             "daemonize no",
             "logfile redis.log",
             *PROFILES[self.profile],
+            *self.extra,
         ]
         return "\n".join(lines) + "\n"
 

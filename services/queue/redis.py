@@ -6,11 +6,12 @@ act on them in the same scripts as the session. Messages travel in the
 compact form of `services.store.serial`.
 
 Batching: `enqueue` and `enqueue_and_take` send every client of a batch in
-ONE script call (8 keys per client, 2 per incoming QoS 2 mark). That is valid on a single Redis (and
-its replicas); on Redis Cluster a caller must split a batch by hash slot
-(`redis.crc.key_slot` of any key of the client) and issue one call per slot,
-since a script may touch one slot only. This class talks to one Redis.
-`ack_and_take` pipelines two scripts in one round trip. Marks are all or
+ONE script call (8 keys per client, 2 per incoming QoS 2 mark) on a single
+Redis (and its replicas). On Redis Cluster a script may touch one hash slot
+only, so a batch whose clients sit in several slots is split
+(`services.queue.slots`): one call per slot, run at once.
+`ack_and_take` pipelines two scripts in one round trip (on a cluster: two
+calls, since a cluster pipeline does not re-register scripts). Marks are all or
 nothing in the script: when one is refused (a duplicate id, a stale
 publisher epoch) nothing is written and the call is repeated without the
 refused marks and their messages, at most once per mark.
@@ -34,6 +35,7 @@ from services.queue.api import (
     TakeResult,
     shifted,
 )
+from services.queue.slots import BySlot
 from services.store.errors import Fenced
 from services.store.redis import (
     DEFAULT_TIMEOUT_S,
@@ -41,6 +43,7 @@ from services.store.redis import (
     bounded,
     client_keys,
     connect,
+    is_cluster,
     load_script,
     run_script,
 )
@@ -94,6 +97,7 @@ class RedisQueueStore:
         self._refuse = 1 if full == REFUSE else 0  # ARGV 2 of enqueue_take.lua
         self._timeout = timeout
         self._replicas = replicas  # WAIT for this many after each script (--redis-wait)
+        self._cluster = is_cluster(client)  # batches split per hash slot
         self.expired = 0  # messages past their expiry the scripts removed, undelivered
 
         def script(name: str) -> AsyncScript:
@@ -187,6 +191,22 @@ class RedisQueueStore:
         together: Sequence[Sequence[int]] = (),
         evicted: bool = False,
     ) -> TakeResult:
+        if self._cluster:
+            split = BySlot(items, takers, marks or {}, together)
+            if split.slots > 1:
+                return await split.run(self._one_slot, self.incoming_ids, evicted)
+        return await self._one_slot(items, takers, marks, together, evicted)
+
+    async def _one_slot(
+        self,
+        items: Sequence[tuple[str, Message]],
+        takers: Mapping[str, tuple[int, int]],
+        marks: Mapping[IncomingMark, Sequence[int]] | None = None,
+        together: Sequence[Sequence[int]] = (),
+        evicted: bool = False,
+    ) -> TakeResult:
+        """`enqueue_and_take` in one script call (a single Redis, or a cluster
+        batch within one slot)."""
         left = dict(marks or {})
         groups = [list(g) for g in together if g]
         duplicate: set[IncomingMark] = set()
@@ -273,6 +293,9 @@ class RedisQueueStore:
     async def ack_and_take(
         self, client_id: str, epoch: int, packet_ids: Sequence[int], window: int
     ) -> list[Inflight]:
+        if self._cluster:
+            await self.ack_many(client_id, epoch, packet_ids)
+            return await self.take(client_id, epoch, window)
         keys = client_keys(client_id)
         pipe = self._client.pipeline(transaction=False)
         await self._ack(

@@ -17,11 +17,21 @@ key is not known to the taking script); such a stale entry is harmless,
 since `orphans` checks every entry against the client's own hash, and
 pruned there (unindex.lua) or by the node's next release of that client.
 
-Redis Cluster: a node index is its own hash slot, so these scripts touch
-two slots and are valid on a single Redis (and its replicas) only, as the
-queue's batch script is. On a cluster the index calls would be split out
-(SADD before the claim, SREM after release / adopt: the index then stays a
-superset of the truth, which `orphans` already tolerates).
+Redis Cluster: a node index is its own hash slot, so on one Redis the
+scripts keep it in the same call, and on a cluster (`is_cluster`) the store
+keeps it in calls of its own around the script, so that the index stays a
+superset of the truth, which `orphans` already tolerates:
+- an entry is added before the script that makes the client the node's
+  (claim, will put, will adopt: a node dying between the two leaves a stale
+  entry, never a missing one) and again after it;
+- an entry is removed after the script that lets the client go (release,
+  will take, adopt, prune), then the client's hash is read and the entry
+  added back if the client is the node's after all.
+Together the two orders close the race of a release and a claim of the
+same client on the same node: whichever removal comes last is followed by a
+read that sees the claim, or by the claim's second add. Cost on a cluster
+only: two more round trips per claim, will put and will adopt, and three
+per release and will take.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from services.store.redis import (
     bounded,
     client_keys,
     connect,
+    is_cluster,
     load_script,
     run_script,
 )
@@ -68,6 +79,8 @@ class _ScriptStore:
         self._client = client
         self._timeout = timeout
         self._replicas = replicas  # WAIT for this many after each script (--redis-wait)
+        self._cluster = is_cluster(client)  # node indexes in calls of their own
+        self._unindex = load_script(client, "services.session", "unindex.lua")
 
     @classmethod
     def from_url(cls, url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Self:
@@ -78,6 +91,38 @@ class _ScriptStore:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+    async def _prune(self, node: str, kind: str, stale: list[str]) -> None:
+        """Remove a node's index entries that no longer hold, each checked again
+        (the client may have come back to the node since it was read): in Lua
+        on one Redis, by `_index_drop` on a cluster."""
+        if not stale:
+            return
+        if self._cluster:
+            for cid in stale:
+                await self._index_drop(node, kind, cid)
+            return
+        index = node_index(node, kind)
+        field, online = ("node", 1) if kind == "s" else ("n", 0)
+        pipe = self._client.pipeline(transaction=False)
+        for cid in stale:
+            keys = [index, ("{c:" + cid + "}:" + kind).encode()]
+            await self._unindex(keys=keys, args=[node, cid, field, online], client=pipe)
+        await bounded(pipe.execute(), self._timeout)
+
+    async def _index_add(self, index: bytes, client_id: str) -> None:
+        await bounded(self._client.sadd(index, client_id), self._timeout)
+
+    async def _index_drop(self, node: str, kind: str, client_id: str) -> None:
+        """Cluster only: remove `client_id` from `node`'s index of `kind`, then
+        add it back if its hash (read after the removal) says it is the node's."""
+        index = node_index(node, kind)
+        await bounded(self._client.srem(index, client_id), self._timeout)
+        field = "node" if kind == "s" else "n"
+        key = ("{c:" + client_id + "}:" + kind).encode()
+        owner, online = await bounded(self._client.hmget(key, [field, "online"]), self._timeout)
+        if owner == node.encode() and (kind == "w" or online == b"1"):
+            await self._index_add(index, client_id)
 
 
 def node_index(node: str, kind: str) -> bytes:
@@ -97,7 +142,6 @@ class RedisSessionStore(_ScriptStore):
         # Whose index `release` keeps: this node's; None given, the node that
         # last claimed through this store (tests that play several nodes).
         self._owner, self._fixed = node, node is not None
-        self._unindex = load_script(client, "services.session", "unindex.lua")
         self._claim = load_script(client, "services.session", "claim.lua")
         self._release = load_script(client, "services.session", "release.lua")
         self._version = load_script(client, "services.session", "version.lua")
@@ -105,10 +149,17 @@ class RedisSessionStore(_ScriptStore):
         self._adopt = load_script(client, "services.session", "adopt.lua")
 
     async def claim(self, client_id: str, node: str, clean_start: bool, expiry_s: int) -> Claim:
-        keys = [*client_keys(client_id), node_index(node, "s")]
+        keys: list[bytes] = list(client_keys(client_id))
+        index = node_index(node, "s")
+        if self._cluster:
+            await self._index_add(index, client_id)
+        else:
+            keys.append(index)
         epoch, present, previous = await self._run(
             self._claim, keys, [node, int(clean_start), expiry_s, client_id]
         )
+        if self._cluster:
+            await self._index_add(index, client_id)
         if not self._fixed:
             self._owner = node
         return Claim(client_id, int(epoch), bool(present), previous.decode() if previous else None)
@@ -117,10 +168,13 @@ class RedisSessionStore(_ScriptStore):
         keys = list(client_keys(client_id))
         args: list[Any] = [epoch, max(expiry_s, 0), NEVER_EXPIRES, LEFTOVER_GRACE_MS]
         owner = self._owner
-        if owner is not None:
+        if owner is not None and not self._cluster:
             keys.append(node_index(owner, "s"))
             args += [owner, client_id]
-        if await self._run(self._release, keys, args) == FENCED:
+        fenced = await self._run(self._release, keys, args) == FENCED
+        if owner is not None and self._cluster:
+            await self._index_drop(owner, "s", client_id)
+        if fenced:
             raise Fenced(client_id)
 
     async def next_version(self, client_id: str, epoch: int) -> int:
@@ -149,13 +203,17 @@ class RedisSessionStore(_ScriptStore):
         mine = node.encode()
         owned = [cid for cid, (owner, online) in fields if owner == mine and online == b"1"]
         stale = [cid for cid, _ in fields if cid not in set(owned)]
-        await _prune(self._client, self._unindex, node, "s", stale, self._timeout)
+        await self._prune(node, "s", stale)
         return owned
 
     async def adopt(self, client_id: str, dead: str) -> Adopted | None:
-        keys = [*client_keys(client_id), node_index(dead, "s")]
+        keys = [*client_keys(client_id)]
+        if not self._cluster:
+            keys.append(node_index(dead, "s"))
         args = [dead, NEVER_EXPIRES, client_id, LEFTOVER_GRACE_MS]
         got = await self._run(self._adopt, keys, args)
+        if self._cluster:  # the dead node's: no claim there can come after
+            await bounded(self._client.srem(node_index(dead, "s"), client_id), self._timeout)
         if not got:
             return None
         epoch, version, expiry = got
@@ -181,23 +239,6 @@ async def _indexed(
     return list(zip(ids, values, strict=True))
 
 
-async def _prune(
-    client: aioredis.Redis, unindex: AsyncScript, node: str, kind: str, stale: list[str],
-    limit_s: float,
-) -> None:  # fmt: skip
-    """Remove a node's index entries that no longer hold, each checked again in
-    Lua (the client may have come back to the node since it was read)."""
-    if not stale:
-        return
-    index = node_index(node, kind)
-    field, online = ("node", 1) if kind == "s" else ("n", 0)
-    pipe = client.pipeline(transaction=False)
-    for cid in stale:
-        keys = [index, ("{c:" + cid + "}:" + kind).encode()]
-        await unindex(keys=keys, args=[node, cid, field, online], client=pipe)
-    await bounded(pipe.execute(), limit_s)
-
-
 class RedisWillStore(_ScriptStore):
     """Wills in Redis: one hash `{c:<id>}:w` per client, changed only by Lua,
     and an index per node of the wills it is to publish (`node_index`)."""
@@ -211,7 +252,6 @@ class RedisWillStore(_ScriptStore):
     ) -> None:
         super().__init__(client, timeout, replicas)
         self._owner, self._fixed = node, node is not None  # whose index `take` keeps
-        self._unindex = load_script(client, "services.session", "unindex.lua")
         self._put = load_script(client, "services.session", "will_put.lua")
         self._arm = load_script(client, "services.session", "will_arm.lua")
         self._take = load_script(client, "services.session", "will_take.lua")
@@ -233,10 +273,17 @@ class RedisWillStore(_ScriptStore):
     ) -> StoredWill | None:
         named = username is not None
         args = [node, token, message or b"", delay_s, int(named), username or "", peer, client_id]
-        keys = [*self._key(client_id), node_index(node, "w")]
+        keys, index = self._key(client_id), node_index(node, "w")
         if not self._fixed:
             self._owner = node
-        old = await self._run(self._put, keys, args)
+        if not self._cluster:
+            old = await self._run(self._put, [*keys, index], args)
+        elif message:
+            await self._index_add(index, client_id)
+            old = await self._run(self._put, keys, args)
+            await self._index_add(index, client_id)
+        else:
+            old = await self._run(self._put, keys, args)
         if not old:
             return None
         blob, delay, owner, due, user, at = old
@@ -252,24 +299,36 @@ class RedisWillStore(_ScriptStore):
         keys = self._key(client_id)
         args: list[Any] = [token]
         owner = self._owner
-        if owner is not None:
+        if owner is not None and not self._cluster:
             keys.append(node_index(owner, "w"))
             args += [owner, client_id]
         got = await self._run(self._take, keys, args)
+        if owner is not None and self._cluster:
+            await self._index_drop(owner, "w", client_id)
         return bytes(got) if got else None
 
     async def orphans(self, node: str) -> list[str]:
         fields = await _indexed(self._client, node_index(node, "w"), "w", ("n",), self._timeout)
         owned = [cid for cid, (owner,) in fields if owner == node.encode()]
         stale = [cid for cid, _ in fields if cid not in set(owned)]
-        await _prune(self._client, self._unindex, node, "w", stale, self._timeout)
+        await self._prune(node, "w", stale)
         return owned
 
     async def adopt(
         self, client_id: str, dead: str, node: str, token: str, now_ms: int
     ) -> StoredWill | None:
-        keys = [*self._key(client_id), node_index(dead, "w"), node_index(node, "w")]
-        got = await self._run(self._adopt, keys, [dead, node, token, now_ms, client_id])
+        keys, gone, mine = self._key(client_id), node_index(dead, "w"), node_index(node, "w")
+        args = [dead, node, token, now_ms, client_id]
+        if self._cluster:
+            await self._index_add(mine, client_id)
+            got = await self._run(self._adopt, keys, args)
+            await bounded(self._client.srem(gone, client_id), self._timeout)
+            if got:
+                await self._index_add(mine, client_id)
+            else:  # not the dead node's: not this one's either
+                await self._index_drop(node, "w", client_id)
+        else:
+            got = await self._run(self._adopt, [*keys, gone, mine], args)
         if not got:
             return None
         blob, delay, due, user, at = got

@@ -18,6 +18,15 @@ restart) are still replaced transparently when they are checked out.
 node's metrics read it (`weir_redis_failures_total`, the redis_unavailable
 alarm). It is the process's: a process runs one node (tests run several
 and then read the sum).
+
+Redis Cluster: a URL `redis+cluster://host:port[,host:port...]` makes
+`connect` return redis-py's cluster client (`is_cluster` tells which one a
+store got). Every script touches one client's keys, one hash slot; the few
+calls that span slots (a node's index beside a client's keys, a batch of
+many clients) are split by the stores when `is_cluster`, and only then, so
+a single Redis pays no extra round trip. Scripts in a cluster pipeline are
+not re-registered on NOSCRIPT (a replica promoted by a failover has none),
+so on a cluster `scripts_in_order` runs them one by one.
 """
 
 from __future__ import annotations
@@ -29,11 +38,13 @@ from importlib import resources
 from typing import Any, Final, TypeVar, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, RedisError
 
+from services.config.redisurl import cluster_nodes, is_cluster_url
 from services.store.errors import StoreUnavailable
 
 POOL_CONNECTIONS = 64  # concurrent calls per process; more only queue on one Redis thread
@@ -65,12 +76,29 @@ def client_keys(client_id: str) -> tuple[bytes, ...]:
     return tuple(tag + suffix.encode() for suffix in KEY_SUFFIXES)
 
 
+# Connections per cluster primary. A cluster node's pool fails a call past its
+# limit instead of making it wait (redis-py has no blocking pool there), so
+# the limit sits well above the single-Redis pool's: a burst queues on Redis.
+CLUSTER_NODE_CONNECTIONS = 512
+
+
+def is_cluster(client: object) -> bool:
+    return isinstance(client, RedisCluster)
+
+
 def connect(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> aioredis.Redis:
-    """A client whose pool makes a call wait for a free connection (bounded by
+    """A client on `url`: a Redis Cluster client for `redis+cluster://`, else
+    a client on one Redis. The cluster client answers every command the
+    stores send, so it is typed as the one-Redis client they are written
+    against; `is_cluster` tells them apart where the calls must differ.
+
+    One Redis: a client whose pool makes a call wait for a free connection (bounded by
     `timeout`) instead of failing: redis-py's default pool raises at once past
     its limit, which a burst of persistent sessions reaches. The client owns
     its pool: `aclose` closes the pool's connections too (a client made on a
     pool it was given leaves them open)."""
+    if is_cluster_url(url):
+        return cast(aioredis.Redis, _connect_cluster(url, timeout))
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=POOL_CONNECTIONS,
@@ -85,6 +113,37 @@ def connect(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> aioredis.Redis:
         **_POOL_OPTIONS,
     )
     return aioredis.Redis.from_pool(pool)  # decode_responses: the pool's (False)
+
+
+class _Cluster(RedisCluster):
+    """redis-py's cluster client, made to read the slot map before a first
+    call picks its node: left to itself, the calls of a burst on a fresh
+    client pick a seed node's connection that reading the map then closes
+    ("Connection closed by server"; 5 of 10 concurrent first calls failed)."""
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if self._initialize:
+            await self.initialize()
+        return await super().execute_command(*args, **kwargs)
+
+
+def _connect_cluster(url: str, timeout: float) -> RedisCluster:
+    nodes, user, password = cluster_nodes(url)
+    return _Cluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in nodes],
+        username=user,
+        password=password,
+        max_connections=CLUSTER_NODE_CONNECTIONS,
+        socket_timeout=None,  # as above: `bounded` bounds each call
+        socket_connect_timeout=timeout,
+        # No resend of a call whose answer was lost (see the module's
+        # docstring). MOVED/ASK redirects are followed still: the command did
+        # not run where it was refused. A failover costs the calls in flight
+        # and the next one to the dead primary; that one's failure makes the
+        # client re-read the slot map, so the call after it finds the new one.
+        retry=Retry(NoBackoff(), 0),
+        **_POOL_OPTIONS,
+    )
 
 
 def load_script(client: aioredis.Redis, package: str, name: str) -> AsyncScript:
@@ -114,16 +173,64 @@ async def run_script(
     for a lost answer."""
     if replicas <= 0:
         return await bounded(script(keys=keys, args=args), limit_s)
-    pipe = script.registered_client.pipeline(transaction=False)
-    await script(keys=keys, args=args, client=cast(Any, pipe))  # a Pipeline is handled there
-    pipe.wait(replicas, max(1, int(limit_s * 500)))  # ms: half the call's bound
-    result, copies = await bounded(pipe.execute(), limit_s)
+    client = script.registered_client
+    if isinstance(client, RedisCluster):
+        result, copies = await bounded(_waited_on_cluster(client, script, keys, args, replicas,
+                                                          limit_s), limit_s)  # fmt: skip
+    else:
+        result, copies = await bounded(_waited(script, keys, args, replicas, limit_s), limit_s)
     if int(copies) < replicas:
         UNANSWERED.count += 1
         raise StoreUnavailable(
             f"redis WAIT: {copies} of {replicas} replicas took the write within {limit_s / 2} s"
         )
     return result
+
+
+async def _waited(
+    script: AsyncScript, keys: Sequence[bytes], args: list[Any], replicas: int, limit_s: float
+) -> tuple[Any, Any]:
+    pipe = script.registered_client.pipeline(transaction=False)
+    await script(keys=keys, args=args, client=cast(Any, pipe))  # a Pipeline is handled there
+    pipe.wait(replicas, max(1, int(limit_s * 500)))  # ms: half the call's bound
+    result, copies = await pipe.execute()
+    return result, copies
+
+
+async def _waited_on_cluster(
+    client: RedisCluster, script: AsyncScript, keys: Sequence[bytes], args: list[Any],
+    replicas: int, limit_s: float,
+) -> tuple[Any, Any]:  # fmt: skip
+    """Script and WAIT on one connection to the primary of the keys' slot (the
+    cluster client's own WAIT goes to every node, on other connections).
+    NOSCRIPT (a primary that a failover promoted has no scripts): load it there
+    and send both again, the script did not run. MOVED (a failover the
+    client's slot map does not know yet): the map is read again and the call
+    fails, its script not run."""
+    if client._initialize:
+        await client.initialize()
+    node = client.get_node_from_key(keys[0].decode())
+    if node is None:
+        raise ClusterDownError(f"no primary serves the slot of {keys[0]!r}")
+    wait_ms = max(1, int(limit_s * 500))  # half the call's bound
+    for _ in range(2):
+        commands = [
+            PipelineCommand(0, "EVALSHA", script.sha, len(keys), *keys, *args),
+            PipelineCommand(1, "WAIT", replicas, wait_ms),
+        ]
+        await node.execute_pipeline(commands)
+        result, copies = commands[0].result, commands[1].result
+        if isinstance(result, NoScriptError):
+            await node.execute_command("SCRIPT", "LOAD", script.script)
+            continue
+        if isinstance(result, MovedError | AskError | ClusterDownError):
+            await client.nodes_manager.initialize()
+            raise result
+        for answer in (result, copies):
+            if isinstance(answer, Exception):
+                raise answer
+        return result, copies
+    raise NoScriptError("script not loaded on its primary")
 
 
 async def bounded(call: Awaitable[T], limit_s: float) -> T:

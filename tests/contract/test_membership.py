@@ -56,9 +56,16 @@ class World:
             await asyncio.sleep(ttl_s + 0.05)  # a TTL is the behaviour under test
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=pytest.mark.redis),  # Redis Cluster, 3 primaries
+    ]
+)
 async def world(request: pytest.FixtureRequest) -> AsyncIterator[World]:
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    fixture = {"redis": "redis_url", "cluster": "redis_cluster_url"}.get(request.param)
+    url = request.getfixturevalue(fixture) if fixture else None
     w = World(request.param, url)
     yield w
     for m in w.made:

@@ -17,20 +17,23 @@ from services.session.memory import MemorySessionStore
 from services.session.redis import RedisSessionStore
 from tests.support.wait import until
 
+URL = {"redis": "redis_url", "cluster": "redis_cluster_url"}  # the fixture giving each
+
 
 @pytest.fixture(
     params=[
         "memory",
         pytest.param("redis", marks=pytest.mark.redis),
         pytest.param("tiered", marks=pytest.mark.redis),  # what a node runs: memory + Redis
+        pytest.param("cluster", marks=pytest.mark.redis),  # Redis Cluster, 3 primaries
     ]
 )
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
     s: SessionStore
     if request.param == "memory":
         s = MemorySessionStore()
-    elif request.param == "redis":
-        s = RedisSessionStore.from_url(request.getfixturevalue("redis_url"))
+    elif request.param in ("redis", "cluster"):
+        s = RedisSessionStore.from_url(request.getfixturevalue(URL[request.param]))
     else:
         durable = RedisSessionStore.from_url(request.getfixturevalue("redis_url"))
         s = TieredSessionStore(MemorySessionStore(), durable, Tiers())

@@ -14,12 +14,19 @@ from services.session.memory import MemoryWillStore
 from services.session.redis import RedisWillStore
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=pytest.mark.redis),  # Redis Cluster, 3 primaries
+    ]
+)
 async def wills(request: pytest.FixtureRequest) -> AsyncIterator[WillStore]:
     if request.param == "memory":
         yield MemoryWillStore()
         return
-    s = RedisWillStore.from_url(request.getfixturevalue("redis_url"))
+    url = "redis_cluster_url" if request.param == "cluster" else "redis_url"
+    s = RedisWillStore.from_url(request.getfixturevalue(url))
     yield s
     await s.close()
 

@@ -1,7 +1,7 @@
 -- A survivor ends the connection a dead node had: the session goes offline
 -- under a new epoch (so a late write of the dead node fails), exactly once.
 -- KEYS: 1 {c:id}:s session hash, 2-8 the client's message-state keys (see claim.lua),
---       9 {n:dead}:s the dead node's index of its sessions
+--       9 (optional: Redis Cluster) {n:dead}:s the dead node's index of its sessions
 -- ARGV: 1 the dead node, 2 the "never expires" value (4294967295), 3 client id,
 --       4 the message state's grace (ms, see release.lua)
 -- Returns: {epoch, version, expiry}, or false if the dead node no longer has
@@ -12,7 +12,7 @@ local s = KEYS[1]
 local cur = redis.call('HMGET', s, 'epoch', 'node', 'online', 'expiry', 'ver')
 -- Either way the dead node's index no longer lists it: a claim there would
 -- have set the session's node in the same step as its index entry.
-redis.call('SREM', KEYS[9], ARGV[3])
+if KEYS[9] then redis.call('SREM', KEYS[9], ARGV[3]) end
 if cur[3] ~= '1' or cur[2] ~= ARGV[1] then return false end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])

@@ -2,7 +2,8 @@
 -- KEYS: 1 {c:id}:s session hash, 2-8 the client's message-state keys
 --       (q queue hash, o queue order zset, z QoS 0 list, f inflight hash,
 --        fo inflight order zset, x released set, r incoming QoS 2 set)
---       9 {n:node}:s the claiming node's index of its sessions (see orphans in redis.py)
+--       9 (optional) {n:node}:s the claiming node's index of its sessions (see orphans
+--       in redis.py; on Redis Cluster the store keeps it in calls of its own)
 -- ARGV: 1 node, 2 clean_start ("1"/"0"), 3 session expiry seconds, 4 client id
 -- Returns: {epoch, session_present (1/0), previous node if it was online or false}
 -- The epoch is a hybrid logical clock, max(previous + 1, Redis time in us),
@@ -26,5 +27,5 @@ end
 redis.call('HSET', s, 'epoch', string.format('%.0f', epoch), 'node', ARGV[1],
   'online', '1', 'expiry', ARGV[3])
 for i = 1, 8 do redis.call('PERSIST', KEYS[i]) end
-redis.call('SADD', KEYS[9], ARGV[4])
+if KEYS[9] then redis.call('SADD', KEYS[9], ARGV[4]) end
 return {epoch, (existed and not clean) and 1 or 0, previous}

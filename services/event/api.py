@@ -7,8 +7,8 @@ process) and Kafka (confluent-kafka producer, consumer to partition EOF).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeAlias
 
 if TYPE_CHECKING:
     from services.event.schema import Event
@@ -44,6 +44,31 @@ Handler: TypeAlias = Callable[["Event"], Awaitable[object] | object]
 Offsets: TypeAlias = Mapping[tuple[str, int], int]  # (topic, partition) -> next offset to read
 
 
+class Placed(NamedTuple):
+    """Where one partition took the records of an `append_all`."""
+
+    first: int  # the offset of the first of them
+    next: int  # the offset after the last of them
+    records: int  # how many (next - first when nothing else landed among them)
+
+
+Placements: TypeAlias = dict[tuple[str, int], Placed]
+
+
+def placements(landed: list[tuple[str, int, int]]) -> Placements:
+    """(topic, partition, offset) of each record -> where each partition took them."""
+    spans: dict[tuple[str, int], list[int]] = {}
+    for topic, partition, offset in landed:
+        span = spans.get((topic, partition))
+        if span is None:
+            spans[(topic, partition)] = [offset, offset, 1]
+        else:
+            span[0] = min(span[0], offset)
+            span[1] = max(span[1], offset)
+            span[2] += 1
+    return {tp: Placed(first, last + 1, count) for tp, (first, last, count) in spans.items()}
+
+
 class EventLog(Protocol):
     append_timeout_s: float
 
@@ -62,6 +87,15 @@ class EventLog(Protocol):
         """Return once the log has durably acknowledged the event
         (Kafka: acks=all). Raises EventLogUnavailable after a bounded wait,
         EventLogBackpressure at once when too many appends are waiting."""
+        ...
+
+    async def append_all(self, events: Sequence[Event]) -> Placements:
+        """Append every event of `events` (in order per key) without waiting
+        on each, and return once the log has acknowledged them all, with
+        where they landed, per partition. A re-seed's bulk (services.node.
+        bootstrap): hundreds of thousands at a time. Raises
+        EventLogUnavailable, saying how many were not acknowledged, when
+        the log stops taking them (some may have landed)."""
         ...
 
     async def replay(self, handler: Handler, start: Offsets | None = None) -> int:

@@ -22,7 +22,7 @@ import ctypes
 import inspect
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -37,6 +37,7 @@ from services.event.api import (
     EventLogUnavailable,
     Handler,
     Offsets,
+    Placements,
 )
 from services.event.appender import Appender
 from services.event.schema import (
@@ -155,6 +156,11 @@ class KafkaEventLog:
         if self._closed:
             raise EventLogClosed("event log is closed")
         await self._appender.append(event)
+
+    async def append_all(self, events: Sequence[Event]) -> Placements:
+        if self._closed:
+            raise EventLogClosed("event log is closed")
+        return await self._appender.append_all(events)
 
     # -- replay and tail ------------------------------------------------
 

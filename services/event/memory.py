@@ -18,6 +18,7 @@ import contextlib
 import inspect
 import random
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.event.api import (
@@ -27,6 +28,8 @@ from services.event.api import (
     EventLogUnavailable,
     Handler,
     Offsets,
+    Placements,
+    placements,
 )
 from services.event.schema import (
     DEFAULT_TOPIC_PREFIX,
@@ -108,6 +111,16 @@ class MemoryEventLog:
         topic = self.log.topic_prefix + suffix
         self.log.records[(topic, self.log.partition_of(key))].append(value)
         self.log.notify()
+
+    async def append_all(self, events: Sequence[Event]) -> Placements:
+        landed: list[tuple[str, int, int]] = []
+        for event in events:
+            await self.append(event)
+            suffix, key, _ = encode(event)
+            topic = self.log.topic_prefix + suffix
+            partition = self.log.partition_of(key)
+            landed.append((topic, partition, len(self.log.records[(topic, partition)]) - 1))
+        return placements(landed)
 
     def positions(self) -> dict[tuple[str, int], int]:
         return dict(self._positions)

@@ -24,8 +24,9 @@ what it saves), the single node of `weir up` cuts it:
    subscriptions, retained messages) is appended to the new log (in that
    order, as a re-seed at start: a crash between them leaves no offsets of
    the old log behind; the next start re-seeds from the store again);
-5. appends go on, and the tail starts over on the new log (the re-seeded
-   events are all stale to the node's view: ignored by version).
+5. appends go on, and the tail starts over on the new log after the
+   seeded events (`bootstrap.skip_seeded`: they are all stale to the
+   node's view, which would decode and ignore them).
 
 Between cuts, every CHECK_S, the same task records the positions the node
 has read as the store's offsets (`WriteThroughLog.record_offsets`), which is
@@ -129,7 +130,12 @@ class LogCutter:
                 seeded = 0
                 if snapshot is not None:  # in a thread, as the load: the loop keeps turning
                     live = await asyncio.to_thread(snapshot.live_events)
-                    seeded = await bootstrap.append_all(events.log, live)
+                    skip = await bootstrap.seed(events.log, live)
+                    seeded = len(live)
+                    # The tail goes on from after the seed: all of it is old
+                    # news to the view (a replay from `skip` reads nothing else:
+                    # appends are held), which it would decode and ignore.
+                    await events.log.replay(self.logstate.apply, skip)
             except StateStoreError as exc:
                 log.warning("log cut: %s", exc)
                 raise

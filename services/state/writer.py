@@ -41,14 +41,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any, Final, TypeAlias, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.event.api import EventLog, EventLogUnavailable, Handler, Offsets
+from services.event.api import EventLog, EventLogUnavailable, Handler, Offsets, Placements
 from services.event.schema import (
     Event,
     RetainedCleared,
@@ -215,6 +215,25 @@ class WriteThroughLog:
         await self.log.warm()
 
     async def append(self, event: Event) -> None:
+        async with self._flight():
+            await self.log.append(event)  # first: the log's order is the cluster's
+            self.appended += 1
+            await self.writer.write(event)
+
+    async def append_all(self, events: Sequence[Event]) -> Placements:
+        """The log's bulk append, then the store's (one script call per
+        BATCH_ROWS). A re-seed, whose events come from the store, appends
+        to `log` itself instead."""
+        async with self._flight():
+            placed = await self.log.append_all(events)
+            self.appended += len(events)
+            await asyncio.gather(*(self.writer.write(e) for e in events))
+            return placed
+
+    @contextlib.asynccontextmanager
+    async def _flight(self) -> AsyncIterator[None]:
+        """One append (or bulk): waits while `held`, counted in flight until
+        done, its outcome a future `record_offsets` waits for."""
         while not self._open.is_set():
             await self._open.wait()
         self._inflight += 1
@@ -222,9 +241,7 @@ class WriteThroughLog:
         flight: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._flights.add(flight)
         try:
-            await self.log.append(event)  # first: the log's order is the cluster's
-            self.appended += 1
-            await self.writer.write(event)
+            yield
             flight.set_result(None)
         except BaseException as exc:
             flight.set_exception(EventLogUnavailable(f"not in the state store: {exc}"))

@@ -248,6 +248,38 @@ async def test_async_handler_is_awaited(backend: Backend) -> None:
     assert n == len(got) == len(workload(2, 2))
 
 
+async def test_append_all_lands_every_event_and_says_where(backend: Backend) -> None:
+    """A bulk append (a re-seed's) past the producer's queue bound: every
+    event lands, in per-key order, and the placements say where: a replay
+    from their ends reads only what came after."""
+    writer = backend.log(max_pending=50)
+    events = workload(clients=40, per_client=6)  # 278 events: the queue fills and drains
+    placed = await asyncio.wait_for(writer.append_all(events), DEADLINE_S)
+    assert sum(p.records for p in placed.values()) == len(events)
+    assert all(p.next - p.first == p.records and p.first == 0 for p in placed.values())
+    got = await replay_all(backend.log())
+    assert by_key(got) == by_key(events)
+    later = Subscribed(client_id="later", version=1, node="n1", ts_ms=1, filter="a", qos=0)
+    await writer.append(later)
+    after: list[Event] = []
+    ends = {tp: p.next for tp, p in placed.items()}
+    await asyncio.wait_for(backend.log().replay(after.append, start=ends), DEADLINE_S)
+    assert after == [later]
+
+
+async def test_outage_append_all_fails_within_bound(backend: Backend) -> None:
+    bound = 1.0
+    writer = backend.log()
+    await writer.append(workload(1, 1)[0])  # warm
+    writer.append_timeout_s = bound
+    backend.stall()
+    started = time.monotonic()
+    with pytest.raises(EventLogUnavailable, match=r"not acknowledged|no acknowledgement"):
+        await asyncio.wait_for(writer.append_all(workload(3, 2)), DEADLINE_S)
+    assert time.monotonic() - started < bound + 2.0
+    backend.unstall()
+
+
 async def test_outage_append_fails_within_bound_and_loop_stays_free(backend: Backend) -> None:
     bound = 1.0
     writer = backend.log()

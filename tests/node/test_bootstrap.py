@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from services.broker.logstate import LogState
 from services.broker.ports import Expiries, Session
 from services.broker.routes import Routes
-from services.event.api import EventLog
+from services.event.api import EventLog, Placed
 from services.event.memory import MemoryEventLog, MemoryLog
 from services.event.schema import Event, SessionClosed, SessionOpened, Subscribed, Unsubscribed
 from services.node import bootstrap
@@ -200,3 +200,16 @@ async def test_a_reseed_cut_short_leaves_no_old_offsets_and_every_node_starts_wh
         assert sorted(routes.trie.filters("c1")) == ["a/+", "b"]
     finally:
         await client.aclose()
+
+
+def test_a_replay_skips_only_a_seed_that_fills_its_partition_from_offset_0() -> None:
+    """Where the re-seed's records are all a partition holds, a replay starts
+    after them; where anything else landed before or among them (another
+    node's append between two windows), that partition is read whole."""
+    a, b, c = ("weir.sessions", 0), ("weir.sessions", 1), ("weir.subscriptions", 0)
+    windows = [
+        {a: Placed(0, 3, 3), b: Placed(0, 2, 2), c: Placed(1, 4, 3)},  # c: a record before
+        {a: Placed(3, 5, 2), b: Placed(3, 4, 1)},  # b: one landed between the windows
+    ]
+    assert bootstrap.skip_seeded(windows) == {a: 5}
+    assert bootstrap.skip_seeded([]) == {}

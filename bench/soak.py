@@ -212,7 +212,8 @@ def run_soak(cfg: EmbeddedConfig) -> Result:
         "cycles": lives.ran, "sessions": cfg.sessions, "stopped_early": lives.ran < cfg.cycles,
         "failed_lives": lives.failed, "first_failure": lives.first_failure,
         "first_start_to_ready_s": round(first_ready, 2),
-        "restart_to_ready_s": round(up.ready_s, 2), "after_restart": after,
+        "restart_to_ready_s": round(up.ready_s, 2), "restart_cpu_s": round(up.ready_cpu_s, 2),
+        "after_restart": after,
         "sessions_lost_while_running": lives.lost,
         "sessions_kept_of_sample": [kept, min(cfg.sessions, RESUMED_SAMPLE)],
         "curve": curve,
@@ -226,7 +227,7 @@ def run_restart(cfg: EmbeddedConfig) -> Result:
         port = _free_port()
         up = Up(data, port)
         try:
-            first_ready = up.ready_s
+            first_ready, first_cpu = up.ready_s, up.ready_cpu_s
             made = time.monotonic()
             make_sessions(port, cfg.sessions, cfg.concurrency)
             made_s = time.monotonic() - made
@@ -242,7 +243,8 @@ def run_restart(cfg: EmbeddedConfig) -> Result:
     extra = {
         "sessions": cfg.sessions, "sessions_per_s": round(cfg.sessions / made_s, 1),
         "empty_start_to_ready_s": round(first_ready, 2),
-        "start_to_ready_s": round(up.ready_s, 2), "before_stop": before, "after_start": after,
+        "start_to_ready_s": round(up.ready_s, 2), "start_cpu_s": round(up.ready_cpu_s, 2),
+        "empty_start_cpu_s": round(first_cpu, 2), "before_stop": before, "after_start": after,
     }  # fmt: skip
     return _result("restart", up, time.monotonic() - began, extra)
 
@@ -256,7 +258,8 @@ def run_footprint(cfg: EmbeddedConfig) -> Result:
             idle = weigh(up)
         finally:
             up.stop()
-    extra = {"start_to_ready_s": round(up.ready_s, 2), "rested_s": cfg.duration, **idle}
+    extra = {"start_to_ready_s": round(up.ready_s, 2), "start_cpu_s": round(up.ready_cpu_s, 2),
+             "rested_s": cfg.duration, **idle}
     return _result("footprint", up, time.monotonic() - began, extra)
 
 

@@ -71,6 +71,13 @@ class RedisServer:
         return "\n".join(lines) + "\n"
 
     def start(self) -> RedisServer:
+        self.launch()
+        self.wait_ready()
+        return self
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (PR_SET_PDEATHSIG on the
+        main thread); `wait_ready` then waits for it to load its data."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RedisServerError(
@@ -90,10 +97,11 @@ class RedisServer:
             stderr=subprocess.DEVNULL,
             **child_options(),  # no redis-server outlives a killed run
         )
-        self._wait_ready()
-        return self
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
+        """Until it answers PING; raises, stopped, if it never does. While it
+        loads its data it answers -LOADING, and is waited for as long as it
+        does (a large AOF on a busy machine can take longer than the bound)."""
         assert self.process is not None
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -103,19 +111,23 @@ class RedisServer:
                 raise RedisServerError(
                     f"redis-server exited with {self.process.returncode}: {tail}"
                 )
-            if self._ping():
+            answer = self._ping()
+            if answer.startswith(b"+PONG"):
                 return
+            if answer.startswith(b"-LOADING"):
+                deadline = time.monotonic() + START_TIMEOUT_S
             time.sleep(0.01)
         self.stop()
         raise RedisServerError(f"redis-server not ready on port {self.port} in {START_TIMEOUT_S}s")
 
-    def _ping(self) -> bool:
+    def _ping(self) -> bytes:
+        """Its answer to PING (b"" when it does not answer)."""
         try:
             with socket.create_connection((self.host, self.port), timeout=0.5) as sock:
                 sock.sendall(b"PING\r\n")
-                return sock.recv(64).startswith(b"+PONG")
+                return sock.recv(64)
         except OSError:
-            return False
+            return b""
 
     def stop(self) -> None:
         """Terminate (SIGTERM: Redis flushes its AOF) and wait for the process."""

@@ -36,7 +36,7 @@ from services import logs
 from services.cli import CONTEXT, Command, run
 from services.config import Settings, SettingsError, exposure_error, load
 from services.config.flags import given, settings_flags
-from services.machine.backends import BackendError, start_backends
+from services.machine.backends import BackendError, launch_backends
 
 if TYPE_CHECKING:
     from services.broker.seams import Seams
@@ -198,25 +198,28 @@ async def open_backends(
         async with bridged(settings, build_services(settings), None) as services:
             yield services, "memory backends"
         return
-    from services.broker.seams import admitting
-    from services.broker.stores import TieredQueueStore, TieredSessionStore, Tiers
-    from services.cluster.membership import RedisMembership
-    from services.embedded.redis_server import RedisServer
-    from services.metrics.cluster import RedisFigures
-    from services.node.node import Services
-    from services.queue.api import DROP_OLDEST
-    from services.queue.memory import MemoryQueueStore
-    from services.queue.redis import RedisQueueStore
-    from services.retain.store import MemoryRetainStore
-    from services.session.api import SessionError
-    from services.session.memory import MemorySessionStore
-    from services.session.redis import RedisSessionStore, RedisWillStore, bounded, connect
-    from services.state.redis import RedisStateStore
-
     started: list[Any] = []
     closers: list[Any] = []
     try:
-        redis_url, bootstrap = start_backends(settings, started)
+        # The embedded processes start first; they load their data while
+        # this process imports what it needs.
+        backends_ready = launch_backends(settings, started)
+        from services.broker.seams import admitting
+        from services.broker.stores import TieredQueueStore, TieredSessionStore, Tiers
+        from services.cluster.membership import RedisMembership
+        from services.embedded.redis_server import RedisServer
+        from services.metrics.cluster import RedisFigures
+        from services.node.node import Services  # and the node's own imports, meanwhile
+        from services.queue.api import DROP_OLDEST
+        from services.queue.memory import MemoryQueueStore
+        from services.queue.redis import RedisQueueStore
+        from services.retain.store import MemoryRetainStore
+        from services.session.api import SessionError
+        from services.session.memory import MemorySessionStore
+        from services.session.redis import RedisSessionStore, RedisWillStore, bounded, connect
+        from services.state.redis import RedisStateStore
+
+        redis_url, bootstrap = backends_ready()
         client = connect(redis_url, REDIS_START_TIMEOUT_S)
         closers.append(client.aclose)
         try:

@@ -157,8 +157,9 @@ class Up:
         self.port = port
         self.out = data.parent / f"{data.name}-up.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
-        env["WEIR_HTTP_PORT"] = "0"  # never 18083: a node of another run may hold it
-        args = ["--mqtt-port", str(port), "--ws-port", "off", "--data-dir", str(data)]
+        # --http-port 0: never 18083, which a node of another run may hold
+        args = ["--mqtt-port", str(port), "--ws-port", "off", "--http-port", "0"]
+        args += ["--data-dir", str(data)]
         started = time.monotonic()
         with self.out.open("ab") as out:
             self.offset = out.tell()

@@ -37,7 +37,7 @@ def start_node(data_dir: Path) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
     return subprocess.Popen(
         [sys.executable, "-m", "services", "up", "--host", "127.0.0.1", "--mqtt-port", "0",
-         "--ws-port", "off", "--data-dir", str(data_dir)],
+         "--ws-port", "off", "--http-port", "0", "--data-dir", str(data_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
 

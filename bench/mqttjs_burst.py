@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="weir-mqttjs-") as data:
         port = free_port()
         weir = [str(ROOT / ".venv/bin/weir"), "up", "--mqtt-port", str(port)]
-        with _running([*weir, "--ws-port", "off", "--data-dir", data], port):
+        with _running([*weir, "--ws-port", "off", "--http-port", "0", "--data-dir", data], port):
             results["weir"] = _run(port, args.count, args.burst)
     port = free_port()
     with _running([MOSQUITTO, "-p", str(port)], port):

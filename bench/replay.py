@@ -352,6 +352,8 @@ def start_node(
         str(port),
         "--ws-port",
         "off",
+        "--http-port",
+        "0",  # never 18083, which a node of another run may hold
         "--data-dir",
         str(data_dir),
     ]

@@ -107,10 +107,16 @@ def test_a_cut_log_holds_the_live_state_only_and_the_node_goes_on(tmp_path: Path
             lambda: [store.hlen(k) for k in ended] == [5 + 2, 5 + 2],  # + keeper and pub
             "the store forgot what the view forgot",
         )
-        store.close()
+        rewrites = int(store.info("persistence")["aof_rewrites"])
         cutter = LogCutter(logstate, state, "n1", cut_events=1)
         assert runner.call(cutter.due)
         seeded = on_loop(runner, cutter.cut())
+        # and our redis-server's AOF is rewritten (an RDB image: a quick load at start)
+        wait_until(
+            lambda: int(store.info("persistence")["aof_rewrites"]) > rewrites,
+            "the AOF rewrite after the cut",
+        )
+        store.close()
 
         bootstrap = runner.node.services.endpoints[1]
         view, count = replayed(bootstrap)

@@ -55,18 +55,9 @@ class Placed(NamedTuple):
 Placements: TypeAlias = dict[tuple[str, int], Placed]
 
 
-def placements(landed: list[tuple[str, int, int]]) -> Placements:
-    """(topic, partition, offset) of each record -> where each partition took them."""
-    spans: dict[tuple[str, int], list[int]] = {}
-    for topic, partition, offset in landed:
-        span = spans.get((topic, partition))
-        if span is None:
-            spans[(topic, partition)] = [offset, offset, 1]
-        else:
-            span[0] = min(span[0], offset)
-            span[1] = max(span[1], offset)
-            span[2] += 1
-    return {tp: Placed(first, last + 1, count) for tp, (first, last, count) in spans.items()}
+def placements(landed: Mapping[tuple[str, int], list[int]]) -> Placements:
+    """The offsets each partition gave the records -> where it took them."""
+    return {tp: Placed(min(o), max(o) + 1, len(o)) for tp, o in landed.items() if o}
 
 
 class EventLog(Protocol):

@@ -72,6 +72,10 @@ REBUILD_AFTER_TIMEOUTS: Final = 3
 STATS_INTERVAL_MS: Final = 100
 
 
+def _count(landed: dict[Any, list[int]], failed: list[Any]) -> int:
+    return sum(map(len, list(landed.values()))) + len(failed)
+
+
 class Appender:
     """One producer at a time for the log's topics; `ensure_topics` is awaited
     before a producer is made, `forget_topics` called when one failed."""
@@ -282,12 +286,13 @@ class Appender:
         return await asyncio.to_thread(self._produce_all, producer, events)
 
     def _produce_all(self, producer: Producer, events: Sequence[Event]) -> Placements:
-        landed: list[tuple[str, int, int]] = []  # appended to by whichever thread polls
+        # Written by whichever thread polls: setdefault and append are atomic.
+        landed: dict[tuple[str, int], list[int]] = {}
         failed: list[KafkaError] = []
 
         def delivered(err: KafkaError | None, msg: Any) -> None:
             if err is None:
-                landed.append((msg.topic(), msg.partition(), msg.offset()))
+                landed.setdefault((msg.topic(), msg.partition()), []).append(msg.offset())
             else:
                 failed.append(err)
 
@@ -301,7 +306,7 @@ class Appender:
                     )
                     break
                 except BufferError:  # the queue is full: serve delivery reports meanwhile
-                    self._await_progress(producer, landed, failed, len(landed) + len(failed) + 1)
+                    self._await_progress(producer, landed, failed, _count(landed, failed) + 1)
                 except KafkaException as exc:
                     raise EventLogUnavailable(f"event log: produce failed: {exc}") from None
         self._await_progress(producer, landed, failed, len(events))
@@ -312,12 +317,12 @@ class Appender:
         return placements(landed)
 
     def _await_progress(
-        self, producer: Producer, landed: list[Any], failed: list[Any], reports: int
+        self, producer: Producer, landed: dict[Any, list[int]], failed: list[Any], reports: int
     ) -> None:
         """Until `reports` delivery reports came; EventLogUnavailable after
         `append_timeout_s` without a new one."""
         seen, since = -1, time.monotonic()
-        while (done := len(landed) + len(failed)) < reports:
+        while (done := _count(landed, failed)) < reports:
             if done != seen:
                 seen, since = done, time.monotonic()
             elif time.monotonic() - since > self.append_timeout_s:

@@ -113,13 +113,12 @@ class MemoryEventLog:
         self.log.notify()
 
     async def append_all(self, events: Sequence[Event]) -> Placements:
-        landed: list[tuple[str, int, int]] = []
+        landed: dict[tuple[str, int], list[int]] = {}
         for event in events:
             await self.append(event)
             suffix, key, _ = encode(event)
-            topic = self.log.topic_prefix + suffix
-            partition = self.log.partition_of(key)
-            landed.append((topic, partition, len(self.log.records[(topic, partition)]) - 1))
+            tp = (self.log.topic_prefix + suffix, self.log.partition_of(key))
+            landed.setdefault(tp, []).append(len(self.log.records[tp]) - 1)
         return placements(landed)
 
     def positions(self) -> dict[tuple[str, int], int]:

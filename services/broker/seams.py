@@ -250,6 +250,12 @@ class Seams:
         if conn.client is not None:
             client = conn.client
             clients_log.info("client %s disconnected", client.client_id, extra=about(client))
+            # Its identity is kept for its will; a connection that stored none
+            # leaves nothing to publish later (a will of an earlier connection
+            # was sent or cancelled when this one opened its session). Kept,
+            # every client id ever seen stayed until IDENTITIES: 35 MiB.
+            if conn.will_token is None and self._identities.get(client.client_id) is client:
+                del self._identities[client.client_id]
         if self.kicks is not None:
             self.kicks.forget(conn)
         if self.acl is not None and conn.client is not None:

@@ -94,9 +94,11 @@ async def _gated(count: int, concurrency: int, one: Callable[[int], Any]) -> lis
     return await asyncio.gather(*(run(i) for i in range(count)))
 
 
-MAKE_TRIES = 3
-"""A session the broker refused or cut while being made is made again (a busy
-machine's Redis timeout must not end a 100,000-session run at 74,000)."""
+MAKE_TRIES = 5
+MAKE_BACKOFF_S = 2.0
+"""A session the broker refused or cut while being made is made again, after
+a pause (a busy machine's Redis timeout, or a node fenced for a late
+heartbeat, must not end a 100,000-session run at 74,000)."""
 
 
 def make_sessions(port: int, count: int, concurrency: int) -> None:
@@ -106,6 +108,7 @@ def make_sessions(port: int, count: int, concurrency: int) -> None:
         for _ in range(MAKE_TRIES - 1):
             with contextlib.suppress(BenchError):
                 return await life(port, f"bench-p-{j}", False, f"bench/p/{j}/0")
+            await asyncio.sleep(MAKE_BACKOFF_S)  # a retry's pause, not a wait for an event
         return await life(port, f"bench-p-{j}", False, f"bench/p/{j}/0")
 
     uvloop.run(_gated(count, concurrency, one))

@@ -49,6 +49,19 @@ class TimerWheel:
         if self._handle is None:
             self._handle = self._loop.call_later(TICK_S, self._tick)
 
+    def cancel(self, owner: TimerOwner) -> None:
+        """Take `owner` out of its bucket now, not at its tick (a closed
+        connection: its bucket held the whole of it until its keep alive's
+        deadline, 90 s of every closed connection at 60 s keep alive)."""
+        tick, owner._wake = owner._wake, None
+        if tick is None:
+            return
+        bucket = self._buckets.get(tick)
+        if bucket is not None and owner in bucket:
+            bucket.remove(owner)
+            if not bucket:
+                del self._buckets[tick]
+
     def _tick(self) -> None:
         self._handle = None
         now = self._loop.time()

@@ -174,6 +174,7 @@ class Connection(asyncio.Protocol):
         self._buf = None
         self._out = None
         self._timers = None
+        self.broker.wheel.cancel(self)
         if not self.ended:
             actions = self.channel.connection_lost()
             self._carry_out(actions)

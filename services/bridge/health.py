@@ -48,7 +48,10 @@ class KafkaHealth:
             self.last_error = err.str()
 
     def ok(self) -> None:
+        """A delivery report, a fetched record or a commit: a broker answered,
+        whatever the last statistics document (up to an interval old) said."""
         self.ok_at = time.monotonic()
+        self.brokers_up = True
 
     def stats(self, raw: str) -> dict[str, Any]:
         """A librdkafka statistics document: is any broker (not a bootstrap

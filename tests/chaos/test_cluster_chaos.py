@@ -358,9 +358,11 @@ def _check(
     cast: Cast, kills: list[Kill], tallies: dict[str, Tally], count: int, one_redis: bool = True
 ) -> None:
     """On Redis Cluster (`one_redis` False) two checks are reported, not asserted:
-    - QoS 2 once: a batch split over hash slots is not atomic, so a node killed
-      (or a primary failed over) between its slots' calls leaves copies stored
-      whose publisher's resend stores them again: at least once (docs/redis.md);
+    - QoS 2 once, and no QoS 1 copy twice (DUP=0 duplicates): a batch split over
+      hash slots is not atomic, so a node killed (or a primary failed over)
+      between its slots' calls leaves copies stored whose publisher's resend
+      stores them again: at least once (docs/redis.md; seen once in CI, a
+      3.1.1 QoS 1 subscriber got one message twice);
     - a quick restart back within the TTL: a node takes 9-14 s to be ready
       here with six redis-servers on the two cores (1-2.5 s on one Redis), so
       every kill is a lapsed one (the survivors' takeover path)."""
@@ -382,6 +384,9 @@ def _check(
         assert t.missing == [], f"{t.name}: {len(t.missing)} acknowledged messages missing"
         if one_redis:
             assert t.qos2_twice == [], f"{t.name}: {len(t.qos2_twice)} QoS 2 messages twice"
-        assert t.dup0_unexplained == [], f"{t.name}: DUP=0 duplicates {t.dup0_unexplained[:8]}"
+        if one_redis:
+            assert t.dup0_unexplained == [], f"{t.name}: DUP=0 duplicates {t.dup0_unexplained[:8]}"
+        elif t.dup0_unexplained:  # the same split batch, for a QoS 1 copy stored twice
+            print(f"{t.name}: {len(t.dup0_unexplained)} DUP=0 duplicates (at least once here)")
         if name != "group":
             assert t.order_unexplained == [], f"{t.name}: order {t.order_unexplained[:8]}"

@@ -215,18 +215,22 @@ class KafkaIn:
         return self.group or f"weir-bridge-{self.name}"
 
 
-def _named(kind: str) -> Any:
+def named_tables(label: str, plural: str) -> Any:
+    """A check that each table of a list names itself and no two share a name
+    (figures and checkpoints are per name): `label` starts the message for a
+    table without one (`bridge.kafka_out 2: needs a name`), `plural` the one
+    for a repeat (`two bridges are named 'x'`)."""
+
     def check(raw: Any) -> Any:
-        """Each table names itself, and no two share a name (the metrics are per name)."""
         if isinstance(raw, list):
             seen: set[str] = set()
             for number, table in enumerate(raw, start=1):
                 if isinstance(table, dict):
                     name = table.get("name")
                     if name is None:
-                        raise ValueError(f"bridge.{kind} {number}: needs a name")
+                        raise ValueError(f"{label} {number}: needs a name")
                     if name in seen:
-                        raise ValueError(f"two bridges are named {name!r}")
+                        raise ValueError(f"two {plural} are named {name!r}")
                     seen.add(str(name))
         return raw
 
@@ -237,10 +241,14 @@ def _named(kind: str) -> Any:
 class Bridges:
     """The [bridge] section: its tables."""
 
-    kafka_out: Annotated[tuple[KafkaOut, ...], BeforeValidator(_named("kafka_out"))] = opt(
+    kafka_out: Annotated[
+        tuple[KafkaOut, ...], BeforeValidator(named_tables("bridge.kafka_out", "bridges"))
+    ] = opt(
         (), "the config file's [[bridge.kafka_out]] tables (docs/bridges.md)", flag=False
     )
-    kafka_in: Annotated[tuple[KafkaIn, ...], BeforeValidator(_named("kafka_in"))] = opt(
+    kafka_in: Annotated[
+        tuple[KafkaIn, ...], BeforeValidator(named_tables("bridge.kafka_in", "bridges"))
+    ] = opt(
         (), "the config file's [[bridge.kafka_in]] tables (docs/bridges.md)", flag=False
     )
 

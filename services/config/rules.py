@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Annotated, Any, Final
+from typing import Annotated, Final
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 from pydantic.dataclasses import dataclass
 
-from services.config.bridges import DEFAULT_PARTITIONS, KafkaTopic
+from services.config.bridges import DEFAULT_PARTITIONS, KafkaTopic, named_tables
 from services.config.declare import FROZEN, Int, KafkaBootstrap, Text
 
 RULE_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")  # it names a checkpoint directory
@@ -93,19 +93,5 @@ class Rule:
         return self
 
 
-def _named(raw: Any) -> Any:
-    """Each table names itself, and no two share a name (one checkpoint per name)."""
-    if isinstance(raw, list):
-        seen: set[str] = set()
-        for number, table in enumerate(raw, start=1):
-            if isinstance(table, dict):
-                name = table.get("name")
-                if name is None:
-                    raise ValueError(f"rule {number}: needs a name")
-                if name in seen:
-                    raise ValueError(f"two rules are named {name!r}")
-                seen.add(str(name))
-    return raw
 
-
-Rules = Annotated[tuple[Rule, ...], BeforeValidator(_named)]
+Rules = Annotated[tuple[Rule, ...], BeforeValidator(named_tables("rule", "rules"))]

@@ -1,4 +1,5 @@
-"""Ending a background task without swallowing our own cancellation.
+"""Ending a background task without swallowing our own cancellation; running
+a step over many items, a bounded number at once (`each`).
 
 Theory of operation. A part that stops cancels the task it started and waits
 for it to end. That task ends with CancelledError, which is not ours to pass
@@ -14,7 +15,10 @@ forever. `cancel_and_wait` re-raises when the waiter was cancelled.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
@@ -30,3 +34,28 @@ async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
         if current is not None and current.cancelling():
             raise
 
+
+async def each(items: Iterable[T], step: Callable[[T], Awaitable[bool]], width: int) -> int:
+    """Run `step` on every item, at most `width` at once; how many returned
+    True. The first error stops the rest from starting and is raised once the
+    steps under way have ended (each step must be safe to run again)."""
+    pending = iter(items)
+    done = 0
+    failed: list[BaseException] = []
+
+    async def lane() -> None:
+        nonlocal done
+        for item in pending:
+            if failed:
+                return
+            try:
+                ok = await step(item)  # not `done += await ...`: that reads done first
+            except Exception as exc:  # the first is raised below
+                failed.append(exc)
+                return
+            done += ok
+
+    await asyncio.gather(*(lane() for _ in range(max(1, width))))
+    if failed:
+        raise failed[0]
+    return done

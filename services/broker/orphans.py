@@ -16,7 +16,10 @@ lapsed: within the membership TTL plus one poll), every survivor runs
   routes disappear everywhere; two survivors racing log the same end twice,
   which the view folds as one;
 - wills the dead node was to publish: adopted (`Wills.adopt_from`), each
-  by one survivor, and published when due, will delay included.
+  by one survivor, and published when due, will delay included. Wills go
+  first (they are what others wait for), then the sessions; each kind runs
+  TAKEOVER_WIDTH items at once, so a store call or a log append is not one
+  round trip per session in a row (5,000 sessions took 20 s that way).
 
 A step that fails (store or log down) is retried every RETRY_S until it
 succeeds or the node comes back. A node restarted under the same id
@@ -38,6 +41,7 @@ from services.broker.wills import Wills
 from services.event.api import EventLogError
 from services.event.schema import SessionClosed
 from services.session.api import SessionError, SessionStore
+from services.tasks import each
 
 if TYPE_CHECKING:
     from services.cluster.router import ClusterRouter
@@ -45,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("weir.orphans")
 
 RETRY_S = 2.0  # a takeover step the store or the log refused is tried again after this
+TAKEOVER_WIDTH = 32  # sessions (or wills) adopted at once: store calls and log appends overlap
 
 
 class Orphans:
@@ -86,10 +91,10 @@ class Orphans:
     async def _take_over(self, dead: str) -> None:
         started = time.monotonic()
         while not self.alive(dead):
-            try:
+            try:  # wills first: they are what the dead node's clients' peers wait for
+                wills = await self.wills.adopt_from(dead)
                 sessions = await self._sessions_of(dead)
                 clean = await self._clean_sessions_of(dead)
-                wills = await self.wills.adopt_from(dead)
             except (SessionError, EventLogError) as exc:
                 log.warning("taking over node %s: %s; retrying in %.0f s", dead, exc, RETRY_S)
                 await asyncio.sleep(RETRY_S)  # a retry interval, not a synchronisation
@@ -103,14 +108,12 @@ class Orphans:
             return
 
     async def _sessions_of(self, dead: str) -> int:
-        count = 0
-        for client_id in await self.store.orphans(dead):
+        async def adopt(client_id: str) -> bool:
             if self.alive(dead):
-                break  # it came back: what is online there now is its own
+                return False  # it came back: what is online there now is its own
             adopted = await self.store.adopt(client_id, dead)
             if adopted is None:
-                continue  # resumed elsewhere, or another survivor won it
-            count += 1
+                return False  # resumed elsewhere, or another survivor won it
             await self.logstate.append_and_apply(
                 SessionClosed(
                     client_id=client_id,
@@ -121,7 +124,9 @@ class Orphans:
                     expiry_s=adopted.expiry_s,
                 )
             )
-        return count
+            return True
+
+        return await each(await self.store.orphans(dead), adopt, TAKEOVER_WIDTH)
 
     async def _clean_sessions_of(self, dead: str) -> int:
         gone = [
@@ -129,7 +134,9 @@ class Orphans:
             for client_id, entry in self.logstate.view.sessions().items()
             if entry.node == dead and entry.online and entry.expiry_s == 0
         ]
-        for client_id, version in gone:
+
+        async def end(item: tuple[str, int]) -> bool:
+            client_id, version = item
             await self.logstate.append_and_apply(
                 SessionClosed(
                     client_id=client_id,
@@ -140,7 +147,9 @@ class Orphans:
                     expiry_s=0,
                 )
             )
-        return len(gone)
+            return True
+
+        return await each(gone, end, TAKEOVER_WIDTH)
 
     async def _wills_of(self, node: str) -> None:
         while True:

@@ -27,6 +27,7 @@ A will that cannot be stored is never acknowledged: the CONNECT is refused
 since a will kept in one node's memory would be lost with that node while
 its client believed it safe.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,8 +42,10 @@ from services.mqtt.actions import OpenSession
 from services.mqtt.packets import NO_PROPERTIES, Message, Will
 from services.session.api import SessionError, StoredWill, WillStore
 from services.store import serial
+from services.tasks import each
 
 log = logging.getLogger("weir.wills")
+ADOPT_WIDTH = 32  # wills adopted at once from a dead node (store calls overlap)
 
 
 def will_message(client_id: str, will: Will) -> Message:
@@ -154,16 +157,17 @@ class Wills:
     async def adopt_from(self, dead: str) -> int:
         """Take over the wills the dead node `dead` was to publish; how many.
         Raises SessionError if the store cannot be read (the caller retries)."""
-        count = 0
-        for client_id in await self.store.orphans(dead):
+
+        async def adopt(client_id: str) -> bool:
             token = self.token()
             will = await self.store.adopt(client_id, dead, self.node_id, token, now_ms())
             if will is None:
-                continue
-            count += 1
+                return False
             self._who[token] = (will.username, will.peer)
             self._due_at(client_id, token, max(0.0, (will.due_ms - now_ms()) / 1000))
-        return count
+            return True
+
+        return await each(await self.store.orphans(dead), adopt, ADOPT_WIDTH)
 
     def _due_at(self, client_id: str, token: str, delay_s: float) -> None:
         if delay_s <= 0:

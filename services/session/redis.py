@@ -202,7 +202,8 @@ class RedisSessionStore(_ScriptStore):
         )
         mine = node.encode()
         owned = [cid for cid, (owner, online) in fields if owner == mine and online == b"1"]
-        stale = [cid for cid, _ in fields if cid not in set(owned)]
+        kept = set(owned)
+        stale = [cid for cid, _ in fields if cid not in kept]
         await self._prune(node, "s", stale)
         return owned
 
@@ -310,7 +311,8 @@ class RedisWillStore(_ScriptStore):
     async def orphans(self, node: str) -> list[str]:
         fields = await _indexed(self._client, node_index(node, "w"), "w", ("n",), self._timeout)
         owned = [cid for cid, (owner,) in fields if owner == node.encode()]
-        stale = [cid for cid, _ in fields if cid not in set(owned)]
+        kept = set(owned)
+        stale = [cid for cid, _ in fields if cid not in kept]
         await self._prune(node, "w", stale)
         return owned
 

@@ -33,6 +33,8 @@ from services.session.memory import MemoryWillStore
 from services.store import serial
 from tests.node.test_connection import Harness, settings, wait_for
 
+OVERLAP_BOUND_S = 5.0  # how long one adopt waits for a second: fails, never passes, by time
+
 
 class HeldWills(MemoryWillStore):
     """A memory will store whose `take` waits for `release`, and whose `put`
@@ -161,3 +163,30 @@ async def test_an_adopted_will_is_checked_as_the_client_that_set_it() -> None:
     ]  # fmt: skip
     await wait_for(lambda: any(isinstance(p, Publish) for p in t.packets(5)), "alice's will")
     assert [p.topic for p in t.packets(5) if isinstance(p, Publish)] == ["will/a"]
+
+
+class OverlappingWills(MemoryWillStore):
+    """A memory will store whose `adopt` returns only once two are under way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.adopting = 0
+        self.two = asyncio.Event()
+
+    async def adopt(self, *args: Any, **kwargs: Any) -> StoredWill | None:
+        self.adopting += 1
+        if self.adopting >= 2:
+            self.two.set()
+        await asyncio.wait_for(self.two.wait(), OVERLAP_BOUND_S)
+        return await super().adopt(*args, **kwargs)
+
+
+async def test_a_dead_nodes_wills_are_adopted_several_at_once() -> None:
+    """Before: one store round trip after the other (a 5,000-session node's
+    last will went out 20 s after its death was seen): this timed out."""
+    wills = OverlappingWills()
+    h, _ = await harness_with(wills)
+    for client in ("a", "b", "c"):
+        blob = serial.dumps(Message(f"will/{client}", b"gone", 1, sender=client))
+        await wills.put(client, "dead", "tok-" + client, blob, 0, None, "")
+    assert await h.broker.wills.adopt_from("dead") == 3

@@ -23,6 +23,8 @@ measures any tree whose `weir up` takes --node-id/--redis/--kafka/
      `POLL_S` with HMGET of `{c:<id>}:s` node/online in pipelined chunks,
      the session key layout of both trees);
    - `takeover_s`: wills_s - detected_s, the dead-node work itself.
+With `--stand-in`, step 2 is `bench.standin` (no sockets, the same Redis
+state): for more sessions than a process here has open files (~19,900).
 One JSON line on stdout; progress on stderr. Nothing else runs meanwhile:
 run it on a quiet machine (the figures are CPU-bound on 2 cores).
 """
@@ -210,6 +212,14 @@ class Node:
                 self.process.kill()
 
 
+def _standin(redis_url: str, sessions: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.standin", "--redis", redis_url, "--node-id", "A",
+         "--sessions", str(sessions), "--ttl", str(CLUSTER_TTL_S)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
 async def _hold(port: int, count: int, run: str) -> tuple[list[Holder], float]:
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(CONCURRENCY)
@@ -254,11 +264,15 @@ async def _online_at(client: aioredis.Redis, ids: list[str], node: bytes) -> int
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    if hard < args.sessions + 1000:
-        raise SystemExit(f"takeover: {args.sessions} sessions need more open files than {hard}")
+    if hard < args.sessions + 1000 and not args.stand_in:
+        raise SystemExit(
+            f"takeover: {args.sessions} sessions need more open files than {hard} "
+            "(--stand-in plays node A in Redis instead)"
+        )
     data = Path(tempfile.mkdtemp(prefix="weir-takeover-"))
     started: list[Any] = []
     nodes: list[Node] = []
+    standin: subprocess.Popen[str] | None = None
     try:
         redis_url = args.redis
         if redis_url is None:
@@ -267,23 +281,37 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             redis_url = server.url
         kafka = EmbeddedKafka().start()
         started.append(kafka)
-        a = Node(args.weir, "A", redis_url, kafka.bootstrap, data)
         b = Node(args.weir, "B", redis_url, kafka.bootstrap, data)
-        nodes += [a, b]
-        await a.ready()
+        nodes.append(b)
         await b.ready()
         loop = asyncio.get_running_loop()
         _, watcher = await loop.create_connection(WillCounter, "127.0.0.1", b.port)
         await asyncio.wait_for(watcher.subacked, CONNECT_TIMEOUT_S)
-        run_id = os.urandom(3).hex()
-        _log(f"connecting {args.sessions} persistent sessions with wills to A")
-        holders, connect_s = await _hold(a.port, args.sessions, run_id)
+        if args.stand_in:
+            _log(f"a stand-in for A claims {args.sessions} persistent sessions with wills")
+            began = time.monotonic()
+            standin = _standin(redis_url, args.sessions)
+            assert standin.stdout is not None
+            line = await asyncio.to_thread(standin.stdout.readline)
+            if not line.startswith("ready "):
+                raise SystemExit(f"takeover: the stand-in did not start: {line!r}")
+            run_id, connect_s = line.split()[1], time.monotonic() - began
+            victim: subprocess.Popen[Any] = standin
+        else:
+            a = Node(args.weir, "A", redis_url, kafka.bootstrap, data)
+            nodes.append(a)
+            await a.ready()
+            run_id = os.urandom(3).hex()
+            _log(f"connecting {args.sessions} persistent sessions with wills to A")
+            holders, connect_s = await _hold(a.port, args.sessions, run_id)
+            _log(f"{len(holders)} connected in {connect_s:.1f} s")
+            victim = a.process
         ids = [f"tk-{run_id}-{i}" for i in range(args.sessions)]
         client = connect(redis_url, 30.0)
         online = await _online_at(client, ids, b"A")
-        _log(f"{len(holders)} connected in {connect_s:.1f} s, {online} online at A; SIGKILL A")
+        _log(f"{online} online at A; SIGKILL A")
         killed = time.monotonic()
-        a.process.send_signal(signal.SIGKILL)
+        victim.send_signal(signal.SIGKILL)
         adopted_s = None
         deadline = killed + TAKEOVER_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -299,12 +327,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         return {
             "scenario": "takeover", "weir": args.weir, "sessions": args.sessions,
             "redis": "cluster" if "cluster" in redis_url else "one",
+            "node_a": "stand-in" if args.stand_in else "weir up",
             "cluster_ttl_s": CLUSTER_TTL_S, "connect_s": round(connect_s, 2),
             "wills": len(times), "detected_s": _r(first), "wills_s": _r(last),
             "adopted_s": _r(adopted_s),
             "takeover_s": _r(last - first if last is not None and first is not None else None),
         }  # fmt: skip
     finally:
+        if standin is not None and standin.poll() is None:
+            standin.kill()
         for node in nodes:
             node.stop()
         for service in reversed(started):
@@ -328,6 +359,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--redis", help="use this Redis (redis:// or redis+cluster://); "
                         "default: a redis-server of the run's own")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the nodes' logs")
+    parser.add_argument("--stand-in", action="store_true",
+                        help="play node A in Redis (bench.standin) instead of running it: "
+                        "for more sessions than one process has sockets")  # fmt: skip
     args = parser.parse_args(argv)
     if args.sessions < 1:
         parser.error("--sessions must be positive")

@@ -12,7 +12,7 @@ measures any tree whose `weir up` takes --node-id/--redis/--kafka/
 1. a redis-server of its own (or `--redis URL`, e.g. a `redis+cluster://`
    one), one embedded Kafka, and two nodes A and B on them;
 2. `--sessions` MQTT 3.1.1 clients connect to A with clean session 0 and a
-   will (QoS 0, delay none, topic `takeover/will/<i>`) and stay connected,
+   will (QoS 1, delay none, topic `takeover/will/<i>`) and stay connected,
    from source addresses 127.0.0.2-250 (ephemeral ports run out past ~28,000
    per address); a clean subscriber on B takes `takeover/will/#`;
 3. SIGKILL A; from that moment (t = 0):
@@ -62,6 +62,7 @@ CHUNK = 5_000  # HMGETs per pipeline
 SOURCES = 249  # 127.0.0.2 .. 127.0.0.250
 WILL_TOPIC = "takeover/will/"
 TAKEOVER_TIMEOUT_S = 600.0
+WILL_QUEUE = 1_000_000  # B's per-session queue bound (default 1,000: a burst of wills overflows it)
 
 
 def _string(text: str | bytes) -> bytes:
@@ -83,8 +84,8 @@ def _packet(first: int, body: bytes) -> bytes:
 
 
 def connect_with_will(client_id: str, will_topic: str) -> bytes:
-    """3.1.1 CONNECT, clean session 0, keepalive 0, a QoS 0 will."""
-    flags = 0x04  # will, QoS 0, not retained; clean session 0
+    """3.1.1 CONNECT, clean session 0, keepalive 0, a QoS 1 will."""
+    flags = 0x0C  # will, QoS 1 (a QoS 0 burst to one reader may be dropped), not retained
     body = _string("MQTT") + bytes([4, flags]) + (0).to_bytes(2, "big")
     body += _string(client_id) + _string(will_topic) + _string(client_id)
     return _packet(0x10, body)
@@ -130,8 +131,9 @@ class WillCounter(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
         transport.write(connect_clean(f"takeover-watch-{os.getpid()}"))
-        sub = (1).to_bytes(2, "big") + _string(WILL_TOPIC + "#") + b"\x00"
+        sub = (1).to_bytes(2, "big") + _string(WILL_TOPIC + "#") + b"\x01"
         transport.write(_packet(0x82, sub))
 
     def data_received(self, data: bytes) -> None:
@@ -150,12 +152,16 @@ class WillCounter(asyncio.Protocol):
                     break
             if len(self.buf) < at + length:
                 return
-            kind, body = self.buf[0] >> 4, bytes(self.buf[at : at + length])
+            first = self.buf[0]
+            kind, body = first >> 4, bytes(self.buf[at : at + length])
             del self.buf[: at + length]
             if kind == 9 and not self.subacked.done():
                 self.subacked.set_result(True)
             elif kind == 3:
-                topic = body[2 : 2 + int.from_bytes(body[:2], "big")]
+                size = int.from_bytes(body[:2], "big")
+                topic = body[2 : 2 + size]
+                if first & 0x06:  # QoS 1: acknowledged, or the window stops the flow
+                    self.transport.write(b"\x40\x02" + body[2 + size : 4 + size])
                 self.seen.setdefault(topic, now)
 
 
@@ -182,7 +188,9 @@ class Node:
         args = [weir, "up", "--host", "127.0.0.1", "--mqtt-port", str(self.port),
                 "--ws-port", "off", "--node-id", node_id,
                 "--data-dir", str(data / node_id), "--redis", redis_url, "--kafka", kafka,
-                "--cluster-ttl", str(CLUSTER_TTL_S)]  # fmt: skip
+                "--cluster-ttl", str(CLUSTER_TTL_S),
+                # the one will subscriber on B takes every will: none dropped at its queue bound
+                "--queue-limit", str(WILL_QUEUE)]  # fmt: skip
         if _has_http_port(weir):  # two nodes on one host: not both on 18083
             args += ["--http-port", "0"]
         with self.log.open("wb") as out:

@@ -46,6 +46,7 @@ from services.tasks import each
 
 log = logging.getLogger("weir.wills")
 ADOPT_WIDTH = 32  # wills adopted at once from a dead node (store calls overlap)
+RETRY_S = 2.0  # a will the store did not hand over is asked for again after this
 
 
 def will_message(client_id: str, will: Will) -> Message:
@@ -164,7 +165,11 @@ class Wills:
             if will is None:
                 return False
             self._who[token] = (will.username, will.peer)
-            self._due_at(client_id, token, max(0.0, (will.due_ms - now_ms()) / 1000))
+            delay_s = (will.due_ms - now_ms()) / 1000
+            if delay_s > 0:
+                self._due_at(client_id, token, delay_s)
+            else:  # here, not spawned: 18,000 takes at once outwaited the store's timeout
+                await self._take(client_id, token, True)
             return True
 
         return await each(await self.store.orphans(dead), adopt, ADOPT_WIDTH)
@@ -186,7 +191,12 @@ class Wills:
         try:
             blob = await self.store.take(client_id, token)
         except SessionError as exc:
-            log.warning("will of %s not %s: %s", client_id, "sent" if publish else "dropped", exc)
+            if not publish:
+                log.warning("will of %s not dropped: %s", client_id, exc)
+                return
+            log.warning("will of %s not sent yet: %s; retrying in %.0f s", client_id, exc, RETRY_S)
+            self._who[token] = who  # still ours in the store: sent on a later try
+            self._later(client_id, RETRY_S, lambda: self.spawn(self._take(client_id, token, True)))
             return
         if blob is not None and publish:
             self._send(blob, *who)

@@ -190,3 +190,36 @@ async def test_a_dead_nodes_wills_are_adopted_several_at_once() -> None:
         blob = serial.dumps(Message(f"will/{client}", b"gone", 1, sender=client))
         await wills.put(client, "dead", "tok-" + client, blob, 0, None, "")
     assert await h.broker.wills.adopt_from("dead") == 3
+
+
+class TakeFailsOnce(MemoryWillStore):
+    """A memory will store whose first `take` finds Redis gone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.takes = 0
+
+    async def take(self, client_id: str, token: str) -> bytes | None:
+        self.takes += 1
+        if self.takes == 1:
+            raise StoreUnavailable("redis did not answer: test")
+        return await super().take(client_id, token)
+
+
+async def test_an_adopted_will_the_store_did_not_hand_over_is_sent_on_a_retry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: a take that timed out (18,000 at once outwaited the store's
+    2 s) logged a warning and the will was never published."""
+    monkeypatch.setattr("services.broker.wills.RETRY_S", 0.05)
+    wills = TakeFailsOnce()
+    h, _ = await harness_with(wills)
+    watcher, t = await h.connected("watcher")
+    watcher.data_received(codec.encode(Subscribe(1, (Subscription("will/#", 1),)), 5))
+    await wait_for(lambda: len(t.packets(5)) >= 2, "suback")
+    blob = serial.dumps(Message("will/a", b"gone", 1, sender="a"))
+    await wills.put("a", "dead", "tok-a", blob, 0, None, "")
+    assert await h.broker.wills.adopt_from("dead") == 1
+    await wait_for(lambda: any(isinstance(p, Publish) for p in t.packets(5)), "the will")
+    assert [p.topic for p in t.packets(5) if isinstance(p, Publish)] == ["will/a"]
+    assert wills.takes == 2

@@ -7,7 +7,7 @@ A when A must hold more sessions than a process here can have connections
 (about 19,900 open files). It does in Redis what A's CONNECTs would do, with
 the node's own store classes and scripts: it joins the membership as A and
 keeps beating, then for each session `tk-<run>-<i>` claims it (clean session
-0, no expiry) and stores its QoS 0 will (`takeover/will/<i>`), as the
+0, no expiry) and stores its QoS 1 will (`takeover/will/<i>`), as the
 connection's open does (`SessionStore.claim`, `Wills.opened`'s
 `WillStore.put`). It prints `ready <run>` when all are claimed and beats
 until it is killed. The survivor then finds exactly what it finds after a
@@ -51,7 +51,7 @@ async def play(redis_url: str, node_id: str, sessions: int, ttl_s: float) -> Non
     async def open_one(i: int) -> bool:
         cid = f"tk-{run}-{i}"
         await store.claim(cid, node_id, False, NEVER_EXPIRES)
-        blob = serial.dumps(Message(f"{WILL_TOPIC}{i}", cid.encode(), 0, sender=cid))
+        blob = serial.dumps(Message(f"{WILL_TOPIC}{i}", cid.encode(), 1, sender=cid))
         await wills.put(cid, node_id, os.urandom(8).hex(), blob, 0, None, "127.0.0.2:1")
         return True
 

@@ -28,8 +28,8 @@ from services.auth.banned import Ban, BanError, RedisBans, checked
 from services.cli import CONTEXT, Group, fail, run
 from services.config import SettingsError, load
 from services.config.flags import given, settings_flags, some
-from services.config.redisurl import NOT_ON_CLUSTER, is_cluster_url
 from services.embedded import endpoints
+from services.store.redis import connect
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TIMEOUT_S = 5.0
@@ -48,8 +48,6 @@ def ban(ctx: click.Context, /, config: str | None, **flags: Any) -> None:
 def _redis_url(options: dict[str, Any]) -> str:
     """The named Redis, or the running `weir up`'s (one line, exit 1, if none runs)."""
     settings = load(options)
-    if settings.redis_url is not None and is_cluster_url(settings.redis_url):
-        fail(NOT_ON_CLUSTER)
     if settings.redis_url is not None:
         return settings.redis_url
     return endpoints.backends(settings.data_dir, "weir ban")[0]
@@ -126,9 +124,7 @@ def main(argv: Sequence[str]) -> int:
 
 
 async def _run(redis_url: str, command: str, kind: str, value: str, entry: Ban | None) -> int:
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(redis_url, socket_connect_timeout=TIMEOUT_S)
+    client = connect(redis_url, TIMEOUT_S)  # one Redis or a cluster
     bans = RedisBans(client)
     try:
         async with asyncio.timeout(TIMEOUT_S):

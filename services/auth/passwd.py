@@ -41,7 +41,6 @@ from services.auth.watched import CHECK_S, Watched
 from services.cli import CONTEXT, Command, fail, run
 from services.config import load
 from services.config.flags import given, settings_flags, some
-from services.config.redisurl import NOT_ON_CLUSTER, is_cluster_url
 
 log = logging.getLogger("weir.auth")
 
@@ -129,6 +128,7 @@ class PasswordFile:
 
 # -- weir passwd ------------------------------------------------------------------
 
+
 def set_user(path: Path, user: str, password: str | None, scram: bool = False) -> None:
     """Add or change `user` (None: delete it), keeping every other line; with
     `scram` its SCRAM-SHA-256 credentials too (a second line). The file is
@@ -169,8 +169,6 @@ def passwd(names: tuple[str, ...], delete: bool, password_stdin: bool, scram: bo
         names, redis_url = (redis_url,), _running_redis(given(flags).get("data_dir"))
     if redis_url is not None:
         redis_url = load({"redis_url": redis_url}, env={}).redis_url  # checked as weir up does
-        if redis_url is not None and is_cluster_url(redis_url):
-            fail(NOT_ON_CLUSTER)
     if len(names) != (1 if redis_url else 2):
         fail("give FILE USER, or --redis URL USER")
     user = names[-1]

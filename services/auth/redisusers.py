@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from typing import Final
 
-import redis
 import redis.asyncio as aioredis
 
 from services.auth.api import ClientInfo, Decision
@@ -33,7 +32,7 @@ from services.auth.argon import BAD_USER_OR_PASSWORD, CACHE_TTL_S, HASHER, check
 from services.auth.cache import CredentialCache, Verdict
 from services.auth.scram import ScramCredentials, ScramError
 from services.store.errors import StoreUnavailable
-from services.store.redis import bounded
+from services.store.redis import bounded, connect_sync
 
 KEY_PREFIX: Final = "weir:user:"
 FIELD: Final = "password_hash"
@@ -91,7 +90,7 @@ def set_user(
     """Add or change `user` in the Redis at `url` (None: delete it; `scram`: with
     SCRAM-SHA-256 credentials, else without). Raises redis.RedisError when
     Redis cannot be reached."""
-    with redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5) as client:
+    with connect_sync(url, 5.0) as client:  # one Redis or a cluster
         if password is None:
             client.delete(prefix + user)
             return

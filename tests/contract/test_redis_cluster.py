@@ -149,8 +149,6 @@ NOT_YET = "does not run on a Redis Cluster yet: name one Redis (redis://...)"
         (("up", "--redis", CLUSTER, "--rate-storage", "redis"),
          "weir up: --rate-storage redis does not run on Redis Cluster (yet): "
          "use --rate-storage memory"),
-        (("ban", "--redis", CLUSTER, "list"), f"weir ban list: {NOT_YET}"),
-        (("passwd", "--redis", CLUSTER, "u", "--password-stdin"), f"weir passwd: {NOT_YET}"),
         (("streams", "verify", "--redis", CLUSTER, "--kafka", "127.0.0.1:1"),
          f"weir streams verify: {NOT_YET}"),
     ],
@@ -165,3 +163,52 @@ def test_what_does_not_run_on_a_cluster_yet_says_so_in_one_line(
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [says]
+
+
+def _weir(*args: str, stdin: str = "") -> tuple[int, str, str]:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "services", *args], input=stdin,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    return done.returncode, done.stdout, done.stderr
+
+
+async def test_weir_ban_works_on_a_cluster_and_the_nodes_store_reads_it(
+    client: Any, redis_cluster_url: str
+) -> None:
+    """Before: `weir ban` refused a cluster URL in one line."""
+    from services.auth.banned import RedisBans
+
+    who = name("banned")
+    rc, out, err = await asyncio.to_thread(
+        _weir, "ban", "--redis", redis_cluster_url, "add", "--clientid", who, "--reason", "t"
+    )
+    assert (rc, err) == (0, ""), err
+    rc, out, err = await asyncio.to_thread(_weir, "ban", "--redis", redis_cluster_url, "list")
+    assert rc == 0 and who in out, (out, err)
+    assert who in [ban.who for ban in await RedisBans(client).list()]
+    rc, _, err = await asyncio.to_thread(
+        _weir, "ban", "--redis", redis_cluster_url, "del", "--clientid", who
+    )
+    assert rc == 0, err
+    assert who not in [ban.who for ban in await RedisBans(client).list()]
+
+
+async def test_weir_passwd_works_on_a_cluster_and_the_nodes_users_check_it(
+    client: Any, redis_cluster_url: str
+) -> None:
+    """Before: `weir passwd --redis` refused a cluster URL in one line."""
+    from services.auth.api import ClientInfo, Decision
+    from services.auth.redisusers import RedisUsers
+
+    user = name("user")
+    rc, _, err = await asyncio.to_thread(
+        _weir, "passwd", "--redis", redis_cluster_url, user, "--password-stdin", stdin="s3cret\n"
+    )
+    assert rc == 0, err
+    users = RedisUsers(client)
+    info = ClientInfo("c", user, "127.0.0.1:1", 4)
+    good, bad = await users.check(info, b"s3cret"), await users.check(info, b"wrong")
+    assert isinstance(good, Decision) and good.ok
+    assert isinstance(bad, Decision) and not bad.ok

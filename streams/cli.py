@@ -29,7 +29,6 @@ from services.cli import CONTEXT, Command, fail
 from services.cli import run as run_command
 from services.config import load
 from services.config.flags import given, settings_flags, some
-from services.config.redisurl import NOT_ON_CLUSTER, is_cluster_url
 from services.embedded.endpoints import backends
 from streams.config import DEFAULT_TRIGGER_S, MAX_RECORDS_PER_TRIGGER, JobConfig
 
@@ -74,8 +73,6 @@ def command(
         fail("the state job needs the store: --redis URL (or WEIR_REDIS_URL)")
     if job == "rules" and not settings.rule:
         fail("no [[rule]] tables in the config file (--config FILE or WEIR_CONFIG; docs/rules.md)")
-    if job != "rules" and settings.redis_url is not None and is_cluster_url(settings.redis_url):
-        fail(NOT_ON_CLUSTER)
     assert settings.kafka_bootstrap is not None
     job_config = JobConfig(
         bootstrap=settings.kafka_bootstrap,

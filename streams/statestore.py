@@ -196,6 +196,13 @@ class StateWriter:
         return changed
 
     def _run(self, calls: list[list[Any]], changed: list[int]) -> None:
+        from redis.cluster import RedisCluster
+
+        if isinstance(self.redis, RedisCluster):  # its pipelines refuse scripts: one call each
+            for args in calls:  # (a call is up to CHUNK_ROWS rows: few round trips)
+                for i, n in enumerate(self.script(keys=self.keys, args=args)):
+                    changed[i] += int(n)
+            return
         for start in range(0, len(calls), PIPELINE_CALLS):
             pipe = self.redis.pipeline(transaction=False)
             for args in calls[start : start + PIPELINE_CALLS]:
@@ -332,8 +339,7 @@ def run(config: JobConfig) -> int:
     with available_now, until the log as it is now is folded. A failed query
     (Redis or Kafka down) restarts from its checkpoint after a back-off, and
     says so; a data-loss error (the checkpoint is ahead of the log) ends it."""
-    from redis import Redis
-
+    from services.store.redis import connect_sync
     from streams.spark import session
 
     stopping = threading.Event()
@@ -351,7 +357,7 @@ def run(config: JobConfig) -> int:
     if config.redis_url is None:
         raise ValueError("the state-store job needs a Redis URL")
     spark = session("weir-state")
-    redis = Redis.from_url(config.redis_url, socket_timeout=10, socket_connect_timeout=5)
+    redis = connect_sync(config.redis_url, 10.0)  # one Redis or a cluster (one hash tag)
     failures = 0
     try:
         while True:

@@ -53,7 +53,7 @@ from services.cli import CONTEXT, Command, Progress, Step, fail, run
 from services.cluster.membership import RedisMembership
 from services.config import load
 from services.config.flags import given, settings_flags, some
-from services.config.redisurl import NOT_ON_CLUSTER, is_cluster_url
+from services.config.redisurl import is_cluster_url
 from services.embedded import endpoints
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.event.schema import Event, topic_names
@@ -63,6 +63,7 @@ from services.state.live import DumpMeta, LiveState, Positions
 from services.state.records import ViewRecords, view_records
 from services.state.redis import RedisStateStore
 from services.state.view import ClusterView
+from services.store.redis import connect
 
 log = logging.getLogger("weir.verify")
 
@@ -104,8 +105,6 @@ class Config:
 @click.option("-v", "--verbose", is_flag=True, help="show the clients' warnings")
 def command(config: str | None, timeout: float, verbose: bool, **flags: Any) -> int:
     settings = load({"config": config, **given(flags)})
-    if settings.redis_url is not None and is_cluster_url(settings.redis_url):
-        fail(NOT_ON_CLUSTER)
     if settings.redis_url is None and settings.kafka_bootstrap is None:
         # Neither named: the weir up running on the data dir (its embedded default).
         redis_url, kafka, prefix = endpoints.backends(settings.data_dir, "weir streams verify", 2)
@@ -207,8 +206,12 @@ def _missing_topics(cfg: Config) -> list[str]:
 
 async def verify(cfg: Config) -> Report:
     """Run the check; raises VerifyError when Redis or Kafka cannot be used."""
-    client = aioredis.Redis.from_url(
-        cfg.redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=30.0
+    client = (
+        connect(cfg.redis_url, CONNECT_TIMEOUT_S)  # the store's keys share one hash tag
+        if is_cluster_url(cfg.redis_url)
+        else aioredis.Redis.from_url(
+            cfg.redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=30.0
+        )
     )
     events = KafkaEventLog(KafkaSettings(bootstrap=cfg.bootstrap, topic_prefix=cfg.topic_prefix))
     try:

@@ -32,8 +32,3 @@ def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], str | None, str | No
             raise ValueError(f"expected redis+cluster://HOST:PORT[,HOST:PORT...], got {url!r}")
         nodes.append((host.strip("[]"), int(port)))
     return nodes, user, password
-
-
-NOT_ON_CLUSTER = "does not run on a Redis Cluster yet: name one Redis (redis://...)"
-"""What a command that opens its own one-Redis connection says to a cluster URL
-(weir ban, weir passwd --redis, weir streams verify / run: docs/redis.md)."""

@@ -24,9 +24,9 @@ NUL cannot occur in an MQTT client id, topic or filter, so it separates
 them unambiguously (the state store's `subs` hash does the same).
 
 A dump is written to a staging key (with the TTL, so a node that dies
-mid-write leaves nothing behind for long) and renamed over the dump key in
-one MULTI: a reader sees a whole dump or the one before, never half of
-each. `read` reads `meta`, the fields (HSCAN, in pages), then `meta` again,
+mid-write leaves nothing behind for long) and renamed over the dump key
+(RENAME is atomic and keeps the TTL): a reader sees a whole dump or the one
+before, never half of each. `read` reads `meta`, the fields (HSCAN, in pages), then `meta` again,
 and starts over if another dump landed meanwhile.
 """
 
@@ -217,8 +217,8 @@ class LiveState:
             pipe.hset(staging, mapping=chunk)
             pipe.pexpire(staging, ttl_ms)
             await self._call(pipe.execute())
-        swap: Any = self.client.pipeline(transaction=True)
-        swap.rename(staging, key)
-        swap.pexpire(key, ttl_ms)
-        await self._call(swap.execute())
+        # RENAME is atomic and keeps the staging key's TTL, so the dump never
+        # lives without one; no MULTI (a cluster client's pipelines refuse RENAME)
+        await self._call(self.client.rename(staging, key))
+        await self._call(self.client.pexpire(key, ttl_ms))
         return len(items)

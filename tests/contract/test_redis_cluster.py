@@ -140,7 +140,6 @@ def test_a_bad_cluster_url_is_one_line() -> None:
 
 
 CLUSTER = "redis+cluster://127.0.0.1:7000"
-NOT_YET = "does not run on a Redis Cluster yet: name one Redis (redis://...)"
 
 
 @pytest.mark.parametrize(
@@ -149,8 +148,6 @@ NOT_YET = "does not run on a Redis Cluster yet: name one Redis (redis://...)"
         (("up", "--redis", CLUSTER, "--rate-storage", "redis"),
          "weir up: --rate-storage redis does not run on Redis Cluster (yet): "
          "use --rate-storage memory"),
-        (("streams", "verify", "--redis", CLUSTER, "--kafka", "127.0.0.1:1"),
-         f"weir streams verify: {NOT_YET}"),
     ],
 )  # fmt: skip
 def test_what_does_not_run_on_a_cluster_yet_says_so_in_one_line(

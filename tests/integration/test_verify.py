@@ -39,6 +39,7 @@ from services.admin.verify import main as verify_main
 from services.broker.logstate import sub_options
 from services.embedded.redis_server import free_port
 from services.state.keys import state_keys
+from services.store.redis import connect_sync
 from tests.integration.conftest import Paho
 from tests.support.backend_node import BackendNode, backend_settings, start_node
 from tests.support.childenv import weir_env
@@ -177,7 +178,7 @@ def fold_log(redis_url: str, bootstrap: str, prefix: str) -> None:
     spark = session("weir-test-fold")
     try:
         raw = spark.createDataFrame(as_raw_rows(list(records), prefix), raw_schema())
-        StateWriter(redis.Redis.from_url(redis_url), prefix).write(
+        StateWriter(connect_sync(redis_url, 10.0), prefix).write(
             collect(fold(parse(raw, prefix))), 0
         )
     finally:

@@ -339,7 +339,7 @@ def run(config: JobConfig) -> int:
     with available_now, until the log as it is now is folded. A failed query
     (Redis or Kafka down) restarts from its checkpoint after a back-off, and
     says so; a data-loss error (the checkpoint is ahead of the log) ends it."""
-    from services.store.redis import connect_sync
+    from services.config.redisurl import connect_sync
     from streams.spark import session
 
     stopping = threading.Event()

@@ -31,8 +31,9 @@ from services.auth.api import ClientInfo, Decision
 from services.auth.argon import BAD_USER_OR_PASSWORD, CACHE_TTL_S, HASHER, check_hash
 from services.auth.cache import CredentialCache, Verdict
 from services.auth.scram import ScramCredentials, ScramError
+from services.config.redisurl import connect_sync
 from services.store.errors import StoreUnavailable
-from services.store.redis import bounded, connect_sync
+from services.store.redis import bounded
 
 KEY_PREFIX: Final = "weir:user:"
 FIELD: Final = "password_hash"

@@ -7,6 +7,11 @@ every node; no database number (a cluster has only 0) and no TLS (yet).
 
 from __future__ import annotations
 
+from typing import cast
+
+import redis
+import redis.cluster
+
 CLUSTER_SCHEMES = ("redis+cluster://", "redis-cluster://")
 
 
@@ -32,3 +37,17 @@ def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], str | None, str | No
             raise ValueError(f"expected redis+cluster://HOST:PORT[,HOST:PORT...], got {url!r}")
         nodes.append((host.strip("[]"), int(port)))
     return nodes, user, password
+
+
+def connect_sync(url: str, timeout: float) -> redis.Redis:
+    """A blocking client on `url` for the command-line tools (`weir passwd
+    --redis`): a cluster client for `redis+cluster://`, else one on one Redis;
+    typed as the latter, as `connect`'s is."""
+    if is_cluster_url(url):
+        nodes, user, password = cluster_nodes(url)
+        seeds = [redis.cluster.ClusterNode(h, p) for h, p in nodes]  # type: ignore[no-untyped-call]
+        return cast(redis.Redis, redis.cluster.RedisCluster(
+            startup_nodes=seeds, username=user, password=password,
+            socket_timeout=timeout, socket_connect_timeout=timeout,
+        ))  # fmt: skip
+    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)

@@ -37,9 +37,7 @@ from collections.abc import Awaitable, Sequence
 from importlib import resources
 from typing import Any, Final, TypeVar, cast
 
-import redis
 import redis.asyncio as aioredis
-import redis.cluster
 from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -146,20 +144,6 @@ def _connect_cluster(url: str, timeout: float) -> RedisCluster:
         retry=Retry(NoBackoff(), 0),
         **_POOL_OPTIONS,
     )
-
-
-def connect_sync(url: str, timeout: float) -> redis.Redis:
-    """A blocking client on `url` for the command-line tools (`weir passwd
-    --redis`): a cluster client for `redis+cluster://`, else one on one Redis;
-    typed as the latter, as `connect`'s is."""
-    if is_cluster_url(url):
-        nodes, user, password = cluster_nodes(url)
-        seeds = [redis.cluster.ClusterNode(h, p) for h, p in nodes]  # type: ignore[no-untyped-call]
-        return cast(redis.Redis, redis.cluster.RedisCluster(
-            startup_nodes=seeds, username=user, password=password,
-            socket_timeout=timeout, socket_connect_timeout=timeout,
-        ))  # fmt: skip
-    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
 
 
 def load_script(client: aioredis.Redis, package: str, name: str) -> AsyncScript:

@@ -22,6 +22,7 @@ from services.event.schema import SessionClosed
 from tests.integration.conftest import Paho
 from tests.integration.test_cluster_nodes import NodeProc, drain, node_pair, until_delivered
 from tests.support.eventlog import log_events
+from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.kafka]
 
@@ -92,7 +93,8 @@ def test_survivor_publishes_wills_and_resumes_sessions(
     assert watcher.before_barrier(pub, "bar/1", 1) == []  # each exactly once
 
     # The persistent session is offline under a new epoch: a late write of A fails.
-    assert r.hget("{c:durable}:s", "online") == b"0"
+    # (A survivor sends the wills first, then adopts the sessions: wait for it.)
+    wait_until(lambda: r.hget("{c:durable}:s", "online") == b"0", "durable adopted", 30.0)
     assert int(r.hget("{c:durable}:s", "epoch") or 0) > epoch_on_a
     # Its queue fills while it is away, and it resumes on B with what was queued.
     pub.publish("t/durable", b"while away", 1)

@@ -30,6 +30,9 @@ class Http:
     call = _Node.call
 
 
+BIND_TRIES = 3  # picks of free ports (CI once lost the race for one to another worker)
+
+
 @pytest.fixture(scope="module")
 def cluster(
     tmp_path_factory: pytest.TempPathFactory,
@@ -37,11 +40,20 @@ def cluster(
     tmp: Path = tmp_path_factory.mktemp("apicluster")
     keys = tmp / "keys.txt"
     keys.write_text(f"{KEY}:{SECRET}\n")
-    port = free_ports_in_a_row(2)
-    up = Supervised(tmp, "--nodes", "2", "--mqtt-port", str(port), "--ws-port", "off",
-                    "--http-port", "0", "--api-key-file", str(keys))  # fmt: skip
+    for attempt in range(BIND_TRIES):  # a free port can be taken by another worker first
+        port = free_ports_in_a_row(2)
+        where = tmp / f"try{attempt}"
+        where.mkdir()
+        up = Supervised(where, "--nodes", "2", "--mqtt-port", str(port), "--ws-port", "off",
+                        "--http-port", "0", "--api-key-file", str(keys))  # fmt: skip
+        try:
+            up.wait_ready(1)
+            break
+        except AssertionError:
+            up.stop()
+            if "address already in use" not in up.text() or attempt == BIND_TRIES - 1:
+                raise
     try:
-        up.wait_ready(1)
         up.wait_ready(2)
         http = [re.search(r"ready, mqtt on .*?http on [^ ,]+:(\d+)", up.files(i).log.read_text())
                 for i in (1, 2)]  # fmt: skip

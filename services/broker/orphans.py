@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.broker.logstate import LogState
 from services.broker.ports import now_ms
-from services.broker.wills import Wills
+from services.broker.wills import TAKEOVER_WIDTH, Wills
 from services.event.api import EventLogError
 from services.event.schema import SessionClosed
 from services.session.api import SessionError, SessionStore
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("weir.orphans")
 
 RETRY_S = 2.0  # a takeover step the store or the log refused is tried again after this
-TAKEOVER_WIDTH = 32  # sessions (or wills) adopted at once: store calls and log appends overlap
 
 
 class Orphans:

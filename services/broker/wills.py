@@ -45,7 +45,7 @@ from services.store import serial
 from services.tasks import each
 
 log = logging.getLogger("weir.wills")
-ADOPT_WIDTH = 32  # wills adopted at once from a dead node (store calls overlap)
+TAKEOVER_WIDTH = 32  # a dead node's wills (and, in orphans, sessions) taken over at once
 RETRY_S = 2.0  # a will the store did not hand over is asked for again after this
 
 
@@ -172,7 +172,7 @@ class Wills:
                 await self._take(client_id, token, True)
             return True
 
-        return await each(await self.store.orphans(dead), adopt, ADOPT_WIDTH)
+        return await each(await self.store.orphans(dead), adopt, TAKEOVER_WIDTH)
 
     def _due_at(self, client_id: str, token: str, delay_s: float) -> None:
         if delay_s <= 0:

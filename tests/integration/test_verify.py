@@ -20,6 +20,7 @@ arguments and unreachable backends exit 2 with one line.
 from __future__ import annotations
 
 import base64
+import contextlib
 import importlib.util
 import json
 import os
@@ -185,28 +186,35 @@ def fold_log(redis_url: str, bootstrap: str, prefix: str) -> None:
         spark.stop()
 
 
-@pytest.fixture(scope="module")
-def cluster(
-    _redis_service_url: str, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
-    redis_url = _redis_service_url
-    with redis.Redis.from_url(redis_url) as client:
-        client.flushdb()
+@contextlib.contextmanager
+def agreeing(redis_url: str, bootstrap: str, spark_dir: Path) -> Iterator[Cluster]:
+    """Two nodes n1 and n2 on `redis_url` (one Redis or a cluster) that took
+    the workload, and the state store filled from the log: all copies agree."""
     prefix = f"t{uuid.uuid4().hex[:12]}."
-    node = start_node(backend_settings(redis_url, kafka_bootstrap, prefix, "n1"))
-    other = start_node(backend_settings(redis_url, kafka_bootstrap, prefix, "n2"))
+    node = start_node(backend_settings(redis_url, bootstrap, prefix, "n1"))
+    other = start_node(backend_settings(redis_url, bootstrap, prefix, "n2"))
     clients: list[Paho] = []
     try:
         clients = workload(node.mqtt_port, other.mqtt_port)
         for each in (node, other):
             wait_until(lambda: settled(each), "the workload in both nodes' views")  # noqa: B023
-        fill_store(redis_url, kafka_bootstrap, prefix, tmp_path_factory.mktemp("spark"))
-        yield Cluster(redis_url, kafka_bootstrap, prefix, node, other, clients)
+        fill_store(redis_url, bootstrap, prefix, spark_dir)
+        yield Cluster(redis_url, bootstrap, prefix, node, other, clients)
     finally:
         for client in clients:
             client.close()
         other.stop()
         node.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    _redis_service_url: str, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    with redis.Redis.from_url(_redis_service_url) as client:
+        client.flushdb()
+    with agreeing(_redis_service_url, kafka_bootstrap, tmp_path_factory.mktemp("spark")) as up:
+        yield up
 
 
 def test_agreeing_copies_give_no_difference_and_exit_0(cluster: Cluster) -> None:

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Paho
-from tests.integration.test_verify import fill_store, settled, workload
-from tests.support.backend_node import backend_settings, start_node
+from tests.integration.test_verify import agreeing
 from tests.support.childenv import weir_env
-from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.kafka, pytest.mark.timeout(600)]
 
@@ -28,25 +24,11 @@ pytestmark = [pytest.mark.redis, pytest.mark.kafka, pytest.mark.timeout(600)]
 def test_the_state_store_and_verify_run_on_a_redis_cluster(
     redis_cluster_url: str, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    prefix = f"t{uuid.uuid4().hex[:12]}."
-    node = start_node(backend_settings(redis_cluster_url, kafka_bootstrap, prefix, "n1"))
-    other = start_node(backend_settings(redis_cluster_url, kafka_bootstrap, prefix, "n2"))
-    clients: list[Paho] = []
-    try:
-        clients = workload(node.mqtt_port, other.mqtt_port)
-        for each in (node, other):
-            wait_until(lambda: settled(each), "the workload in both nodes' views")  # noqa: B023
-        fill_store(redis_cluster_url, kafka_bootstrap, prefix, tmp_path / "spark")
-        args = ["--redis", redis_cluster_url, "--kafka", kafka_bootstrap, "--topic-prefix", prefix]
+    with agreeing(redis_cluster_url, kafka_bootstrap, tmp_path / "spark") as up:
         result = subprocess.run(
-            [sys.executable, "-m", "services", "streams", "verify", *args],
+            [sys.executable, "-m", "services", "streams", "verify", *up.args()],
             capture_output=True, text=True, timeout=180, env=weir_env(), check=False,
         )  # fmt: skip
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert "no differences" in result.stdout, result.stdout
-        assert "2 live nodes (n1, n2)" in result.stdout, result.stdout
-    finally:
-        for client in clients:
-            client.close()
-        other.stop()
-        node.stop()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no differences" in result.stdout, result.stdout
+    assert "2 live nodes (n1, n2)" in result.stdout, result.stdout

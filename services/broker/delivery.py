@@ -71,9 +71,12 @@ def tell_hooks(hooks: Hooks, client_id: str, message: Message, actions: list[Act
     """message.delivered if the channel sent `message`; else message.dropped
     with why (it expired before it went out, or is over the client's Maximum
     Packet Size)."""
-    if any(type(a) is Send for a in actions):
-        hooks.run("message.delivered", client_id, message)
-        return
+    for action in actions:  # a plain loop: this runs once per copy
+        if type(action) is Send:
+            delivered = hooks.notifier("message.delivered")
+            if delivered is not None:
+                delivered(client_id, message)
+            return
     expired = message.expires_at_ms is not None and message.expires_at_ms <= now
     hooks.run("message.dropped", message, "expired" if expired else "too_large", client_id)
 

@@ -40,17 +40,18 @@ from services.broker.delivery import Delivery, tell_hooks
 from services.broker.logstate import LogState
 from services.broker.ports import ConnectionPort, Session, SubOptions, Turn, now_ms
 from services.broker.remote import Remote
-from services.broker.routes import PlanEntry, Routes, adjusted, taken_over
+from services.broker.routes import PlanEntry, Routes, adjusted, encode_qos0, taken_over
 from services.broker.seams import Seams
 from services.broker.shared import Shared
 from services.event.api import EventLogError
 from services.event.schema import Event, RetainedCleared, RetainedSet
-from services.mqtt import codec
 from services.mqtt.actions import Route
-from services.mqtt.packets import Message, PacketType, ReasonCode
+from services.mqtt.packets import Message, ReasonCode
 from services.mqtt.topics import matches, parse_shared
 from services.queue.api import IncomingMark, QueueStore
 from services.session.api import Fenced, SessionError, SessionStore
+
+Fold = Callable[[Any, Any], Any]  # a compiled hook chain (`Hooks.folder`)
 
 log = logging.getLogger("weir.dispatch")
 
@@ -148,11 +149,19 @@ class Dispatch:
         tally[3 + qos] += len(message.payload)  # RECEIVED_BYTES + qos
         seams = self.seams
         checks = seams.checks_publish
-        if checks or seams.hooks.has("message.publish"):  # else nothing can refuse or change it
-            admitted = self._admitted(conn, route, checks)
+        hook = seams.hooks.folder("message.publish")  # else nothing can change it
+        if checks:  # else nothing can refuse it
+            admitted = self._admitted(conn, route, hook)
             if admitted is None:
                 return
             route = admitted
+        elif hook is not None:
+            changed = hook(conn.client, message)
+            if changed is not message:
+                admitted = self._changed(conn, route, changed)
+                if admitted is None:
+                    return
+                route = admitted
         message = route.message
         if route.qos2_packet_id is not None and conn.session is not None:
             self._held_routes[conn] = []
@@ -187,30 +196,31 @@ class Dispatch:
         client = conn.client
         return self.seams.egress.publish(message, client.username if client else None)
 
-    def _admitted(self, conn: ConnectionPort, route: Route, checks: bool) -> Route | None:
-        """Authorization (when `checks`: Seams.checks_publish) and the
-        message.publish hook (which may replace the message or stop it: a
-        stopped QoS 1/2 message is still acknowledged). A denied one: 5.0
-        PUBACK / PUBREC 0x87; 3.x acknowledged and dropped."""
+    def _admitted(self, conn: ConnectionPort, route: Route, hook: Fold | None) -> Route | None:
+        """Authorization (Seams.checks_publish), then the message.publish hook
+        (`hook`: its compiled chain). A denied message: 5.0 PUBACK / PUBREC
+        0x87; 3.x acknowledged and dropped."""
         message = route.message
-        seams = self.seams
-        if checks and not seams.may_publish(
-            conn, message.topic, message.qos, message.retain
-        ):
+        if not self.seams.may_publish(conn, message.topic, message.qos, message.retain):
             self.seams.metrics.messages_dropped["acl"] += 1
             if route.token is not None:
                 conn.routed(route.token, False, False, ReasonCode.NOT_AUTHORIZED)
             return None
-        hooks = self.seams.hooks
-        if hooks.has("message.publish"):
-            changed = hooks.fold("message.publish", message, conn.client)
-            if changed is None:
-                if route.token is not None:
-                    conn.routed(route.token, True, True)
-                return None
+        if hook is not None:
+            changed = hook(conn.client, message)
             if changed is not message:
-                return dataclasses.replace(route, message=changed)
+                return self._changed(conn, route, changed)
         return route
+
+    @staticmethod
+    def _changed(conn: ConnectionPort, route: Route, changed: Message | None) -> Route | None:
+        """The message.publish hook replaced the message, or stopped it (None:
+        not published, a QoS 1/2 one still acknowledged)."""
+        if changed is None:
+            if route.token is not None:
+                conn.routed(route.token, True, True)
+            return None
+        return dataclasses.replace(route, message=changed)
 
     async def retain_gate(self, message: Message, gate: asyncio.Future[bool]) -> None:
         ok = False
@@ -351,6 +361,8 @@ class Dispatch:
         count = written = too_large = 0
         hooks = self.seams.hooks
         told = hooks.watches_copies
+        delivered = hooks.notifier("message.delivered") if told else None
+        as_sent = not message.properties.subscription_identifier  # a copy may be `message`
         for session, opts in plan:
             if type(opts) is SubOptions:
                 if opts.no_local and session.client_id == sender:
@@ -379,7 +391,7 @@ class Dispatch:
                 key = (v5, retain, sub_ids if v5 else ())
                 data = encoded.get(key)
                 if data is None:
-                    data = self._encode_qos0(message, retain, v5, sub_ids)
+                    data = encode_qos0(message, retain, v5, sub_ids)
                     encoded[key] = data
                 limit = conn.max_outgoing_packet
                 if limit is not None and len(data) > limit:
@@ -388,9 +400,18 @@ class Dispatch:
                         hooks.run("message.dropped", message, "too_large", session.client_id)
                     continue
                 if told:  # the hooks hear of each copy (deferred ones when they go)
-                    out = adjusted(message, qos, retain, sub_ids)
-                    if self._deferred is None:
-                        written += self._write_told(session.client_id, conn, data, out)
+                    if qos == qos_in and retain == retain_in and as_sent and not sub_ids:
+                        out = message
+                    else:
+                        out = adjusted(message, qos, retain, sub_ids)
+                    if self._deferred is None:  # inline: once per copy
+                        if conn.write_qos0(data):
+                            written += 1
+                            if delivered is not None:
+                                delivered(session.client_id, out)
+                        else:
+                            hooks.run("message.dropped", out, "qos0_slow_subscriber",
+                                      session.client_id)  # fmt: skip
                     else:
                         self._deferred.append(functools.partial(
                             self._write_told, session.client_id, conn, data, out))
@@ -420,20 +441,6 @@ class Dispatch:
             return True
         self.seams.hooks.run("message.dropped", out, "qos0_slow_subscriber", client_id)
         return False
-
-    @staticmethod
-    def _encode_qos0(message: Message, retain: bool, v5: bool, sub_ids: tuple[int, ...]) -> bytes:
-        props: bytes | None = None
-        if v5:
-            properties = message.properties
-            if properties.subscription_identifier:  # the subscriber's ids replace any carried
-                properties = dataclasses.replace(properties, subscription_identifier=())
-            props = codec.add_subscription_identifiers(
-                codec.encode_properties(properties, PacketType.PUBLISH), sub_ids
-            )
-        return codec.encode_publish(
-            message.topic.encode(), message.payload, 0, retain, False, None, props
-        )
 
     def deliver(self, session: Session, message: Message) -> None:
         """The general path: through the channel (QoS 0) or the queue (QoS 1/2, offline)."""

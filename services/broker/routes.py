@@ -26,7 +26,8 @@ import dataclasses
 from collections.abc import Callable, Iterable
 
 from services.broker.ports import ConnectionPort, Session, SubOptions
-from services.mqtt.packets import Message
+from services.mqtt import codec
+from services.mqtt.packets import Message, PacketType
 from services.mqtt.trie import TopicTrie
 
 PLAN_CACHE_SIZE = 4096  # topics whose routing plan is kept; cleared whole when full
@@ -197,3 +198,19 @@ def taken_over(conn: ConnectionPort) -> None:
         session.ready = False
     conn.carry_out(conn.channel.taken_over())
     conn.session = None
+
+
+def encode_qos0(message: Message, retain: bool, v5: bool, sub_ids: tuple[int, ...]) -> bytes:
+    """A QoS 0 copy of `message` on the wire, as one kind of subscriber gets it
+    (5.0 or 3.x, retain flag, subscription identifiers): encoded once per kind."""
+    props: bytes | None = None
+    if v5:
+        properties = message.properties
+        if properties.subscription_identifier:  # the subscriber's ids replace any carried
+            properties = dataclasses.replace(properties, subscription_identifier=())
+        props = codec.add_subscription_identifiers(
+            codec.encode_properties(properties, PacketType.PUBLISH), sub_ids
+        )
+    return codec.encode_publish(
+        message.topic.encode(), message.payload, 0, retain, False, None, props
+    )

@@ -219,3 +219,48 @@ def test_load_named_fails_with_one_line(name: str, message: str) -> None:
     with pytest.raises(PluginError) as caught:
         Plugins(Hooks()).load_named([(name, {})])
     assert str(caught.value) == message
+
+
+def test_the_compiled_chains_answer_as_run_and_fold_do() -> None:
+    hooks, seen = Hooks(), []
+    assert hooks.folder("message.publish") is None and hooks.notifier("message.delivered") is None
+    hooks.add("message.publish", lambda who, m: Continue(m + "+a"), priority=2)
+    hooks.add("message.publish", lambda who, m: 1 / 0, priority=1)  # failed, skipped
+    hooks.add("message.publish", lambda who, m: Stop(m + "+stop"))
+    hooks.add("message.publish", lambda who, m: Continue("never"), priority=-1)
+    fold = hooks.folder("message.publish")
+    assert fold is not None and fold("client", "m") == "m+a+stop"
+    assert hooks.fold("message.publish", "m", "client") == "m+a+stop"
+    assert hooks.notifier("message.publish") is None  # a fold point has no notifier
+
+    def stops(cid: str, m: str) -> Any:
+        seen.append(("stops", cid, m))
+        return STOP
+
+    hooks.add("message.delivered", lambda cid, m: seen.append(("first", cid, m)), priority=1)
+    hooks.add("message.delivered", stops)
+    hooks.add("message.delivered", lambda cid, m: seen.append(("never", cid, m)), priority=-1)
+    notify = hooks.notifier("message.delivered")
+    assert notify is not None
+    notify("c1", "m")
+    assert seen == [("first", "c1", "m"), ("stops", "c1", "m")]
+    assert hooks.stats()["failed"] == 2  # the raising fold callback, once per fold
+    assert hooks.remove("message.delivered", stops)
+    later = hooks.notifier("message.delivered")
+    assert later is not None and later is not notify  # rebuilt for the new chain
+    seen.clear()
+    later("c2", "m")
+    assert seen == [("first", "c2", "m"), ("never", "c2", "m")]
+
+
+def test_the_compiled_chains_time_one_call_in_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api, "SLOW_S", -1.0)  # every timed call is "slow"
+    hooks = Hooks()
+    hooks.add("message.delivered", lambda cid, m: None)
+    hooks.add("message.publish", lambda who, m: CONTINUE)
+    notify, fold = hooks.notifier("message.delivered"), hooks.folder("message.publish")
+    assert notify is not None and fold is not None
+    for _ in range(api.SAMPLE + 1):  # the first call and the one SAMPLE later
+        notify("c1", "m")
+        assert fold("client", "m") == "m"
+    assert hooks.stats()["slow"] == 4

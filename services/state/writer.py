@@ -215,10 +215,22 @@ class WriteThroughLog:
         await self.log.warm()
 
     async def append(self, event: Event) -> None:
+        """Returns once the log acknowledged `event` and the store has it. The
+        two writes run at once: the store's version rule makes its order moot
+        (and versions are never reused: the session store hands them out), so
+        an acknowledgement waits for the slower of the two, not for their sum.
+        If either fails the caller is told (no SUBACK, CONNACK or PUBACK),
+        whatever the other did: as with one write after the other, the event
+        may then be in one of the two, which a client's retry makes whole."""
         async with self._flight():
-            await self.log.append(event)  # first: the log's order is the cluster's
-            self.appended += 1
-            await self.writer.write(event)
+            logged, stored = await asyncio.gather(
+                self.log.append(event), self.writer.write(event), return_exceptions=True
+            )
+            if not isinstance(logged, BaseException):
+                self.appended += 1
+            for outcome in (logged, stored):
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
     async def append_all(self, events: Sequence[Event]) -> Placements:
         """The log's bulk append, then the store's (one script call per

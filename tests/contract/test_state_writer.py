@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from services.event.api import EventLogUnavailable
 from services.event.memory import MemoryEventLog, MemoryLog
 from services.event.schema import Event, SessionClosed, SessionOpened, Subscribed
 from services.node.bootstrap import load_snapshot
@@ -188,5 +189,47 @@ async def test_the_loop_keeps_turning_while_the_store_is_decoded(
         ticker.cancel()
         assert snapshot is not None and len(snapshot.sessions) == 1
         assert ticks >= 20  # 1 s of decoding (two calls): ~100 ticks of 10 ms, 0 on the loop
+    finally:
+        await client.aclose()
+
+
+class HeldLog(MemoryEventLog):
+    """A log whose appends wait for `gate`: an acknowledgement still on its way."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryLog(), append_timeout_s=0.01)
+        self.gate = asyncio.Event()
+
+    async def append(self, event: Event) -> None:
+        await self.gate.wait()
+        await super().append(event)
+
+
+async def test_the_store_is_written_while_the_log_acknowledges(redis_url: str) -> None:
+    """The two writes of an append run at once (a SUBACK waits for the slower,
+    not for both in turn); either failing fails the append."""
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.flushdb()
+        writer = StoreWriter(client, PREFIX)
+        held = HeldLog()
+        log = WriteThroughLog(held, writer)
+        event = Subscribed(client_id="c", version=1, node="n", ts_ms=1, filter="t/1", qos=1)
+        append = asyncio.create_task(log.append(event))
+
+        async def stored() -> None:
+            while writer.written == 0:
+                await asyncio.sleep(0)
+
+        await asyncio.wait_for(stored(), 5.0)  # before the log answered
+        assert not append.done() and log.appended == 0
+        held.gate.set()
+        await append
+        assert log.appended == 1
+        held.log.available = False  # the log refuses; the store still takes it
+        later = Subscribed(client_id="c", version=2, node="n", ts_ms=2, filter="t/2", qos=1)
+        with pytest.raises(EventLogUnavailable):
+            await log.append(later)
+        assert log.appended == 1 and writer.written == 2
     finally:
         await client.aclose()

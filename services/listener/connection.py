@@ -244,7 +244,7 @@ class Connection(asyncio.Protocol):
                 used += size
                 turn.work += 1
                 if tracer.on:
-                    tracer.received(channel.client_id, self.peer, packet)
+                    tracer.received(channel.client_id, self.peer, packet, channel.aliased_topic)
                 self._carry_out(channel.receive(packet, now))
                 proto = proto or channel.protocol_level
                 if channel.inbound_full:  # past the Receive Maximum: on hold until `routed`
@@ -391,7 +391,9 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         if self.tracer.on:
-            self.tracer.sent(self.channel.client_id, self.peer, data, self.channel.protocol_level)
+            channel = self.channel
+            self.tracer.sent(channel.client_id, self.peer, data, channel.protocol_level,
+                             channel.aliased_topic)  # fmt: skip
         if self._out is None:
             self._out = [data]
         else:

@@ -8,8 +8,9 @@ is started with a name, a kind and a value:
   CONNACK, SUBSCRIBE, PUBLISH, PUBACK, PINGREQ, DISCONNECT, ...);
 - `topic`: every PUBLISH, in or out, whose topic the value (a topic
   filter) matches. A 5.0 PUBLISH that names its topic by alias only is
-  matched on what it carries (an empty topic), as the packet is traced
-  before the channel resolves the alias.
+  matched on the topic the alias stands for on its connection (the
+  connection passes its channel's `aliased_topic`), and its line says it
+  (`alias_topic`).
 
 Each trace writes JSON lines to `<directory>/<name>.log` (the node's data
 dir, `trace/`): `ts` (UTC, microseconds), `node`, `dir` (`in`: from the
@@ -45,6 +46,7 @@ from services.mqtt.errors import MQTTError
 from services.mqtt.packets import Connect, Publish
 from services.mqtt.topics import matches, validate_topic_filter
 
+Aliased = Callable[[bool, int], str | None]  # Channel.aliased_topic: (inbound, alias)
 Kind = Literal["clientid", "topic"]
 KINDS: Final = ("clientid", "topic")
 MAX_TRACES: Final = 30  # traces kept at once, running or ended (EMQX's limit)
@@ -251,13 +253,15 @@ class Tracer:
 
     # -- the connections' side (only while `on`) ------------------------------------
 
-    def received(self, client_id: str | None, peer: str, packet: object) -> None:
+    def received(self, client_id: str | None, peer: str, packet: object,
+                 aliased: Aliased | None = None) -> None:  # fmt: skip
         """A packet read from a client (its CONNECT names the client id itself)."""
         if client_id is None and type(packet) is Connect:
             client_id = packet.client_id
-        self._record(client_id, peer, "in", packet)
+        self._record(client_id, peer, "in", packet, aliased)
 
-    def sent(self, client_id: str | None, peer: str, data: bytes, protocol_level: int) -> None:
+    def sent(self, client_id: str | None, peer: str, data: bytes, protocol_level: int,
+             aliased: Aliased | None = None) -> None:  # fmt: skip
         """Bytes written to a client: its packets, decoded again (only while tracing)."""
         if client_id not in self._clients and not self._topics:
             return
@@ -269,26 +273,34 @@ class Tracer:
                     break
                 packet, size = result
                 used += size
-                self._record(client_id, peer, "out", packet)
+                self._record(client_id, peer, "out", packet, aliased)
         except MQTTError:
-            self._record(client_id, peer, "out", {"undecoded": data[used:].hex()})
+            self._record(client_id, peer, "out", {"undecoded": data[used:].hex()}, None)
         finally:
             view.release()
 
-    def _record(self, client_id: str | None, peer: str, direction: str, packet: object) -> None:
+    def _record(self, client_id: str | None, peer: str, direction: str, packet: object,
+                aliased: Aliased | None) -> None:  # fmt: skip
         traces = self._clients.get(client_id, []) if client_id is not None else []
+        by_alias = None  # the topic an alias-only PUBLISH stands for
+        if type(packet) is Publish and not packet.topic and aliased is not None:
+            alias = packet.properties.topic_alias
+            by_alias = aliased(direction == "in", alias) if alias is not None else None
         if self._topics and type(packet) is Publish:
-            topic = packet.topic
+            topic = by_alias or packet.topic
             traces = traces + [t for t in self._topics if matches(t.info.value, topic)]
         if not traces:
             return
         stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
         for trace in traces:
-            fields = _fields(packet, trace.payload_bytes)
-            line = json.dumps({
+            record = {
                 "ts": stamp, "node": self.node, "dir": direction, "clientid": client_id,
-                "peer": peer, "packet": _kind(packet), "fields": fields,
-            }, ensure_ascii=False) + "\n"  # fmt: skip
+                "peer": peer, "packet": _kind(packet),
+                "fields": _fields(packet, trace.payload_bytes),
+            }  # fmt: skip
+            if by_alias is not None:
+                record["alias_topic"] = by_alias
+            line = json.dumps(record, ensure_ascii=False) + "\n"
             size = len(line.encode())
             if trace.size + size > trace.limit:
                 self._end(trace.info.name, "size")

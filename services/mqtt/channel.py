@@ -191,6 +191,11 @@ class Channel:
         """How many more QoS 1/2 PUBLISHes may go out before an ack."""
         return max(0, self.client_receive_maximum - self._out.in_flight)
 
+    def aliased_topic(self, inbound: bool, alias: int) -> str | None:
+        """The topic a topic alias stands for, from the client (`inbound`) or to
+        it; None if it was never set (a trace names an alias-only PUBLISH's topic)."""
+        return (self._inbound if inbound else self._shaper).aliased(alias)
+
     @property
     def inbound_inflight(self) -> int:
         """Incoming QoS 1/2 messages not yet completed (routing or awaiting PUBREL)."""

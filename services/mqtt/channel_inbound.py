@@ -173,6 +173,10 @@ class InboundFlow:
             return [Route(message, token, pid)]
         return [Route(message, token)]
 
+    def aliased(self, alias: int) -> str | None:
+        """The topic the client set `alias` to (None: not set)."""
+        return self._in_aliases.get(alias)
+
     def _inbound_topic(self, p: Publish) -> str:
         alias = p.properties.topic_alias
         if alias is None:

@@ -74,6 +74,13 @@ class OutboundShaper:
         self._max_size = max_packet_size
         self._aliases: dict[str, int] = {}
 
+    def aliased(self, alias: int) -> str | None:
+        """The topic `alias` stands for on this connection (None: not set)."""
+        for topic, known in self._aliases.items():  # at most topic_alias_maximum
+            if known == alias:
+                return topic
+        return None
+
     def shape(
         self, message: Message, packet_id: int | None, dup: bool, now_ms: int
     ) -> Publish | Dropped:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from services.metrics.trace import TraceError, TraceInfo, Tracer
-from services.mqtt.packets import Puback, Publish, Subscription
+from services.mqtt.packets import Properties, Puback, Publish, Subscription
 from tests.integration.conftest import NodeRunner, node_settings
 from tests.integration.rawclient import V5, Raw, opened
 
@@ -116,6 +116,29 @@ def test_a_topic_trace_catches_only_matching_publishes(
         ("in", "t-pub", "a/1"), ("out", "t-sub", "a/1"),
         ("in", "t-pub", "a/3"), ("out", "t-sub", "a/3"),
     ]  # fmt: skip
+
+
+def test_a_topic_trace_names_an_alias_only_publish_by_its_topic(
+    traced: NodeRunner, raws: list[Raw]
+) -> None:
+    """A 5.0 PUBLISH that carries only a topic alias (both ways) is matched and
+    recorded as the topic the alias stands for on its connection."""
+    start(traced, "alias-a", "topic", "al/+", duration_s=60.0)
+    sub = opened(raws, traced, "al-sub", V5, properties=Properties(topic_alias_maximum=4))
+    sub.subscribe(Subscription("al/#", 0))
+    pub = opened(raws, traced, "al-pub", V5)
+    for n, topic in enumerate(("al/1", "", "al/1")):  # set alias 1, then use it twice
+        pub.send(Publish(topic, b"m%d" % n, qos=1, packet_id=n + 1,
+                         properties=Properties(topic_alias=1)))  # fmt: skip
+        pub.expect(Puback)
+        sub.expect(Publish)
+    traced.call(lambda: tracer(traced).stop("alias-a"))
+    seen = records(traced, "alias-a")
+    got = [(r["dir"], r["fields"].get("topic", ""), r.get("alias_topic")) for r in seen]
+    assert sorted(got) == sorted([
+        ("in", "al/1", None), ("in", "", "al/1"), ("in", "al/1", None),
+        ("out", "al/1", None), ("out", "", "al/1"), ("out", "", "al/1"),
+    ]), got  # the node sets its own alias on the first copy out, then sends it alone
 
 
 def test_a_trace_past_its_size_bound_stops_and_delete_removes_it(

@@ -66,7 +66,29 @@ FENCED: Final = frozenset({
     KafkaError.UNKNOWN_PRODUCER_ID, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
 })  # fmt: skip
 
-Report = tuple["asyncio.Future[bool] | None", int, int, "KafkaError | None"]
+
+
+class Turn:
+    """Sync mode: the records one bridge produced in one loop turn share one
+    future, True once Kafka acknowledged all of them, False if it refused
+    any (so every message of that turn gets 0x80 / a disconnect and is
+    resent: duplicates, never a loss). One future per turn, not per message:
+    under load a turn carries dozens of records."""
+
+    __slots__ = ("future", "left", "ok", "open")
+
+    def __init__(self, future: asyncio.Future[bool]) -> None:
+        self.future = future
+        self.left = 0  # records produced and not yet reported
+        self.ok = True
+        self.open = True  # records of this turn may still be added
+
+    def settle(self) -> None:
+        if not self.open and self.left == 0 and not self.future.done():
+            self.future.set_result(self.ok)
+
+
+Report = tuple[Turn | None, int, int, "KafkaError | None"]
 
 
 class KafkaBridge:
@@ -90,6 +112,7 @@ class KafkaBridge:
         self._poller: threading.Thread | None = None
         self._stop_polling = threading.Event()
         self._reports: deque[Report] = deque()  # appended by the poll thread, taken on the loop
+        self._turn: Turn | None = None  # sync mode: this loop turn's records' future
         self._failed = False  # a fatal producer error: rebuild before the next record
         self._rebuilding = False
         self._rebuild_task: asyncio.Task[None] | None = None
@@ -197,7 +220,7 @@ class KafkaBridge:
 
     def _settle(self, reports: list[Report]) -> None:
         now = time.monotonic_ns()
-        for fut, size, started, err in reports:
+        for turn, size, started, err in reports:
             self.buffered_records -= 1
             self.buffered_bytes -= size
             if err is None:
@@ -213,8 +236,10 @@ class KafkaBridge:
                 self._log_failure(err)
                 if err.fatal() or err.code() in FENCED:
                     self._failed = True
-            if fut is not None and not fut.done():
-                fut.set_result(err is None)
+            if turn is not None:
+                turn.left -= 1
+                turn.ok = turn.ok and err is None
+                turn.settle()
 
     def _log_failure(self, err: KafkaError) -> None:
         now = time.monotonic()
@@ -240,11 +265,11 @@ class KafkaBridge:
         headers = [(name, t.render(fields)) for name, t in self.headers]
         if self.config.user_properties:
             headers += [(k, v.encode()) for k, v in fields.message.properties.user_property]
-        fut = self.loop.create_future() if self.sync else None
+        turn = self._this_turn() if self.sync else None
         started = time.monotonic_ns()
 
         def delivered(err: KafkaError | None, _: Any) -> None:  # on the poll thread
-            self._reports.append((fut, size, started, err))
+            self._reports.append((turn, size, started, err))
 
         try:
             producer.produce(self.config.topic, value, key, headers=headers or None,
@@ -253,7 +278,23 @@ class KafkaBridge:
             return self._drop()
         self.buffered_records += 1
         self.buffered_bytes += size
-        return fut
+        if turn is None:
+            return None
+        turn.left += 1
+        return turn.future
+
+    def _this_turn(self) -> Turn:
+        turn = self._turn
+        if turn is None:
+            self._turn = turn = Turn(self.loop.create_future())
+            self.loop.call_soon(self._end_turn)
+        return turn
+
+    def _end_turn(self) -> None:
+        turn, self._turn = self._turn, None
+        if turn is not None:
+            turn.open = False
+            turn.settle()
 
     def _drop(self) -> asyncio.Future[bool] | None:
         self.dropped += 1

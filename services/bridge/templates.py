@@ -14,7 +14,7 @@ kafka_out record (no `value` in the table) is the JSON envelope, `envelope`.
 from __future__ import annotations
 
 import base64
-import json
+import json.encoder
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Generic, TypeVar
@@ -22,10 +22,15 @@ from typing import Final, Generic, TypeVar
 from services.config.bridges import HEADER, TEMPLATE_VARIABLE, USER_PROPERTY
 from services.mqtt.packets import Message
 
+# A str as a JSON string literal, non-ASCII escaped: json.dumps's own (C) function.
+_json_string: Final[Callable[[str], str]] = json.encoder.encode_basestring_ascii
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True)
 class Fields:
-    """What a template may name, for one message: the message and who sent it."""
+    """What a template may name, for one message: the message and who sent it.
+    (Not frozen: one is built per bridged message, and a frozen dataclass's
+    `__init__` costs three `object.__setattr__` calls.)"""
 
     message: Message
     username: str | None
@@ -137,23 +142,25 @@ def record_template(text: str) -> Template[Record]:
 
 def envelope(fields: Fields) -> bytes:
     """The default value: the message as one JSON object. The payload is text
-    when it is UTF-8 (`"payload_encoding": "utf-8"`), else base64."""
+    when it is UTF-8 (`"payload_encoding": "utf-8"`), else base64.
+
+    Written out by hand, byte for byte what `json.dumps(..., separators=(",",
+    ":"))` of the same dict gives (tests/bridge/test_templates.py checks): a
+    `json.dumps` with its own separators builds a new encoder per call, which
+    cost the bridge more than the produce itself."""
     message = fields.message
     try:
-        payload, encoding = message.payload.decode(), "utf-8"
+        payload, encoding = _json_string(message.payload.decode()), '"utf-8"'
     except UnicodeDecodeError:
-        payload, encoding = base64.b64encode(message.payload).decode(), "base64"
-    return json.dumps(
-        {
-            "topic": message.topic,
-            "payload": payload,
-            "payload_encoding": encoding,
-            "qos": message.qos,
-            "retain": message.retain,
-            "clientid": message.sender,
-            "username": fields.username,
-            "timestamp": fields.timestamp_ms,
-            "user_properties": [list(pair) for pair in message.properties.user_property],
-        },
-        separators=(",", ":"),
+        payload = '"' + base64.b64encode(message.payload).decode() + '"'
+        encoding = '"base64"'
+    username = "null" if fields.username is None else _json_string(fields.username)
+    pairs = message.properties.user_property
+    props = ",".join(f"[{_json_string(k)},{_json_string(v)}]" for k, v in pairs) if pairs else ""
+    return (
+        f'{{"topic":{_json_string(message.topic)},"payload":{payload},'
+        f'"payload_encoding":{encoding},"qos":{message.qos:d},'
+        f'"retain":{"true" if message.retain else "false"},'
+        f'"clientid":{_json_string(message.sender)},"username":{username},'
+        f'"timestamp":{fields.timestamp_ms:d},"user_properties":[{props}]}}'
     ).encode()

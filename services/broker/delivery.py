@@ -40,6 +40,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any, cast
 
 from services.broker.ports import Answered, ConnectionPort, Session, Turn, now_ms
@@ -190,15 +191,10 @@ class Delivery:
                 then(fresh)
             if gate is None:
                 conn.routed(token, ok, no_subs)
-            else:
-                self.spawn(self._answer_gated(conn, token, no_subs, ok, gate))
-
-    @staticmethod
-    async def _answer_gated(
-        conn: Answered, token: int, no_subs: bool, ok: bool, gate: asyncio.Future[bool]
-    ) -> None:
-        gated = await gate
-        conn.routed(token, ok and gated, no_subs)
+            elif gate.done():
+                conn.routed(token, ok and _passed(gate), no_subs)
+            else:  # a callback, not a task per message: sync bridges gate every one
+                gate.add_done_callback(partial(_answer_gated, conn, token, no_subs, ok))
 
     def schedule(self) -> None:
         if not self._batch_scheduled and (self._batch or self._batch_tokens or self._batch_marks):
@@ -413,3 +409,13 @@ class Delivery:
             for pid in pids:
                 conn.carry_out(conn.channel.resend_pubrel(pid))
         return True
+
+
+def _passed(gate: asyncio.Future[bool]) -> bool:
+    return not gate.cancelled() and gate.exception() is None and gate.result()
+
+
+def _answer_gated(
+    conn: Answered, token: int, no_subs: bool, ok: bool, gate: asyncio.Future[bool]
+) -> None:
+    conn.routed(token, ok and _passed(gate), no_subs)

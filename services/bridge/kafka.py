@@ -11,8 +11,10 @@ stay in one partition, in order), the table's compression and linger
 delivery reports and hands each poll's reports to the event loop in one
 `call_soon_threadsafe`, where the counters change and sync futures resolve.
 
-Modes. sync: `publish` returns a future resolved by Kafka's report; the
-broker holds the publisher's PUBACK / PUBREC on it. async: nothing to wait
+Modes. sync: `publish` returns a future resolved by Kafka's reports; the
+broker holds the publisher's PUBACK / PUBREC on it. The records a bridge
+produces in one loop turn share that future (`Turn`): True once Kafka
+acknowledged all of them, False if it refused any. async: nothing to wait
 for; the record is acknowledged to the publisher at once and is only in
 this process's memory until Kafka's report (`buffered_*`): that is the
 loss window of async mode (a SIGKILL loses it; a Kafka outage longer than

@@ -221,27 +221,39 @@ class KafkaBridge:
         self._settle(self._take_reports())
 
     def _settle(self, reports: list[Report]) -> None:
+        """A poll's reports at once: the counters change once per call, not
+        per record (a poll brings a produce request's worth)."""
         now = time.monotonic_ns()
+        settled_bytes = acked = acked_bytes = latency_ns = 0
+        oldest = now
         for turn, size, started, err in reports:
-            self.buffered_records -= 1
-            self.buffered_bytes -= size
+            settled_bytes += size
             if err is None:
-                self.health.ok()
-                self.records += 1
-                self.bytes += size
-                latency_us = (now - started) // 1000
-                self.latency_us_total += latency_us
-                self.latency_us_max = max(self.latency_us_max, latency_us)
+                acked += 1
+                acked_bytes += size
+                latency_ns += now - started
+                oldest = min(oldest, started)
             else:
-                self.health.error(err)
-                self.failures += 1
-                self._log_failure(err)
-                if err.fatal() or err.code() in FENCED:
-                    self._failed = True
+                self._failed_record(err)
             if turn is not None:
                 turn.left -= 1
                 turn.ok = turn.ok and err is None
                 turn.settle()
+        self.buffered_records -= len(reports)
+        self.buffered_bytes -= settled_bytes
+        if acked:
+            self.health.ok()
+            self.records += acked
+            self.bytes += acked_bytes
+            self.latency_us_total += latency_ns // 1000
+            self.latency_us_max = max(self.latency_us_max, (now - oldest) // 1000)
+
+    def _failed_record(self, err: KafkaError) -> None:
+        self.health.error(err)
+        self.failures += 1
+        self._log_failure(err)
+        if err.fatal() or err.code() in FENCED:
+            self._failed = True
 
     def _log_failure(self, err: KafkaError) -> None:
         now = time.monotonic()
@@ -263,10 +275,11 @@ class KafkaBridge:
         full = self.buffered_bytes + size > self.config.buffer_bytes
         if producer is None or self._failed or full:
             return self._drop()
-        headers: list[tuple[str, str | bytes | None]]
-        headers = [(name, t.render(fields)) for name, t in self.headers]
-        if self.config.user_properties:
-            headers += [(k, v.encode()) for k, v in fields.message.properties.user_property]
+        headers: list[tuple[str, str | bytes | None]] | None = None
+        if self.headers:
+            headers = [(name, t.render(fields)) for name, t in self.headers]
+        if self.config.user_properties and (pairs := fields.message.properties.user_property):
+            headers = (headers or []) + [(k, v.encode()) for k, v in pairs]
         turn = self._this_turn() if self.sync else None
         started = time.monotonic_ns()
 
@@ -274,7 +287,7 @@ class KafkaBridge:
             self._reports.append((turn, size, started, err))
 
         try:
-            producer.produce(self.config.topic, value, key, headers=headers or None,
+            producer.produce(self.config.topic, value, key, headers=headers,
                              on_delivery=delivered)  # fmt: skip
         except (BufferError, KafkaException):
             return self._drop()

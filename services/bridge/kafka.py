@@ -162,7 +162,7 @@ class KafkaBridge:
             "enable.idempotence": True,
             "partitioner": "murmur2_random",
             "compression.type": str(c.compression),
-            "linger.ms": c.linger_ms,
+            "linger.ms": c.batch_linger_ms,
             "message.timeout.ms": timeout_ms,
             "request.timeout.ms": min(timeout_ms, 30_000),
             # The byte bound is ours (buffer_bytes); librdkafka's must not bind first.

@@ -11,9 +11,11 @@ import pytest
 
 from services.config import SettingsError, load
 from services.config.bridges import (
+    ASYNC_LINGER_MS,
     ASYNC_TIMEOUT_S,
     DEFAULT_INFLIGHT,
     DEFAULT_KEY,
+    SYNC_LINGER_MS,
     SYNC_TIMEOUT_S,
     Mode,
     OffsetReset,
@@ -49,6 +51,9 @@ def test_tables_are_read_with_their_defaults(tmp_path: Path) -> None:
     assert telemetry.delivery_timeout_s == ASYNC_TIMEOUT_S
     assert alarms.mode == Mode.SYNC and alarms.value is None and alarms.bootstrap is None
     assert alarms.delivery_timeout_s == SYNC_TIMEOUT_S
+    # A sync PUBACK waits for the linger: shorter by default than an async record's.
+    assert (alarms.batch_linger_ms, telemetry.batch_linger_ms) == (SYNC_LINGER_MS, ASYNC_LINGER_MS)
+    assert SYNC_LINGER_MS < ASYNC_LINGER_MS
 
 
 TABLE = '[[bridge.kafka_out]]\nname = "b"\nfilter = "t/#"\ntopic = "k"\n'

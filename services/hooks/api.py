@@ -243,17 +243,23 @@ class Hooks:
         points go through `_compile`'s closure instead)."""
         began = perf_counter()
         for callback in chain:
-            try:
-                result = callback(*args) if notifies else callback(*args, value)
-            except Exception:
-                self._failed(point, callback)
-                continue
-            if result is not None and result is not CONTINUE:
-                stop, value = self._answer(point, callback, result, value, notifies)
-                if stop:
-                    break
+            stop, value = self._step(point, callback, args, value, notifies)
+            if stop:
+                break
         self._timed(point, chain, began)
         return value
+
+    def _step(self, point: str, callback: Callback, args: tuple[Any, ...], value: Any,
+              notifies: bool) -> tuple[bool, Any]:  # fmt: skip
+        """One callback of `_walk`: (stop the chain?, the value now)."""
+        try:
+            result = callback(*args) if notifies else callback(*args, value)
+        except Exception:
+            self._failed(point, callback)
+            return False, value
+        if result is None or result is CONTINUE:
+            return False, value
+        return self._answer(point, callback, result, value, notifies)
 
     def _answer(
         self, point: str, callback: Callback, result: Any, value: Any, notifies: bool

@@ -69,7 +69,6 @@ FENCED: Final = frozenset({
 })  # fmt: skip
 
 
-
 class Turn:
     """Sync mode: the records one bridge produced in one loop turn share one
     future, True once Kafka acknowledged all of them, False if it refused

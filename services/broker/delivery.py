@@ -192,7 +192,7 @@ class Delivery:
             if gate is None:
                 conn.routed(token, ok, no_subs)
             elif gate.done():
-                conn.routed(token, ok and _passed(gate), no_subs)
+                _answer_gated(conn, token, no_subs, ok, gate)
             else:  # a callback, not a task per message: sync bridges gate every one
                 gate.add_done_callback(partial(_answer_gated, conn, token, no_subs, ok))
 
@@ -411,11 +411,10 @@ class Delivery:
         return True
 
 
-def _passed(gate: asyncio.Future[bool]) -> bool:
-    return not gate.cancelled() and gate.exception() is None and gate.result()
-
-
 def _answer_gated(
     conn: Answered, token: int, no_subs: bool, ok: bool, gate: asyncio.Future[bool]
 ) -> None:
-    conn.routed(token, ok and _passed(gate), no_subs)
+    """A gated PUBACK / PUBREC once its gate (Kafka, a retained message's append)
+    answered: success only if the gate passed (a cancelled or failed gate: refused)."""
+    passed = not gate.cancelled() and gate.exception() is None and gate.result()
+    conn.routed(token, ok and passed, no_subs)

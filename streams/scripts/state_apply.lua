@@ -59,6 +59,53 @@ local function node_of(client)
   return redis.call('HGET', KEYS[3], client) or ''
 end
 
+-- A client with a few rows here has them edited into its stored JSON as text:
+-- decoding and re-encoding every filter it holds made its n-th SUBSCRIBE cost
+-- O(n) table work (the embedded default writes each SUBSCRIBE before its
+-- SUBACK). Many rows of one client (a re-seed, a batch) decode it once instead.
+local TEXT_ROWS = 4
+local texts, edited = {}, {}  -- client -> its stored JSON, edited as text (never decoded)
+
+local function json_string(s)  -- as cjson writes it, '\/' unescaped (see the end)
+  return (string.gsub(cjson.encode(s), '\\/', '/'))
+end
+
+local function string_end(raw, from)  -- the closing quote of the JSON string whose text starts at from
+  while true do
+    local q = string.find(raw, '"', from, true)
+    local b = q - 1
+    while string.byte(raw, b) == 92 do b = b - 1 end  -- a quote after an even run of '\' closes
+    if (q - 1 - b) % 2 == 0 then return q end
+    from = q + 1
+  end
+end
+
+-- The stored value of `filter` in `raw` and where its text starts and ends (quotes excluded).
+-- A key is found only where an object member starts ('{' or ',' then '"'): inside a JSON
+-- string a quote is always escaped, so neither is ever found within a key or a value.
+local function text_value(raw, filter)
+  local key = json_string(filter) .. ':"'
+  local at = string.find(raw, '{' .. key, 1, true) or string.find(raw, ',' .. key, 1, true)
+  if not at then return nil end
+  local from = at + 1 + #key
+  local to = string_end(raw, from) - 1
+  return string.sub(raw, from, to), from, to
+end
+
+local function set_text(client, filter, value)
+  local raw = texts[client]
+  local old, from, to = text_value(raw, filter)
+  local encoded = json_string(value)
+  edited[client] = true
+  if old then
+    texts[client] = string.sub(raw, 1, from - 2) .. encoded .. string.sub(raw, to + 2)
+  elseif raw == '{}' then
+    texts[client] = '{' .. json_string(filter) .. ':' .. encoded .. '}'
+  else
+    texts[client] = string.sub(raw, 1, -2) .. ',' .. json_string(filter) .. ':' .. encoded .. '}'
+  end
+end
+
 for _ = 1, n_sessions do
   local client, version, node, json = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3]
   i = i + 4
@@ -98,18 +145,40 @@ for _ = 1, n_floors do
   end
 end
 
+local rows_of = {}  -- client -> its rows here
+for r = 0, n_subs - 1 do
+  local client = ARGV[i + 4 * r]
+  rows_of[client] = (rows_of[client] or 0) + 1
+end
+
 for _ = 1, n_subs do
   local client, filter, version, value = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
   i = i + 4
-  local obj = subs_of(client)
-  local held, was_live = parse(obj[filter])
+  local as_text = objs[client] == nil and rows_of[client] <= TEXT_ROWS
+  if as_text and texts[client] == nil then
+    texts[client] = redis.call('HGET', KEYS[5], client) or '{}'
+  end
+  local held, was_live
+  if as_text then
+    held, was_live = parse((text_value(texts[client], filter)))
+  else
+    held, was_live = parse(subs_of(client)[filter])
+  end
   if version > held and version > tonumber(redis.call('HGET', KEYS[4], client) or '0') then
     local live = string.match(value, '^%d+|(%d)') == '1'
-    obj[filter] = value
-    dirty[client] = true
+    if as_text then
+      set_text(client, filter, value)
+    else
+      objs[client][filter] = value
+      dirty[client] = true
+    end
     if live ~= was_live then route(filter, node_of(client), live and 1 or -1) end
     changed[3] = changed[3] + 1
   end
+end
+
+for client in pairs(edited) do
+  redis.call('HSET', KEYS[5], client, texts[client])
 end
 
 for client in pairs(dirty) do

@@ -11,6 +11,7 @@ client came back meanwhile.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import Sequence
 
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from services.event.api import EventLogUnavailable
 from services.event.memory import MemoryEventLog, MemoryLog
-from services.event.schema import Event, SessionClosed, SessionOpened, Subscribed
+from services.event.schema import Event, SessionClosed, SessionOpened, Subscribed, Unsubscribed
 from services.node.bootstrap import load_snapshot
 from services.state.redis import RedisStateStore
 from services.state.view import ClusterView
@@ -233,3 +234,45 @@ async def test_the_store_is_written_while_the_log_acknowledges(redis_url: str) -
         assert log.appended == 1 and writer.written == 2
     finally:
         await client.aclose()
+
+
+ODD_FILTERS = ('a/"b"/#', "c\\/d", 'e,"f":"g', "h\\", "ü/ñ/+", "{x}", "a/#")
+
+
+async def test_filters_of_any_spelling_are_edited_into_the_stored_json(redis_url: str) -> None:
+    """A client's few rows in a call are edited into its stored JSON as text;
+    keys with quotes, backslashes, '/' and what looks like JSON must land
+    where a decode would put them: one member per filter, the newest value."""
+    node = 'n"\\1'
+    common = {"client_id": "odd", "node": node, "ts_ms": 7}
+    events: list[Event] = [
+        SessionOpened(version=1, epoch=1, clean_start=False, expiry_s=60, protocol=5, **common)
+    ]
+    version = 1
+    for qos in (0, 1):  # each filter subscribed, then subscribed again with another QoS
+        for f in ODD_FILTERS:
+            version += 1
+            events.append(Subscribed(version=version, filter=f, qos=qos, **common))
+    version += 1
+    events.append(Unsubscribed(version=version, filter=ODD_FILTERS[2], **common))
+    expected = folded(events).snapshot()
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.flushdb()
+        writer = StoreWriter(client, PREFIX)
+        for e in events:
+            await writer.write(e)  # a call each: the text edits
+        raw = await client.hget("{weir.state}:subs", "odd")
+        assert raw is not None
+        members = json.loads(raw, object_pairs_hook=lambda pairs: pairs)
+        assert sorted(f for f, _ in members) == sorted(ODD_FILTERS)  # no filter twice
+        snapshot = await RedisStateStore(client, PREFIX).load()
+    finally:
+        await client.aclose()
+    assert snapshot is not None
+    loaded = ClusterView()
+    load_snapshot(loaded, loaded.apply, snapshot)
+    assert loaded.snapshot() == expected
+    live = loaded.subscriptions("odd")
+    assert sorted(live) == sorted(f for f in ODD_FILTERS if f != ODD_FILTERS[2])
+    assert {o.qos for o in live.values()} == {1}  # the second SUBSCRIBE's options

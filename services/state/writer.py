@@ -125,11 +125,16 @@ class StoreWriter:
 
     async def write(self, event: Event) -> None:
         """Return once `event` is in the store (or raise EventLogUnavailable)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await self.submit(event)
+
+    def submit(self, event: Event) -> asyncio.Future[None]:
+        """`write` as a future: done once `event` is in the store."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
         self._pending.append((event, fut))
         if self._flushing is None or self._flushing.done():
-            self._flushing = asyncio.ensure_future(self._flush())
-        await fut
+            self._flushing = loop.create_task(self._flush())
+        return fut
 
     async def _flush(self) -> None:
         await asyncio.sleep(0)  # the appends of this loop turn join the batch
@@ -223,14 +228,16 @@ class WriteThroughLog:
         whatever the other did: as with one write after the other, the event
         may then be in one of the two, which a client's retry makes whole."""
         async with self._flight():
-            logged, stored = await asyncio.gather(
-                self.log.append(event), self.writer.write(event), return_exceptions=True
-            )
-            if not isinstance(logged, BaseException):
-                self.appended += 1
-            for outcome in (logged, stored):
-                if isinstance(outcome, BaseException):
-                    raise outcome
+            stored = self.writer.submit(event)  # a future, not a task: this path is per SUBSCRIBE
+            try:
+                await self.log.append(event)
+            except BaseException:
+                await asyncio.wait((stored,))  # moot now, but the flight lasts until it is known
+                if not stored.cancelled():
+                    stored.exception()  # retrieved: the log's failure is the one told
+                raise
+            self.appended += 1
+            await stored
 
     async def append_all(self, events: Sequence[Event]) -> Placements:
         """The log's bulk append, then the store's (one script call per

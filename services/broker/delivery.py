@@ -97,6 +97,7 @@ class Delivery:
     ) -> None:
         self.queue = queue
         self.hooks = hooks if hooks is not None else Hooks()  # message.delivered, .dropped
+        queue.on_expired = self._expired  # queued messages a take found expired
         self.metrics = metrics if metrics is not None else Metrics()
         self.loop = loop
         self.spawn = spawn
@@ -293,6 +294,12 @@ class Delivery:
                 "queue full: %d queued messages dropped, oldest first (%d in all)",
                 count, self.dropped,
             )  # fmt: skip
+
+    def _expired(self, client_id: str, message: Message) -> None:
+        """A queued message past its Message Expiry, removed by the store as the
+        session took its queue (counted there: `queue.expired`)."""
+        if self.hooks.has("message.dropped"):
+            self.hooks.run("message.dropped", message, "expired", client_id)
 
     def _refused(self, items: list[tuple[str, Message]], refused: frozenset[int]) -> None:
         """Count what full queues refused; warn now and then, naming the clients."""

@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from services.mqtt.packets import Message
 from services.queue.api import (
     EnqueueResult,
+    ExpiredSink,
     IncomingMark,
     Inflight,
     QueueStore,
@@ -194,6 +195,14 @@ class TieredQueueStore:
     @property
     def expired(self) -> int:
         return self.memory.expired + self.durable.expired
+
+    @property
+    def on_expired(self) -> ExpiredSink | None:
+        return self.durable.on_expired
+
+    @on_expired.setter
+    def on_expired(self, sink: ExpiredSink | None) -> None:
+        self.memory.on_expired = self.durable.on_expired = sink
 
     def _split(
         self, items: Sequence[tuple[str, Message]]

@@ -17,8 +17,8 @@ already adjusted per subscription).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, TypeAlias
 
 from services.mqtt.packets import Message
 from services.mqtt.values import value
@@ -77,7 +77,17 @@ class TakeResult:
     evicted: tuple[tuple[str, Message], ...] = ()
 
 
+ExpiredSink: TypeAlias = Callable[[str, Message], None]
+"""Told (client id, message) of each queued message a take found past its expiry."""
+
+
 class QueueStore(Protocol):
+    on_expired: ExpiredSink | None
+    """None (the default): expired messages are only counted (`expired`); set,
+    each one is also handed to it, once, when a take removes it (a node's
+    message.dropped hook, reason "expired"). Only then does a Redis store
+    bring those messages back from its scripts."""
+
     @property
     def expired(self) -> int:
         """Messages past their Message Expiry this store removed instead of

@@ -20,6 +20,7 @@ from services.queue.api import (
     MAX_PACKET_ID,
     REFUSE,
     EnqueueResult,
+    ExpiredSink,
     IncomingMark,
     Inflight,
     TakeResult,
@@ -69,6 +70,7 @@ class MemoryQueueStore:
         self._refuse = full == REFUSE
         self._wall_ms = wall_ms
         self.expired = 0  # messages past their expiry `take` removed, undelivered
+        self.on_expired: ExpiredSink | None = None
 
     def _checked(self, client_id: str, epoch: int) -> _State:
         return _state(self._sessions.check(client_id, epoch))
@@ -212,6 +214,8 @@ class MemoryQueueStore:
                 st.qos0.popleft()
             if expired:
                 self.expired += 1
+                if self.on_expired is not None:
+                    self.on_expired(client_id, message)
                 continue
             if message.qos == 0:
                 out.append(Inflight(0, message, dup=False))

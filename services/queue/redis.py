@@ -30,6 +30,7 @@ from services.queue.api import (
     DEFAULT_QUEUE_LIMIT,
     REFUSE,
     EnqueueResult,
+    ExpiredSink,
     IncomingMark,
     Inflight,
     TakeResult,
@@ -98,6 +99,7 @@ class RedisQueueStore:
         self._timeout = timeout
         self._replicas = replicas  # WAIT for this many after each script (--redis-wait)
         self._cluster = is_cluster(client)  # batches split per hash slot
+        self.on_expired: ExpiredSink | None = None  # told of each message a take found expired
         self.expired = 0  # messages past their expiry the scripts removed, undelivered
 
         def script(name: str) -> AsyncScript:
@@ -159,7 +161,7 @@ class RedisQueueStore:
         for client_id in takers:
             groups.setdefault(client_id, [])
         keys: list[bytes] = []
-        args: list[Any] = [self._limit, self._refuse, 1 if evicted else 0, len(marks)]
+        args: list[Any] = [self._limit, self._refuse, self._returns(evicted), len(marks)]
         for mark in marks:
             publisher = client_keys(mark.client_id)
             keys.extend((publisher[_S], publisher[_R]))
@@ -223,7 +225,7 @@ class RedisQueueStore:
             flat = await self._run(self._enqueue_take, keys, args)
             status = int(flat[0])
             if status >= 0:
-                result, end = self._parse_take(flat, order)
+                result, end = self._parse_take(flat, order, int(args[2]) >= 2)
                 return TakeResult(
                     result.accepted,
                     result.dropped,
@@ -256,8 +258,15 @@ class RedisQueueStore:
             left = {m: shifted(ix, left_out) for m, ix in left.items()}
             groups = [kept for g in groups if (kept := shifted(g, left_out))]
 
-    def _parse_take(self, flat: list[Any], order: list[str]) -> tuple[TakeResult, int]:
-        """The result, and where in `flat` the dropped messages start (if asked)."""
+    def _returns(self, evicted: bool) -> int:
+        """ARGV 3 of enqueue_take.lua: which removed messages it returns."""
+        return (1 if evicted else 0) | (2 if self.on_expired is not None else 0)
+
+    def _parse_take(
+        self, flat: list[Any], order: list[str], lapsed: bool
+    ) -> tuple[TakeResult, int]:
+        """The result, and where in `flat` the dropped messages start (if asked).
+        The expired messages, when returned (`lapsed`), go to `on_expired`."""
         taken: dict[str, list[Inflight]] = {}
         fenced: set[str] = set()
         pos = 3
@@ -267,7 +276,14 @@ class RedisQueueStore:
                 pos += 1
             else:
                 taken[client_id], pos = _inflight(flat, pos)
-        self.expired += int(flat[2])
+        gone = int(flat[2])
+        self.expired += gone
+        if lapsed:
+            sink = self.on_expired
+            for i in range(pos, pos + 2 * gone, 2):
+                if sink is not None:
+                    sink(order[int(flat[i]) - 1], loads(flat[i + 1]))
+            pos += 2 * gone
         return TakeResult(int(flat[0]), int(flat[1]), taken, frozenset(fenced)), pos
 
     async def take(self, client_id: str, epoch: int, window: int) -> list[Inflight]:
@@ -301,12 +317,12 @@ class RedisQueueStore:
         await self._ack(
             keys=[keys[i] for i in (_S, _F, _FO, _X)], args=[epoch, *packet_ids], client=pipe
         )
-        args = [self._limit, self._refuse, 0, 0, epoch, window, 0]
+        args = [self._limit, self._refuse, self._returns(False), 0, epoch, window, 0]
         await self._enqueue_take(keys=list(keys), args=args, client=pipe)
         acked, flat = await bounded(pipe.execute(), self._timeout)
         if acked == FENCED:
             raise Fenced(client_id)
-        result, _ = self._parse_take(flat, [client_id])
+        result, _ = self._parse_take(flat, [client_id], args[2] >= 2)
         if client_id in result.fenced:
             raise Fenced(client_id)
         return result.taken[client_id]

@@ -6,6 +6,7 @@ test_plugins_up.)"""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -211,3 +212,26 @@ def test_drop_oldest_evictions_are_told_to_message_dropped(raws: list[Raw]) -> N
         assert [back.expect(Publish).payload for _ in range(2)] == [b"3", b"4"]
     finally:
         node.stop()
+
+
+def test_a_queued_message_that_expired_is_told_to_message_dropped(
+    recorded: tuple[NodeRunner, Recorded], raws: list[Raw]
+) -> None:
+    node, seen = recorded
+    sub = opened(raws, node, "e-sub", V5, **LOGIN, **PERSISTENT)
+    sub.subscribe(Subscription("e/#", 1))
+    sub.close()
+    wait_until(lambda: seen.of("client.disconnected") != [], "the subscriber gone")
+    pub = opened(raws, node, "e-pub", V5, **LOGIN)
+    expires = time.time() + 1.0  # Message Expiry Interval 1 s, from about now
+    pub.send(Publish("e/1", b"late", qos=1, packet_id=1,
+                     properties=Properties(message_expiry_interval=1)))  # fmt: skip
+    pub.expect(Puback)
+    pub.send(Publish("e/2", b"kept", qos=1, packet_id=2))
+    pub.expect(Puback)
+    wait_until(lambda: time.time() > expires + 0.1, "e/1's expiry passed while queued")
+    back = opened(raws, node, "e-sub", V5, **LOGIN, **PERSISTENT)
+    assert back.expect(Publish).payload == b"kept"  # the take that removed e/1 is done
+    dropped = [(m.topic, why, c) for m, why, c in seen.of("message.dropped")]
+    assert dropped == [("e/1", "expired", "e-sub")]
+    assert [m.topic for c, m in seen.of("message.delivered") if c == "e-sub"] == ["e/2"]

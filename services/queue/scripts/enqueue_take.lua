@@ -8,7 +8,8 @@
 --   more: f inflight hash (packet id -> message), fo inflight order zset
 --   (packet id scored by seq), x released packet ids set, r incoming ids (unused)
 -- ARGV: 1 queue limit, 2 at the bound: "1" refuse QoS 1/2, "0" drop the oldest,
---   3 "1" to return the messages the bound dropped (else "0"),
+--   3 what to return besides: 1 the messages the bound dropped, 2 those past their
+--   expiry removed on the way, 3 both, 0 neither,
 --   4 m marks, then m pairs (publisher epoch, packet id),
 --   then per group: epoch ("-" = enqueue only), window, n, then n serialized
 --   messages (services/store/serial.py: byte 2 holds the QoS in bits 0-1 and
@@ -16,7 +17,9 @@
 -- Returns: {accepted, dropped, expired (messages past their expiry removed on the
 --   way, never delivered), then for each group whose epoch is not "-":
 --   -1 if fenced, else k followed by k pairs (packet id or 0 for QoS 0, message),
---   then (ARGV 3 = "1") per dropped message a pair (its group's number in ARGV
+--   then (ARGV 3 has 2) per expired message a pair (its taker's number among the
+--   groups whose epoch is not "-", from 1; the message),
+--   then (ARGV 3 has 1) per dropped message a pair (its group's number in ARGV
 --   order, from 1; the message)}
 --   or, when a mark is refused, {-1, then per mark 1 fresh, 0 duplicate (the id
 --   is there already), -1 fenced (publisher epoch stale)} and nothing changed;
@@ -49,6 +52,7 @@
 -- Keys of an offline (expiring) session copy the session's TTL plus the
 -- grace by which message state outlives it (release.lua).
 local limit = tonumber(ARGV[1])
+local want_evicted, want_lapsed = tonumber(ARGV[3]) % 2 == 1, tonumber(ARGV[3]) >= 2
 local LEFTOVER_GRACE_MS = 60000 -- services/store/redis.py LEFTOVER_GRACE_MS (a test checks)
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -71,10 +75,15 @@ end
 
 -- Deliver one message into ctx; false if the window is full for it.
 local gone = 0 -- messages past their expiry removed instead of delivered
+local lapsed = {} -- (taker number, message) pairs of those, when ARGV 3 asks
 local function deliver(ctx, m, seq)
   local qos, dead = qos_of(m), expired(m)
   if dead then
     gone = gone + 1
+    if want_lapsed then
+      lapsed[#lapsed + 1] = ctx.t
+      lapsed[#lapsed + 1] = m
+    end
     return true
   end
   if qos > 0 and ctx.inflight >= ctx.window then return false end
@@ -118,7 +127,7 @@ end
 
 local evicted = {} -- (group number, message) pairs the bound dropped, when ARGV 3 asks
 local function note(g, q, seqs)
-  if ARGV[3] ~= '1' or #seqs == 0 then return end
+  if not want_evicted or #seqs == 0 then return end
   for i = 1, #seqs, CHUNK do
     local msgs = redis.call('HMGET', q, unpack(seqs, i, math.min(i + CHUNK - 1, #seqs)))
     for j = 1, #msgs do
@@ -222,7 +231,7 @@ for i = 1, marks do redis.call('SADD', KEYS[2 * i], ARGV[4 + 2 * i]) end
 
 local accepted, dropped = 0, 0
 local out = {0, 0, 0}
-local a, k, g = 5 + 2 * marks, 2 * marks, 0
+local a, k, g, t = 5 + 2 * marks, 2 * marks, 0, 0
 while a <= #ARGV do
   g = g + 1
   local epoch, n = ARGV[a], tonumber(ARGV[a + 2])
@@ -232,8 +241,9 @@ while a <= #ARGV do
   k = k + (epoch == '-' and 4 or 8)
   local session = redis.call('HGET', s, 'epoch')
   local ctx = nil
+  if epoch ~= '-' then t = t + 1 end
   if epoch ~= '-' and session == epoch then
-    ctx = {f = f, items = {}, fo = {}, blocked = false,
+    ctx = {t = t, f = f, items = {}, fo = {}, blocked = false,
       window = math.min(tonumber(ARGV[first - 2]), 65535),
       inflight = redis.call('HLEN', f),
       pid = tonumber(redis.call('HGET', s, 'pid') or '0')}
@@ -260,5 +270,6 @@ end
 out[1] = accepted
 out[2] = dropped
 out[3] = gone
+for i = 1, #lapsed do out[#out + 1] = lapsed[i] end
 for i = 1, #evicted do out[#out + 1] = evicted[i] end
 return out

@@ -74,7 +74,7 @@ def tell_hooks(hooks: Hooks, client_id: str, message: Message, actions: list[Act
     Packet Size)."""
     for action in actions:  # a plain loop: this runs once per copy
         if type(action) is Send:
-            delivered = hooks.notifier("message.delivered")
+            delivered = hooks.on_delivered
             if delivered is not None:
                 delivered(client_id, message)
             return

@@ -149,7 +149,7 @@ class Dispatch:
         tally[3 + qos] += len(message.payload)  # RECEIVED_BYTES + qos
         seams = self.seams
         checks = seams.checks_publish
-        hook = seams.hooks.folder("message.publish")  # else nothing can change it
+        hook = seams.hooks.on_publish  # else nothing can change it
         if checks:  # else nothing can refuse it
             admitted = self._admitted(conn, route, hook)
             if admitted is None:
@@ -361,7 +361,7 @@ class Dispatch:
         count = written = too_large = 0
         hooks = self.seams.hooks
         told = hooks.watches_copies
-        delivered = hooks.notifier("message.delivered") if told else None
+        delivered = hooks.on_delivered
         as_sent = not message.properties.subscription_identifier  # a copy may be `message`
         for session, opts in plan:
             if type(opts) is SubOptions:

@@ -122,6 +122,11 @@ class Hooks:
         self.dropped = 0  # async callbacks not started: MAX_PENDING in flight
         self.watches_copies = False  # message.delivered or .dropped has a callback: the
         #   fan-out's one check per message (an attribute, kept by add and remove)
+        # The two per-message chains as attributes (kept by add and remove): what
+        # `folder("message.publish")` and `notifier("message.delivered")` answer,
+        # without a call per message.
+        self.on_publish: Callable[[Any, Any], Any] | None = None
+        self.on_delivered: Callable[[Any, Any], Any] | None = None
 
     def stats(self) -> dict[str, int]:
         return {"failed": self.failed, "timed_out": self.timed_out, "slow": self.slow,
@@ -179,6 +184,8 @@ class Hooks:
             self._compiled[point] = self._compile(point, chain)
         self.watches_copies = "message.delivered" in self._chains or (
             "message.dropped" in self._chains)
+        self.on_publish = self._compiled.get("message.publish")
+        self.on_delivered = self._compiled.get("message.delivered")
 
     def callbacks(self, point: str) -> list[Callback]:
         self._check(point)

@@ -224,6 +224,7 @@ def test_load_named_fails_with_one_line(name: str, message: str) -> None:
 def test_the_compiled_chains_answer_as_run_and_fold_do() -> None:
     hooks, seen = Hooks(), []
     assert hooks.folder("message.publish") is None and hooks.notifier("message.delivered") is None
+    assert hooks.on_publish is None and hooks.on_delivered is None
     hooks.add("message.publish", lambda who, m: Continue(m + "+a"), priority=2)
     hooks.add("message.publish", lambda who, m: 1 / 0, priority=1)  # failed, skipped
     hooks.add("message.publish", lambda who, m: Stop(m + "+stop"))
@@ -248,6 +249,7 @@ def test_the_compiled_chains_answer_as_run_and_fold_do() -> None:
     assert hooks.remove("message.delivered", stops)
     later = hooks.notifier("message.delivered")
     assert later is not None and later is not notify  # rebuilt for the new chain
+    assert hooks.on_delivered is later and hooks.on_publish is hooks.folder("message.publish")
     seen.clear()
     later("c2", "m")
     assert seen == [("first", "c2", "m"), ("never", "c2", "m")]

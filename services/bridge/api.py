@@ -43,7 +43,7 @@ class BridgeStats:
     buffered_records: int  # out: produced, not yet acknowledged (lost if the node dies now);
     #   in: handed to MQTT, not yet routed (consumed again if the node dies now)
     buffered_bytes: int
-    latency_us_total: int = 0  # out: produce to Kafka's acknowledgement, summed over `records`
+    latency_us_total: int = 0  # out, sync: produce to Kafka's acknowledgement, over `records`
     latency_us_max: int = 0
     lag: int = 0  # in: records in the assigned partitions past the committed offsets
     direction: str = OUT

@@ -7,9 +7,16 @@ confluent-kafka: `acks=all`, idempotent (a retried batch neither repeats
 nor reorders records), `partitioner=murmur2_random` (a key lands where a
 Java client puts it: by default the client id, so one device's records
 stay in one partition, in order), the table's compression and linger
-(batching). `produce` only queues; a poll thread per producer collects the
-delivery reports and hands each poll's reports to the event loop in one
-`call_soon_threadsafe`, where the counters change and sync futures resolve.
+(batching). `produce` only queues. sync: a poll thread per producer
+collects the delivery reports and hands each poll's reports to the event
+loop in one `call_soon_threadsafe`, where the counters change and the
+futures resolve. async: nothing waits for a report, so the loop itself
+polls every POLL_INTERVAL_S and asks for failed records' reports only
+(`delivery.report.only.error`); its figures come from counting (`Counted`).
+Measured (bench.bridge): a closure and a Python report per record, on a
+thread that takes the GIL from the loop for each report (confluent-kafka's
+trampoline takes it per record, even for a report it then drops), cost
+the async loop about a fifth of its throughput.
 
 Modes. sync: `publish` returns a future resolved by Kafka's reports; the
 broker holds the publisher's PUBACK / PUBREC on it. The records a bridge
@@ -21,7 +28,9 @@ loss window of async mode (a SIGKILL loses it; a Kafka outage longer than
 `timeout_s` fails its records, counted in `failures`).
 
 Bounds. Records produced and not yet reported are at most `buffer_bytes`
-(key + value); past it an async record is dropped and a sync one refused,
+(key + value; async: the records librdkafka holds times their mean size,
+and librdkafka's own bound of twice that in values holds exactly); past it
+an async record is dropped and a sync one refused,
 both counted in `dropped` and logged at most every DROP_LOG_EVERY_S. A
 record Kafka has not acknowledged within `timeout_s` fails (librdkafka's
 `message.timeout.ms`). A fatal producer error, or a record refused as from a
@@ -46,6 +55,7 @@ from confluent_kafka import admin as _admin
 
 from services.bridge.api import OUT, BridgeStats, all_true
 from services.bridge.health import KafkaHealth
+from services.bridge.tally import Counted, Report, Turn
 from services.bridge.templates import Fields, envelope, message_template
 from services.config.bridges import KafkaOut, Mode
 from services.mqtt.packets import Message
@@ -69,29 +79,6 @@ FENCED: Final = frozenset({
 })  # fmt: skip
 
 
-class Turn:
-    """Sync mode: the records one bridge produced in one loop turn share one
-    future, True once Kafka acknowledged all of them, False if it refused
-    any (so every message of that turn gets 0x80 / a disconnect and is
-    resent: duplicates, never a loss). One future per turn, not per message:
-    under load a turn carries dozens of records."""
-
-    __slots__ = ("future", "left", "ok", "open")
-
-    def __init__(self, future: asyncio.Future[bool]) -> None:
-        self.future = future
-        self.left = 0  # records produced and not yet reported
-        self.ok = True
-        self.open = True  # records of this turn may still be added
-
-    def settle(self) -> None:
-        if not self.open and self.left == 0 and not self.future.done():
-            self.future.set_result(self.ok)
-
-
-Report = tuple[Turn | None, int, int, "KafkaError | None"]
-
-
 class KafkaBridge:
     """One table's producer and counters (see the module docstring)."""
 
@@ -113,6 +100,9 @@ class KafkaBridge:
         self._poller: threading.Thread | None = None
         self._stop_polling = threading.Event()
         self._reports: deque[Report] = deque()  # appended by the poll thread, taken on the loop
+        self._counted = Counted()  # async mode's figures
+        self._acknowledged = 0  # async: acknowledged records at the last poll
+        self._old: Producer | None = None  # async: a producer being purged (its records count)
         self._turn: Turn | None = None  # sync mode: this loop turn's records' future
         self._failed = False  # a fatal producer error: rebuild before the next record
         self._rebuilding = False
@@ -171,8 +161,14 @@ class KafkaBridge:
             "stats_cb": self.health.stats,
             "statistics.interval.ms": STATS_INTERVAL_MS,
             "logger": log,
+            # async: a report for failed records only; successes are counted (`Counted`)
+            "delivery.report.only.error": not self.sync,
         })  # fmt: skip
         self._stop_polling = stop = threading.Event()
+        if not self.sync:
+            self._poller = None
+            self.loop.call_soon(self._poll_async, producer)
+            return producer
         self._poller = threading.Thread(target=self._poll_loop, args=(producer, stop),
                                         name=f"weir-bridge-{self.name}", daemon=True)  # fmt: skip
         self._poller.start()
@@ -191,6 +187,8 @@ class KafkaBridge:
         if self._poller is not None:
             await asyncio.to_thread(self._poller.join)
         self._settle(self._take_reports())
+        if not self.sync:  # lost with the producer: not acknowledged
+            self._counted.failed += left
         if left:
             log.warning("bridge %s: %d records not in Kafka at stop", self.name, left)
 
@@ -208,6 +206,32 @@ class KafkaBridge:
         if err.fatal():
             log.error("bridge %s: producer failed: %s", self.name, err)
             self._failed = True
+
+    def _poll_async(self, producer: Producer) -> None:
+        """async: the loop polls, every POLL_INTERVAL_S, until `producer` is replaced.
+        (A thread's poll took the GIL back and forth once per acknowledged record
+        while the loop wanted it: confluent-kafka's trampoline takes it for every
+        report, even one `delivery.report.only.error` then drops.)"""
+        if self._producer is not producer or self._closed:
+            return
+        self._serve(producer)
+        if (now := self._counted.acknowledged(len(producer))) > self._acknowledged:
+            self._acknowledged = now
+            self.health.ok()  # what a success report says in sync mode
+        self.loop.call_later(POLL_INTERVAL_S, self._poll_async, producer)
+
+    def _serve(self, producer: Producer) -> None:
+        """async: librdkafka's events now (its count of what it holds includes them)."""
+        producer.poll(0)
+        if self._reports:
+            self._settle(self._take_reports())
+
+    def _async_failed(self, err: KafkaError | None, _: Any) -> None:
+        """async: the report of a failed record (successes are not reported)."""
+        if err is None:  # not asked for; an acknowledged record is counted anyway
+            return
+        self._counted.failed += 1
+        self._reports.append((None, 0, 0, err))
 
     def _take_reports(self) -> list[Report]:
         reports, pop = [], self._reports.popleft  # deque: thread-safe append / popleft
@@ -238,8 +262,9 @@ class KafkaBridge:
                 turn.left -= 1
                 turn.ok = turn.ok and err is None
                 turn.settle()
-        self.buffered_records -= len(reports)
-        self.buffered_bytes -= settled_bytes
+        if self.sync:
+            self.buffered_records -= len(reports)
+            self.buffered_bytes -= settled_bytes
         if acked:
             self.health.ok()
             self.records += acked
@@ -271,7 +296,8 @@ class KafkaBridge:
         key = self.key.render(fields) if self.key is not None else None
         value = self.value.render(fields) if self.value is not None else envelope(fields)
         size = len(value) + (len(key) if key is not None else 0)
-        full = self.buffered_bytes + size > self.config.buffer_bytes
+        held = self.buffered_bytes if self.sync else self._held()[1]
+        full = held + size > self.config.buffer_bytes
         if producer is None or self._failed or full:
             return self._drop()
         headers: list[tuple[str, str | bytes | None]] | None = None
@@ -279,7 +305,10 @@ class KafkaBridge:
             headers = [(name, t.render(fields)) for name, t in self.headers]
         if self.config.user_properties and (pairs := fields.message.properties.user_property):
             headers = (headers or []) + [(k, v.encode()) for k, v in pairs]
-        turn = self._this_turn() if self.sync else None
+        if not self.sync:
+            self._produce_async(producer, value, key, headers, size)
+            return None
+        turn = self._this_turn()
         started = time.monotonic_ns()
 
         def delivered(err: KafkaError | None, _: Any) -> None:  # on the poll thread
@@ -292,10 +321,27 @@ class KafkaBridge:
             return self._drop()
         self.buffered_records += 1
         self.buffered_bytes += size
-        if turn is None:
-            return None
         turn.left += 1
         return turn.future
+
+    def _produce_async(self, producer: Producer, value: bytes, key: bytes | None,
+                       headers: list[tuple[str, str | bytes | None]] | None,
+                       size: int) -> None:  # fmt: skip
+        try:  # one bound method for every record: called for failed ones only
+            producer.produce(self.config.topic, value, key, headers=headers,
+                             on_delivery=self._async_failed)  # fmt: skip
+        except (BufferError, KafkaException):
+            self._drop()
+            return
+        self._counted.produced += 1
+        self._counted.produced_bytes += size
+
+    def _held(self) -> tuple[int, int]:
+        """async: the records the producers hold (a purged one's too) and their bytes."""
+        held = 0 if self._producer is None else len(self._producer)
+        if self._old is not None:
+            held += len(self._old)
+        return held, round(held * self._counted.mean())
 
     def _this_turn(self) -> Turn:
         turn = self._turn
@@ -315,6 +361,8 @@ class KafkaBridge:
         now = time.monotonic()
         if now - self._dropped_logged >= DROP_LOG_EVERY_S:
             self._dropped_logged = now
+            if not self.sync:
+                self.buffered_records, self.buffered_bytes = self._held()
             log.warning(
                 "bridge %s: %s (%d records, %d bytes waiting for Kafka; %d dropped so far)",
                 self.name, "producer failed" if self._failed else "buffer full",
@@ -332,6 +380,7 @@ class KafkaBridge:
             return
         self._rebuilding = True
         old, self._producer = self._producer, None
+        self._old = old
 
         async def rebuild() -> None:
             try:
@@ -346,10 +395,18 @@ class KafkaBridge:
                     self._failed = False
             finally:
                 self._rebuilding = False
+                self._old = None
 
         self._rebuild_task = self.loop.create_task(rebuild())  # held: the loop keeps weak refs
 
     def stats(self) -> BridgeStats:
+        if not self.sync:
+            if self._producer is not None and not self._closed:
+                self._serve(self._producer)
+            self.buffered_records, self.buffered_bytes = self._held()
+            counted = self._counted
+            self.records = max(self.records, counted.acknowledged(self.buffered_records))
+            self.bytes = max(self.bytes, round(self.records * counted.mean()))
         return BridgeStats(
             name=self.name,
             records=self.records,

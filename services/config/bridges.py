@@ -64,7 +64,8 @@ DEFAULT_PARTITIONS: Final = 8  # partitions of a topic the bridge creates (as th
 SYNC_LINGER_MS: Final = 2
 ASYNC_LINGER_MS: Final = 5
 DEFAULT_BUFFER_BYTES: Final = 64 << 20  # bytes of records produced and not yet acknowledged
-#   by Kafka; past it async records are dropped (counted) and sync publishers refused (0x80)
+#   by Kafka; past it async records are dropped (counted) and sync publishers refused (0x80).
+#   async counts them as records held times their mean size (docs/bridges.md)
 SYNC_TIMEOUT_S: Final = 5.0  # a sync record's wait for Kafka, as the event log's append
 ASYNC_TIMEOUT_S: Final = 60.0  # an async record's: how long an outage the buffer rides out
 

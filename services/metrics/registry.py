@@ -98,9 +98,10 @@ BRIDGE_FIGURES: Final[dict[str, tuple[Kind, str]]] = {
     "buffered_records": ("gauge", "out: records waiting for Kafka's acknowledgement; in: "
                          "records published and not yet routed"),
     "buffered_bytes": ("gauge", "bytes of the buffered records"),
-    "latency_us_total": ("counter", "out: microseconds from produce to Kafka's "
+    "latency_us_total": ("counter", "out (sync): microseconds from produce to Kafka's "
                          "acknowledgement, summed over the records"),
-    "latency_us_max": ("gauge", "out: the longest produce-to-acknowledgement, microseconds"),
+    "latency_us_max": ("gauge", "out (sync): the longest produce-to-acknowledgement, "
+                       "microseconds"),
     "lag": ("gauge", "in: records in the assigned partitions past the committed offsets"),
 }  # fmt: skip
 

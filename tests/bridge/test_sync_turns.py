@@ -1,4 +1,4 @@
-"""A sync bridge's records of one loop turn share one future (`kafka.Turn`),
+"""A sync bridge's records of one loop turn share one future (`tally.Turn`),
 resolved once Kafka acknowledged every one of them: on the embedded Kafka."""
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ def _bridge_row(bridge: dict[str, Any]) -> dict[str, Any]:
     figures = bridge.get("metrics") or {}
     row = {**bridge, **figures}
     records, total = figures.get("records"), figures.get("latency_us_total")
-    if bridge.get("direction") == "out" and isinstance(total, int) and records:
+    if bridge.get("direction") == "out" and isinstance(total, int) and total and records:
         row["latency"] = f"{total / records / 1000:.2f} ms"
     if bridge.get("direction") == "out":
         row["lag"] = ""

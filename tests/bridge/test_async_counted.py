@@ -1,0 +1,102 @@
+"""An async bridge's records cost the event loop no report each: librdkafka
+reports failed records only and the loop polls (no thread), and the figures
+come from counting (`tally.Counted`): on the embedded Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections import deque
+from typing import Any
+
+from services.bridge.kafka import KafkaBridge
+from services.bridge.templates import Fields
+from services.config.bridges import KafkaOut, Mode
+from services.mqtt.packets import Message
+from tests.bridge.kafka import read_topic
+from tests.bridge.test_kafka_out import kafka_topic
+from tests.support.wait import until
+
+RECORDS = 300
+WAIT_S = 30.0
+
+
+class CountedReports(deque[Any]):
+    """The bridge's report queue, counting what is put in it."""
+
+    appended = 0
+
+    def append(self, report: Any) -> None:
+        self.appended += 1
+        super().append(report)
+
+
+async def produce(bridge: KafkaBridge, count: int) -> None:
+    for n in range(count):
+        message = Message("a/1", b"%05d" % n, qos=1, sender=f"c{n % 3}")  # key: 2 bytes
+        assert bridge.produce(Fields(message, None, 0)) is None  # async: nothing to wait for
+
+
+async def settled(bridge: KafkaBridge, what: str) -> None:
+    """Until nothing is buffered (the loop keeps polling meanwhile)."""
+    await until(lambda: bridge.stats().buffered_records == 0, what, WAIT_S, 0.05)
+
+
+def test_acknowledged_records_are_counted_not_reported(kafka_bootstrap: str) -> None:
+    topic = kafka_topic()
+    table = KafkaOut(name="counted", filter="a/#", topic=topic, mode=Mode.ASYNC,
+                     value="${payload}", partitions=2)  # fmt: skip
+
+    async def run() -> None:
+        bridge = KafkaBridge(table, kafka_bootstrap, asyncio.get_running_loop())
+        bridge._reports = reports = CountedReports()
+        await bridge.start()
+        try:
+            assert not [t for t in threading.enumerate() if t.name == "weir-bridge-counted"]
+            await produce(bridge, RECORDS)
+            await settled(bridge, "the records in Kafka")
+            s = bridge.stats()
+            assert (s.records, s.failures, s.dropped, s.buffered_bytes) == (RECORDS, 0, 0, 0)
+            assert s.bytes == RECORDS * (5 + 2) and s.state == "running"
+            assert reports.appended == 0  # not one report for an acknowledged record
+        finally:
+            await bridge.close()
+
+    asyncio.run(run())
+    assert len(read_topic(kafka_bootstrap, topic)) == RECORDS
+
+
+def test_failed_records_are_reported_and_counted() -> None:
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{closed.getsockname()[1]}"
+    table = KafkaOut(name="nowhere", filter="a/#", topic="nowhere", mode=Mode.ASYNC,
+                     value="${payload}", timeout_s=0.5, partitions=0)  # fmt: skip
+
+    async def run() -> None:
+        bridge = KafkaBridge(table, nowhere, asyncio.get_running_loop())
+        await bridge.start()
+        try:
+            await produce(bridge, 20)
+            assert bridge.stats().buffered_records == 20
+            assert bridge.stats().buffered_bytes == 20 * (5 + 2)
+            await settled(bridge, "the records failed")
+            s = bridge.stats()
+            assert (s.records, s.bytes, s.failures, s.buffered_records) == (0, 0, 20, 0)
+            assert s.state == "kafka_down"
+        finally:
+            await bridge.close()
+
+    asyncio.run(run())
+
+
+def test_ctl_shows_no_mean_latency_for_an_async_bridge() -> None:
+    from services.admin.ctl.manage import _bridge_row
+
+    def row(total: int) -> dict[str, Any]:
+        figures = {"records": 4, "latency_us_total": total}
+        return _bridge_row({"name": "b", "direction": "out", "metrics": figures})
+
+    assert "latency" not in row(0)  # async: not measured (was "0.00 ms")
+    assert row(8000)["latency"] == "2.00 ms"

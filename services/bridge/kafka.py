@@ -103,6 +103,7 @@ class KafkaBridge:
         self._counted = Counted()  # async mode's figures
         self._acknowledged = 0  # async: acknowledged records at the last poll
         self._old: Producer | None = None  # async: a producer being purged (its records count)
+        self._on_async_report = self._async_failed  # bound once, not per record
         self._turn: Turn | None = None  # sync mode: this loop turn's records' future
         self._failed = False  # a fatal producer error: rebuild before the next record
         self._rebuilding = False
@@ -315,8 +316,7 @@ class KafkaBridge:
             self._reports.append((turn, size, started, err))
 
         try:
-            producer.produce(self.config.topic, value, key, headers=headers,
-                             on_delivery=delivered)  # fmt: skip
+            _produce(producer, self.config.topic, value, key, delivered, headers)
         except (BufferError, KafkaException):
             return self._drop()
         self.buffered_records += 1
@@ -327,9 +327,8 @@ class KafkaBridge:
     def _produce_async(self, producer: Producer, value: bytes, key: bytes | None,
                        headers: list[tuple[str, str | bytes | None]] | None,
                        size: int) -> None:  # fmt: skip
-        try:  # one bound method for every record: called for failed ones only
-            producer.produce(self.config.topic, value, key, headers=headers,
-                             on_delivery=self._async_failed)  # fmt: skip
+        try:  # one callback for every record: called for failed ones only
+            _produce(producer, self.config.topic, value, key, self._on_async_report, headers)
         except (BufferError, KafkaException):
             self._drop()
             return
@@ -420,6 +419,16 @@ class KafkaBridge:
             direction=OUT,
             state=self.health.state(self._started and not self._closed),
         )
+
+
+def _produce(producer: Producer, topic: str, value: bytes, key: bytes | None, report: Any,
+             headers: list[tuple[str, str | bytes | None]] | None) -> None:  # fmt: skip
+    """`producer.produce` with positional arguments: keyword arguments cost
+    confluent-kafka's argument parsing 0.9 of the call's 1.9 us (3.11)."""
+    if headers is None:
+        producer.produce(topic, value, key, -1, report)
+    else:  # partition -1: the partitioner's; timestamp 0: now
+        producer.produce(topic, value, key, -1, report, None, 0, headers)
 
 
 def _purge(producer: Producer) -> None:

@@ -13,10 +13,10 @@ loop in one `call_soon_threadsafe`, where the counters change and the
 futures resolve. async: nothing waits for a report, so the loop itself
 polls every POLL_INTERVAL_S and asks for failed records' reports only
 (`delivery.report.only.error`); its figures come from counting (`Counted`).
-Measured (bench.bridge): a closure and a Python report per record, on a
-thread that takes the GIL from the loop for each report (confluent-kafka's
-trampoline takes it per record, even for a report it then drops), cost
-the async loop about a fifth of its throughput.
+A closure and a Python report per record, on a thread that took the GIL
+from the loop for each report (confluent-kafka's trampoline takes it per
+record, even for a report it then drops), held async to 30-38k PUBACK/s
+where it now makes 43-50k (docs/bridges.md, "Cost").
 
 Modes. sync: `publish` returns a future resolved by Kafka's reports; the
 broker holds the publisher's PUBACK / PUBREC on it. The records a bridge

@@ -97,7 +97,6 @@ class Delivery:
     ) -> None:
         self.queue = queue
         self.hooks = hooks if hooks is not None else Hooks()  # message.delivered, .dropped
-        queue.on_expired = self._expired  # queued messages a take found expired
         self.metrics = metrics if metrics is not None else Metrics()
         self.loop = loop
         self.spawn = spawn
@@ -265,6 +264,7 @@ class Delivery:
         finally:
             for session in ready:
                 session.pumping = False
+        self._tell_expired()
         if result is not None:
             self.stored(items)
             if result.dropped:
@@ -295,11 +295,13 @@ class Delivery:
                 count, self.dropped,
             )  # fmt: skip
 
-    def _expired(self, client_id: str, message: Message) -> None:
-        """A queued message past its Message Expiry, removed by the store as the
-        session took its queue (counted there: `queue.expired`)."""
-        if self.hooks.has("message.dropped"):
-            self.hooks.run("message.dropped", message, "expired", client_id)
+    def _tell_expired(self) -> None:
+        """The queued messages past their Message Expiry that the store removed
+        as sessions took their queues (counted there: `queue.expired`)."""
+        lapsed = self.queue.take_expired()
+        if lapsed and self.hooks.has("message.dropped"):
+            for client_id, message in lapsed:
+                self.hooks.run("message.dropped", message, "expired", client_id)
 
     def _refused(self, items: list[tuple[str, Message]], refused: frozenset[int]) -> None:
         """Count what full queues refused; warn now and then, naming the clients."""
@@ -389,6 +391,7 @@ class Delivery:
                 acks, session.acks = session.acks, []
                 window = self._window(session)
                 taken = await self.queue.ack_and_take(client_id, epoch, acks, window)
+                self._tell_expired()
                 if taken:
                     self._send_taken(session, taken)
         except Fenced:  # taken over elsewhere, before its kick came here

@@ -44,7 +44,6 @@ from collections.abc import Mapping, Sequence
 from services.mqtt.packets import Message
 from services.queue.api import (
     EnqueueResult,
-    ExpiredSink,
     IncomingMark,
     Inflight,
     QueueStore,
@@ -196,13 +195,8 @@ class TieredQueueStore:
     def expired(self) -> int:
         return self.memory.expired + self.durable.expired
 
-    @property
-    def on_expired(self) -> ExpiredSink | None:
-        return self.durable.on_expired
-
-    @on_expired.setter
-    def on_expired(self, sink: ExpiredSink | None) -> None:
-        self.memory.on_expired = self.durable.on_expired = sink
+    def take_expired(self) -> list[tuple[str, Message]]:
+        return self.memory.take_expired() + self.durable.take_expired()
 
     def _split(
         self, items: Sequence[tuple[str, Message]]

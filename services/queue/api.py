@@ -17,8 +17,8 @@ already adjusted per subscription).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, TypeAlias
+from collections.abc import Mapping, Sequence
+from typing import Final, Protocol
 
 from services.mqtt.packets import Message
 from services.mqtt.values import value
@@ -77,16 +77,15 @@ class TakeResult:
     evicted: tuple[tuple[str, Message], ...] = ()
 
 
-ExpiredSink: TypeAlias = Callable[[str, Message], None]
-"""Told (client id, message) of each queued message a take found past its expiry."""
+EXPIRED_KEPT: Final = 10_000  # expired messages a store keeps for `take_expired`, newest
 
 
 class QueueStore(Protocol):
-    on_expired: ExpiredSink | None
-    """None (the default): expired messages are only counted (`expired`); set,
-    each one is also handed to it, once, when a take removes it (a node's
-    message.dropped hook, reason "expired"). Only then does a Redis store
-    bring those messages back from its scripts."""
+    def take_expired(self) -> list[tuple[str, Message]]:
+        """The (client id, message) of each queued message a take removed as past
+        its expiry since the last call (at most EXPIRED_KEPT, the newest), once:
+        the node's message.dropped hook, reason "expired"."""
+        ...
 
     @property
     def expired(self) -> int:

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from services.mqtt.packets import Message
 from services.queue.api import (
     DEFAULT_QUEUE_LIMIT,
+    EXPIRED_KEPT,
     MAX_PACKET_ID,
     REFUSE,
     EnqueueResult,
-    ExpiredSink,
     IncomingMark,
     Inflight,
     TakeResult,
@@ -70,7 +70,12 @@ class MemoryQueueStore:
         self._refuse = full == REFUSE
         self._wall_ms = wall_ms
         self.expired = 0  # messages past their expiry `take` removed, undelivered
-        self.on_expired: ExpiredSink | None = None
+        self._lapsed: deque[tuple[str, Message]] = deque(maxlen=EXPIRED_KEPT)
+
+    def take_expired(self) -> list[tuple[str, Message]]:
+        lapsed = list(self._lapsed)
+        self._lapsed.clear()
+        return lapsed
 
     def _checked(self, client_id: str, epoch: int) -> _State:
         return _state(self._sessions.check(client_id, epoch))
@@ -214,8 +219,7 @@ class MemoryQueueStore:
                 st.qos0.popleft()
             if expired:
                 self.expired += 1
-                if self.on_expired is not None:
-                    self.on_expired(client_id, message)
+                self._lapsed.append((client_id, message))
                 continue
             if message.qos == 0:
                 out.append(Inflight(0, message, dup=False))

@@ -19,6 +19,7 @@ refused marks and their messages, at most once per mark.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,9 +29,9 @@ from redis.commands.core import AsyncScript
 from services.mqtt.packets import Message
 from services.queue.api import (
     DEFAULT_QUEUE_LIMIT,
+    EXPIRED_KEPT,
     REFUSE,
     EnqueueResult,
-    ExpiredSink,
     IncomingMark,
     Inflight,
     TakeResult,
@@ -99,7 +100,7 @@ class RedisQueueStore:
         self._timeout = timeout
         self._replicas = replicas  # WAIT for this many after each script (--redis-wait)
         self._cluster = is_cluster(client)  # batches split per hash slot
-        self.on_expired: ExpiredSink | None = None  # told of each message a take found expired
+        self._lapsed: deque[tuple[str, Message]] = deque(maxlen=EXPIRED_KEPT)
         self.expired = 0  # messages past their expiry the scripts removed, undelivered
 
         def script(name: str) -> AsyncScript:
@@ -258,15 +259,22 @@ class RedisQueueStore:
             left = {m: shifted(ix, left_out) for m, ix in left.items()}
             groups = [kept for g in groups if (kept := shifted(g, left_out))]
 
-    def _returns(self, evicted: bool) -> int:
-        """ARGV 3 of enqueue_take.lua: which removed messages it returns."""
-        return (1 if evicted else 0) | (2 if self.on_expired is not None else 0)
+    @staticmethod
+    def _returns(evicted: bool) -> int:
+        """ARGV 3 of enqueue_take.lua: which removed messages it returns (those
+        past their expiry always: rare, and `take_expired` hands them on)."""
+        return (1 if evicted else 0) | 2
+
+    def take_expired(self) -> list[tuple[str, Message]]:
+        lapsed = list(self._lapsed)
+        self._lapsed.clear()
+        return lapsed
 
     def _parse_take(
         self, flat: list[Any], order: list[str], lapsed: bool
     ) -> tuple[TakeResult, int]:
         """The result, and where in `flat` the dropped messages start (if asked).
-        The expired messages, when returned (`lapsed`), go to `on_expired`."""
+        The expired messages, when returned (`lapsed`), are kept for `take_expired`."""
         taken: dict[str, list[Inflight]] = {}
         fenced: set[str] = set()
         pos = 3
@@ -279,10 +287,8 @@ class RedisQueueStore:
         gone = int(flat[2])
         self.expired += gone
         if lapsed:
-            sink = self.on_expired
             for i in range(pos, pos + 2 * gone, 2):
-                if sink is not None:
-                    sink(order[int(flat[i]) - 1], loads(flat[i + 1]))
+                self._lapsed.append((order[int(flat[i]) - 1], loads(flat[i + 1])))
             pos += 2 * gone
         return TakeResult(int(flat[0]), int(flat[1]), taken, frozenset(fenced)), pos
 

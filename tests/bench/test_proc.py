@@ -8,7 +8,6 @@ import sys
 from bench.idle import shares, source_address
 from bench.proc import cpu_seconds, find_listener_pid, find_listener_pids, is_local, rss_kib
 from bench.streams import tree_rss_mib
-from tests.support.wait import wait_until
 
 
 def test_finds_the_process_listening_on_a_port() -> None:
@@ -43,12 +42,15 @@ def test_idle_spreads_over_249_source_addresses_and_workers() -> None:
 
 def test_tree_rss_counts_the_processes_of_one_session() -> None:
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         start_new_session=True,
     )
     try:
-        wait_until(lambda: (rss_kib(child.pid) or 0) > 1000, "the child's interpreter")
+        # measured once its interpreter is up: while it starts, its RSS grows
+        # (CI once read 2.2 MiB alone, then 8.2 MiB for the session a moment later)
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"
         alone = rss_kib(child.pid) or 0
         # the child alone: neither this process (another session) nor anything else
         assert alone / 2 < tree_rss_mib(child.pid) * 1024 < alone * 2

@@ -41,10 +41,23 @@ def up(data_dir: Path, port: int) -> tuple[subprocess.Popen[str], str]:
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
-    assert "weir: node n1 ready" in line, line + (proc.stderr.read() if proc.poll() else "")
+    assert "weir: node n1 ready" in line, line + _why_not_ready(proc)
     found = re.search(r"redis (redis://\S+),", line)
     assert found, line
     return proc, found[1]
+
+
+def _why_not_ready(proc: subprocess.Popen[str]) -> str:
+    """Its exit code and the end of its stderr. (An EOF on stdout came once in
+    CI with the process not yet reaped, so `poll()` still said None and the
+    reason was never printed.)"""
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    assert proc.stderr is not None
+    return f"exit {code}: {proc.stderr.read()[-4000:]}"
 
 
 def stop(proc: subprocess.Popen[str]) -> str:

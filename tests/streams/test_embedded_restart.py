@@ -128,13 +128,22 @@ def test_restart_of_weir_up_spark_keeps_sessions_subscriptions_queues_and_retain
         stop(proc)
 
 
+def _cmdline(pid: int) -> str:
+    """A process's command line; "" once it is gone (a short-lived child can exit
+    between the listing and the read: CI once failed on that)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
+
+
 def test_no_process_outlives_weir_up_killed_with_sigkill(tmp_path: Path) -> None:
     """redis-server, the embedded Kafka and the Spark job (its JVM too) all go."""
     proc, _ = up(tmp_path, free_port())
     wait_until(
         lambda: (
             (tmp_path / "streams" / "state.log").exists()
-            and any("java" in Path(f"/proc/{p}/cmdline").read_text() for p in descendants(proc.pid))
+            and any("java" in _cmdline(p) for p in descendants(proc.pid))
         ),
         "the Spark job's JVM to start",
         timeout=120.0,

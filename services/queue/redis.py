@@ -226,7 +226,7 @@ class RedisQueueStore:
             flat = await self._run(self._enqueue_take, keys, args)
             status = int(flat[0])
             if status >= 0:
-                result, end = self._parse_take(flat, order, int(args[2]) >= 2)
+                result, end = self._parse_take(flat, order)
                 return TakeResult(
                     result.accepted,
                     result.dropped,
@@ -270,11 +270,9 @@ class RedisQueueStore:
         self._lapsed.clear()
         return lapsed
 
-    def _parse_take(
-        self, flat: list[Any], order: list[str], lapsed: bool
-    ) -> tuple[TakeResult, int]:
+    def _parse_take(self, flat: list[Any], order: list[str]) -> tuple[TakeResult, int]:
         """The result, and where in `flat` the dropped messages start (if asked).
-        The expired messages, when returned (`lapsed`), are kept for `take_expired`."""
+        The expired messages (always returned: `_returns`) are kept for `take_expired`."""
         taken: dict[str, list[Inflight]] = {}
         fenced: set[str] = set()
         pos = 3
@@ -286,10 +284,9 @@ class RedisQueueStore:
                 taken[client_id], pos = _inflight(flat, pos)
         gone = int(flat[2])
         self.expired += gone
-        if lapsed:
-            for i in range(pos, pos + 2 * gone, 2):
-                self._lapsed.append((order[int(flat[i]) - 1], loads(flat[i + 1])))
-            pos += 2 * gone
+        for i in range(pos, pos + 2 * gone, 2):
+            self._lapsed.append((order[int(flat[i]) - 1], loads(flat[i + 1])))
+        pos += 2 * gone
         return TakeResult(int(flat[0]), int(flat[1]), taken, frozenset(fenced)), pos
 
     async def take(self, client_id: str, epoch: int, window: int) -> list[Inflight]:
@@ -328,7 +325,7 @@ class RedisQueueStore:
         acked, flat = await bounded(pipe.execute(), self._timeout)
         if acked == FENCED:
             raise Fenced(client_id)
-        result, _ = self._parse_take(flat, [client_id], args[2] >= 2)
+        result, _ = self._parse_take(flat, [client_id])
         if client_id in result.fenced:
             raise Fenced(client_id)
         return result.taken[client_id]

@@ -299,6 +299,11 @@ class KafkaBridge:
         size = len(value) + (len(key) if key is not None else 0)
         held = self.buffered_bytes if self.sync else self._held()[1]
         full = held + size > self.config.buffer_bytes
+        if full and not self.sync and producer is not None:
+            # librdkafka's count (`len`) includes its events not yet served (logs, errors,
+            # stats): serve them, then count again (CI once dropped a record that fit)
+            self._serve(producer)
+            full = self._held()[1] + size > self.config.buffer_bytes
         if producer is None or self._failed or full:
             return self._drop()
         headers: list[tuple[str, str | bytes | None]] | None = None

@@ -106,6 +106,10 @@ async def test_a_write_no_replica_took_fails_instead_of_answering(
 ) -> None:
     waiting, plain, sessions, _ = stores
     message = Message("t", b"primary only", qos=1)
+    # The session must exist, or the enqueue writes nothing, and a WAIT after no
+    # write is met by whatever the replica last acknowledged (CI saw it answer 1).
+    claim = await sessions.claim("w-off", "n", clean_start=False, expiry_s=3600)
+    await sessions.release("w-off", claim.epoch, 3600)
     with Frozen(primary_replica[2]):
         began = time.monotonic()
         with pytest.raises(SessionError, match="0 of 1 replicas"):

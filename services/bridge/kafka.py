@@ -7,16 +7,15 @@ confluent-kafka: `acks=all`, idempotent (a retried batch neither repeats
 nor reorders records), `partitioner=murmur2_random` (a key lands where a
 Java client puts it: by default the client id, so one device's records
 stay in one partition, in order), the table's compression and linger
-(batching). `produce` only queues. sync: a poll thread per producer
-collects the delivery reports and hands each poll's reports to the event
-loop in one `call_soon_threadsafe`, where the counters change and the
-futures resolve. async: nothing waits for a report, so the loop itself
-polls every POLL_INTERVAL_S and asks for failed records' reports only
-(`delivery.report.only.error`); its figures come from counting (`Counted`).
-A closure and a Python report per record, on a thread that took the GIL
-from the loop for each report (confluent-kafka's trampoline takes it per
-record, even for a report it then drops), held async to 30-38k PUBACK/s
-where it now makes 43-50k (docs/bridges.md, "Cost").
+(batching). `produce` only queues. The event loop polls each producer
+(no thread): sync, every SYNC_POLL_S while records wait for their reports,
+which settle the counters and futures of that poll at once; async, every
+POLL_INTERVAL_S, asking for failed records' reports only
+(`delivery.report.only.error`), its figures counted (`Counted`). A thread
+that polled took the GIL from the loop once per report (confluent-kafka's
+trampoline takes it per record, even for a report it then drops): that held
+async to 30-38k PUBACK/s where it now makes 43-50k, and sync to 26-27k
+(docs/bridges.md, "Cost").
 
 Modes. sync: `publish` returns a future resolved by Kafka's reports; the
 broker holds the publisher's PUBACK / PUBREC on it. The records a bridge
@@ -44,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -63,7 +61,8 @@ from services.mqtt.topics import matches
 
 log = logging.getLogger("weir.bridge")
 
-POLL_INTERVAL_S: Final = 0.05  # delivery-report poll period of a producer's thread
+POLL_INTERVAL_S: Final = 0.05  # a producer's poll period (sync: while nothing waits)
+SYNC_POLL_S: Final = 0.001  # sync: the poll period while records wait (uvloop's timer tick)
 STATS_INTERVAL_MS: Final = 5000  # librdkafka's statistics (the bridge's state): a small JSON
 ADMIN_TIMEOUT_S: Final = 5.0  # topic creation at start; a Kafka down then is only a warning
 CLOSE_FLUSH_S: Final = 5.0  # at stop, how long buffered records get to reach Kafka
@@ -97,9 +96,8 @@ class KafkaBridge:
         self._dropped_logged = self._failed_logged = -DROP_LOG_EVERY_S
         self.health = KafkaHealth()
         self._producer: Producer | None = None
-        self._poller: threading.Thread | None = None
-        self._stop_polling = threading.Event()
-        self._reports: deque[Report] = deque()  # appended by the poll thread, taken on the loop
+        self._sync_poll: asyncio.TimerHandle | None = None  # sync: the next fast poll
+        self._reports: deque[Report] = deque()  # appended by a poll's callbacks, taken after it
         self._counted = Counted()  # async mode's figures
         self._acknowledged = 0  # async: acknowledged records at the last poll
         self._old: Producer | None = None  # async: a producer being purged (its records count)
@@ -165,14 +163,7 @@ class KafkaBridge:
             # async: a report for failed records only; successes are counted (`Counted`)
             "delivery.report.only.error": not self.sync,
         })  # fmt: skip
-        self._stop_polling = stop = threading.Event()
-        if not self.sync:
-            self._poller = None
-            self.loop.call_soon(self._poll_async, producer)
-            return producer
-        self._poller = threading.Thread(target=self._poll_loop, args=(producer, stop),
-                                        name=f"weir-bridge-{self.name}", daemon=True)  # fmt: skip
-        self._poller.start()
+        self.loop.call_soon(self._poll_slow, producer)
         return producer
 
     async def close(self) -> None:
@@ -183,24 +174,25 @@ class KafkaBridge:
         producer, self._producer = self._producer, None
         if producer is None:
             return
-        left = await asyncio.to_thread(producer.flush, CLOSE_FLUSH_S)
-        self._stop_polling.set()
-        if self._poller is not None:
-            await asyncio.to_thread(self._poller.join)
+        left = await asyncio.to_thread(producer.flush, CLOSE_FLUSH_S)  # its reports: appended
         self._settle(self._take_reports())
         if not self.sync:  # lost with the producer: not acknowledged
             self._counted.failed += left
         if left:
             log.warning("bridge %s: %d records not in Kafka at stop", self.name, left)
 
-    # -- the poll thread --------------------------------------------------
+    # -- polling, on the loop --------------------------------------------
 
-    def _poll_loop(self, producer: Producer, stop: threading.Event) -> None:
-        while not stop.is_set():
-            producer.poll(POLL_INTERVAL_S)
-            if self._reports:
-                with contextlib.suppress(RuntimeError):  # the loop is gone; nobody waits
-                    self.loop.call_soon_threadsafe(self._settle_reports)
+    def _poll_sync(self) -> None:
+        """sync: the reports of what Kafka answered since the last poll; again
+        in SYNC_POLL_S while records wait (a produce starts this)."""
+        self._sync_poll = None
+        producer = self._producer
+        if producer is None or self._closed:  # a rebuild settles the old producer's records
+            return
+        self._serve(producer)
+        if self.buffered_records:
+            self._sync_poll = self.loop.call_later(SYNC_POLL_S, self._poll_sync)
 
     def _on_error(self, err: KafkaError) -> None:
         self.health.error(err)
@@ -208,21 +200,21 @@ class KafkaBridge:
             log.error("bridge %s: producer failed: %s", self.name, err)
             self._failed = True
 
-    def _poll_async(self, producer: Producer) -> None:
-        """async: the loop polls, every POLL_INTERVAL_S, until `producer` is replaced.
-        (A thread's poll took the GIL back and forth once per acknowledged record
-        while the loop wanted it: confluent-kafka's trampoline takes it for every
-        report, even one `delivery.report.only.error` then drops.)"""
+    def _poll_slow(self, producer: Producer) -> None:
+        """Every POLL_INTERVAL_S until `producer` is replaced: its errors, stats
+        and logs; async, its failed records' reports and acknowledged count."""
         if self._producer is not producer or self._closed:
             return
         self._serve(producer)
-        if (now := self._counted.acknowledged(len(producer))) > self._acknowledged:
+        if self.sync:
+            pass
+        elif (now := self._counted.acknowledged(len(producer))) > self._acknowledged:
             self._acknowledged = now
             self.health.ok()  # what a success report says in sync mode
-        self.loop.call_later(POLL_INTERVAL_S, self._poll_async, producer)
+        self.loop.call_later(POLL_INTERVAL_S, self._poll_slow, producer)
 
     def _serve(self, producer: Producer) -> None:
-        """async: librdkafka's events now (its count of what it holds includes them)."""
+        """librdkafka's events now (async: its count of what it holds includes them)."""
         producer.poll(0)
         if self._reports:
             self._settle(self._take_reports())
@@ -240,9 +232,6 @@ class KafkaBridge:
             while True:
                 reports.append(pop())
         return reports
-
-    def _settle_reports(self) -> None:
-        self._settle(self._take_reports())
 
     def _settle(self, reports: list[Report]) -> None:
         """A poll's reports at once: the counters change once per call, not
@@ -317,7 +306,7 @@ class KafkaBridge:
         turn = self._this_turn()
         started = time.monotonic_ns()
 
-        def delivered(err: KafkaError | None, _: Any) -> None:  # on the poll thread
+        def delivered(err: KafkaError | None, _: Any) -> None:  # in a poll
             self._reports.append((turn, size, started, err))
 
         try:
@@ -327,6 +316,8 @@ class KafkaBridge:
         self.buffered_records += 1
         self.buffered_bytes += size
         turn.left += 1
+        if self._sync_poll is None:
+            self._sync_poll = self.loop.call_later(SYNC_POLL_S, self._poll_sync)
         return turn.future
 
     def _produce_async(self, producer: Producer, value: bytes, key: bytes | None,
@@ -389,10 +380,7 @@ class KafkaBridge:
         async def rebuild() -> None:
             try:
                 if old is not None:
-                    self._stop_polling.set()
-                    if self._poller is not None:
-                        await asyncio.to_thread(self._poller.join)
-                    await asyncio.to_thread(_purge, old)
+                    await asyncio.to_thread(_purge, old)  # its reports: appended
                     self._settle(self._take_reports())
                 if not self._closed:
                     self._producer = self._make_producer()

@@ -25,6 +25,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from services.mqtt.packets import Message
 from services.queue.api import (
@@ -47,6 +48,7 @@ from services.store.redis import (
     connect,
     is_cluster,
     load_script,
+    pipelined,
     run_script,
 )
 from services.store.serial import dumps, loads
@@ -316,15 +318,24 @@ class RedisQueueStore:
             await self.ack_many(client_id, epoch, packet_ids)
             return await self.take(client_id, epoch, window)
         keys = client_keys(client_id)
-        pipe = self._client.pipeline(transaction=False)
-        await self._ack(
-            keys=[keys[i] for i in (_S, _F, _FO, _X)], args=[epoch, *packet_ids], client=pipe
-        )
         args = [self._limit, self._refuse, self._returns(False), 0, epoch, window, 0]
-        await self._enqueue_take(keys=list(keys), args=args, client=pipe)
-        acked, flat = await bounded(pipe.execute(), self._timeout)
+        acked, flat = await pipelined(self._client, (
+            (self._ack, [keys[i] for i in (_S, _F, _FO, _X)], [epoch, *packet_ids]),
+            (self._enqueue_take, keys, args),
+        ), self._timeout)  # fmt: skip
+        if isinstance(acked, NoScriptError) or isinstance(flat, NoScriptError):
+            # Redis lost its scripts: whatever ran, ack, then take again (a take
+            # that ran before the ack may have taken messages: they are taken)
+            taken = [] if isinstance(flat, NoScriptError) else self._taken_by(flat, client_id)
+            if isinstance(acked, NoScriptError):
+                await self.ack_many(client_id, epoch, packet_ids)
+            return taken + await self.take(client_id, epoch, window)
         if acked == FENCED:
             raise Fenced(client_id)
+        return self._taken_by(flat, client_id)
+
+    def _taken_by(self, flat: list[Any], client_id: str) -> list[Inflight]:
+        """One taker's answer of enqueue_take.lua."""
         result, _ = self._parse_take(flat, [client_id])
         if client_id in result.fenced:
             raise Fenced(client_id)

@@ -41,6 +41,7 @@ from typing import Any, Self
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from services.session.api import Adopted, Claim, Fenced, SessionInfo, StoredWill
 from services.store.redis import (
@@ -48,11 +49,13 @@ from services.store.redis import (
     FENCED,
     KEY_SUFFIXES,
     LEFTOVER_GRACE_MS,
+    Call,
     bounded,
     client_keys,
     connect,
     is_cluster,
     load_script,
+    pipelined,
     run_script,
 )
 
@@ -104,11 +107,12 @@ class _ScriptStore:
             return
         index = node_index(node, kind)
         field, online = ("node", 1) if kind == "s" else ("n", 0)
-        pipe = self._client.pipeline(transaction=False)
-        for cid in stale:
-            keys = [index, ("{c:" + cid + "}:" + kind).encode()]
-            await self._unindex(keys=keys, args=[node, cid, field, online], client=pipe)
-        await bounded(pipe.execute(), self._timeout)
+        calls: list[Call] = [(self._unindex, [index, ("{c:" + cid + "}:" + kind).encode()],
+                  [node, cid, field, online]) for cid in stale]  # fmt: skip
+        answers = await pipelined(self._client, calls, self._timeout)
+        for (script, keys, args), answer in zip(calls, answers, strict=True):
+            if isinstance(answer, NoScriptError):  # each checks its entry: any order will do
+                await bounded(script(keys=keys, args=args), self._timeout)
 
     async def _index_add(self, index: bytes, client_id: str) -> None:
         await bounded(self._client.sadd(index, client_id), self._timeout)

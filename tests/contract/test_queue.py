@@ -851,6 +851,51 @@ async def test_scripts_reload_after_script_flush(redis_url: str) -> None:
 
 
 @pytest.mark.redis
+async def test_an_ack_whose_script_was_lost_still_frees_its_slot(redis_url: str) -> None:
+    """Redis has the take's script but not the ack's (flushed, then one loaded
+    again by another call): in one pipeline the take runs first and finds the
+    window full; the PUBACK must still free its slot and take the next one."""
+    client = connect(redis_url)
+    sessions, q = RedisSessionStore(client), RedisQueueStore(client)
+    try:
+        epoch = (await sessions.claim("lost", "n1", False, 60)).epoch
+        await q.enqueue([("lost", msg(n)) for n in range(3)])
+        taken = await q.take("lost", epoch, 1)
+        await client.script_flush()
+        await client.script_load(q._enqueue_take.script)
+        taken = await q.ack_and_take("lost", epoch, [taken[0].packet_id], 1)
+        assert payloads(taken) == [b"1"]
+        assert payloads(await q.pending("lost", epoch)) == [b"1"]
+    finally:
+        await q.close()
+
+
+async def _script_exists_calls(client: Any) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_script|exists", {}).get("calls", 0))
+
+
+@pytest.mark.redis
+async def test_a_pipelined_ack_and_take_asks_redis_nothing_first(redis_url: str) -> None:
+    """redis-py's pipeline sends SCRIPT EXISTS before its scripts, a round trip
+    of its own per PUBACK batch of a persistent session; `pipelined` does not."""
+    client = connect(redis_url)
+    sessions, q = RedisSessionStore(client), RedisQueueStore(client)
+    try:
+        epoch = (await sessions.claim("pa", "n1", False, 60)).epoch
+        await q.enqueue([("pa", msg(n)) for n in range(3)])
+        taken = await q.take("pa", epoch, 1)
+        assert payloads(taken) == [b"0"]
+        before = await _script_exists_calls(client)
+        for n in (1, 2):
+            taken = await q.ack_and_take("pa", epoch, [taken[0].packet_id], 1)
+            assert payloads(taken) == [b"%d" % n]
+        assert await _script_exists_calls(client) == before
+    finally:
+        await q.close()
+
+
+@pytest.mark.redis
 async def test_tiered_store_puts_each_mark_in_its_publishers_tier(redis_url: str) -> None:
     memory_sessions, client = MemorySessionStore(), connect(redis_url)
     tiers = Tiers()

@@ -206,11 +206,11 @@ class KafkaBridge:
         if self._producer is not producer or self._closed:
             return
         self._serve(producer)
-        if self.sync:
-            pass
-        elif (now := self._counted.acknowledged(len(producer))) > self._acknowledged:
-            self._acknowledged = now
-            self.health.ok()  # what a success report says in sync mode
+        if not self.sync:
+            acknowledged = self._counted.acknowledged(len(producer))
+            if acknowledged > self._acknowledged:
+                self._acknowledged = acknowledged
+                self.health.ok()  # what a success report says in sync mode
         self.loop.call_later(POLL_INTERVAL_S, self._poll_slow, producer)
 
     def _serve(self, producer: Producer) -> None:

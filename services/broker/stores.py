@@ -165,6 +165,21 @@ class TieredSessionStore:
         await self.durable.close()
 
 
+def _one_tier(
+    durable: set[str],
+    items: Sequence[tuple[str, Message]],
+    takers: Mapping[str, tuple[int, int]],
+    marks: Mapping[IncomingMark, Sequence[int]] | None,
+) -> bool | None:
+    """True: the batch touches only durable clients; False: only memory ones;
+    None: both (most batches are one or the other: persistent sessions publish
+    to persistent subscribers, clean ones to clean ones)."""
+    tiers = {client_id in durable for client_id, _ in items}
+    tiers.update(client_id in durable for client_id in takers)
+    tiers.update(mark.client_id in durable for mark in marks or ())
+    return tiers.pop() if len(tiers) == 1 else (None if tiers else False)
+
+
 def _merge(a: TakeResult, b: TakeResult, refused: set[int]) -> TakeResult:
     """The two tiers' results; `refused` in indices of the whole batch."""
     return TakeResult(
@@ -225,8 +240,14 @@ class TieredQueueStore:
         evicted: bool = False,
     ) -> TakeResult:
         durable = self.tiers.durable
-        if not durable:
+        whole = _one_tier(durable, items, takers, marks) if durable else False
+        if whole is False:
             return await self.memory.enqueue_and_take(items, takers, marks, together, evicted)
+        if whole is True:  # what the split below comes to when nothing is in memory
+            try:
+                return await self.durable.enqueue_and_take(items, takers, marks, together, evicted)
+            except SessionError as exc:
+                raise DurablePartFailed(str(exc), TakeResult(0, 0, {}, frozenset())) from exc
         mem: Part = []
         dur: Part = []
         where: list[tuple[bool, int]] = []  # per item: (durable, index in its part)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.broker.stores import TieredQueueStore, TieredSessionStore, Tiers
+from services.broker.stores import DurablePartFailed, TieredQueueStore, TieredSessionStore, Tiers
 from services.embedded.redis_server import RedisServer
 from services.mqtt.packets import Message, Properties
 from services.queue.api import DROP_OLDEST, REFUSE, EnqueueResult, IncomingMark, QueueStore
@@ -891,6 +891,38 @@ async def test_a_pipelined_ack_and_take_asks_redis_nothing_first(redis_url: str)
             taken = await q.ack_and_take("pa", epoch, [taken[0].packet_id], 1)
             assert payloads(taken) == [b"%d" % n]
         assert await _script_exists_calls(client) == before
+    finally:
+        await q.close()
+
+
+@pytest.mark.redis
+async def test_a_batch_of_one_tier_gives_what_the_split_gives(redis_url: str) -> None:
+    """A batch that touches only durable clients (or only memory ones) skips
+    the split; a failed durable store is still a DurablePartFailed with
+    nothing of memory's in it."""
+    memory_sessions, client = MemorySessionStore(), connect(redis_url)
+    tiers = Tiers()
+    sessions = TieredSessionStore(memory_sessions, RedisSessionStore(client), tiers)
+    q = TieredQueueStore(MemoryQueueStore(memory_sessions), RedisQueueStore(client), tiers)
+    try:
+        d1 = (await sessions.claim("d1", "n1", False, 60)).epoch
+        d2 = (await sessions.claim("d2", "n1", False, 60)).epoch
+        m1 = (await sessions.claim("m1", "n1", True, 0)).epoch
+        mark = IncomingMark("d2", d2, 7)
+        items = [("d1", msg(0)), ("d2", msg(1)), ("d1", msg(2))]
+        result = await q.enqueue_and_take(items, {"d1": (d1, 1)}, {mark: [1]}, [range(1)])
+        assert result.accepted == 3 and payloads(result.taken["d1"]) == [b"0"]
+        assert await client.exists(client_keys("d1")[1]) == 1  # the rest queued in Redis
+        assert await q.incoming_ids("d2", d2) == {7}
+        result = await q.enqueue_and_take([("m1", msg(3))], {"m1": (m1, 5)})
+        assert payloads(result.taken["m1"]) == [b"3"]
+        # a Redis that went away: no answer for the durable tier
+        gone = RedisQueueStore(connect("redis://127.0.0.1:1/0", 0.5))
+        dead = TieredQueueStore(MemoryQueueStore(memory_sessions), gone, tiers)
+        with pytest.raises(DurablePartFailed) as failed:
+            await dead.enqueue_and_take([("d1", msg(4))], {"d1": (d1, 5)})
+        assert failed.value.result.taken == {} and failed.value.result.accepted == 0
+        await dead.close()
     finally:
         await q.close()
 

@@ -61,6 +61,7 @@ class OpenFiles:
     def read(self) -> int:
         if self._count is None:  # the first read: nothing to show yet, so count now
             return self._counted(psutil.Process().num_fds())
+        count = self._count  # read first: the recount's thread may land before the return
         if time.monotonic() - self._at > self.stale_s and not self._counting:
             try:
                 loop = asyncio.get_running_loop()
@@ -68,7 +69,7 @@ class OpenFiles:
                 return self._counted(psutil.Process().num_fds())
             self._counting = True
             loop.run_in_executor(None, self._count_now)
-        return self._count
+        return count
 
     def _count_now(self) -> None:
         try:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
+from collections.abc import Callable
+from typing import Any
 
 from services.metrics.process import OpenFiles, read_process
 
@@ -25,10 +28,38 @@ async def test_on_the_loop_a_stale_count_is_shown_while_a_thread_counts_again() 
     first = files.read()  # nothing counted yet: counted now
     r, w = os.pipe()
     try:
-        assert files.read() == first  # stale: the last count, a recount started
-        assert files._counting
+        # stale: the last count, a recount started (its thread may even have
+        # counted by now: CI saw the new count returned before the fix)
+        assert files.read() == first
         while files._counting:  # the worker thread's count lands
             await asyncio.sleep(0)
+        assert files.read() == first + 2
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+class AtOnce(concurrent.futures.ThreadPoolExecutor):
+    """A pool (the loop takes nothing else) whose jobs run inside `submit`: as
+    a worker thread that finishes before the submitting code's next line."""
+
+    def submit(
+        self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        done.set_result(fn(*args, **kwargs))
+        return done
+
+
+async def test_a_recount_that_lands_before_the_read_returns_is_not_what_it_returns() -> None:
+    """The race CI hit, made certain: the recount runs to its end before
+    `read` returns."""
+    asyncio.get_running_loop().set_default_executor(AtOnce())
+    files = OpenFiles(stale_s=0.0)
+    first = files.read()
+    r, w = os.pipe()
+    try:
+        assert files.read() == first  # the last count; the recount landed meanwhile
         assert files.read() == first + 2
     finally:
         os.close(r)

@@ -173,5 +173,8 @@ async def test_offline_and_v5_clients_count_exactly_once(memory_node: NodeProces
             assert len(s.delivered) == TOTAL and s.duplicates() == []
     for s in offline:
         assert len(s.offline_windows) >= 2  # it really came and went while messages flowed
-        # every window began with a leave; the last leave (at stop) has no window after it
-        assert s.left_with_disconnect + s.left_with_close == len(s.offline_windows) + 1
+        # every window began with a leave; the last leave (at stop) has no window after
+        # it, and there is none when the last session ended with its connection at stop
+        # (CI once: 4 windows, 4 leaves)
+        leaves = s.left_with_disconnect + s.left_with_close
+        assert len(s.offline_windows) <= leaves <= len(s.offline_windows) + 1

@@ -850,17 +850,24 @@ async def test_scripts_reload_after_script_flush(redis_url: str) -> None:
         await q.close()
 
 
+async def _three_queued_one_taken(
+    client: Any, q: RedisQueueStore, client_id: str
+) -> tuple[int, list[Any]]:
+    """A persistent session with messages 0-2 queued and 0 in its window of 1."""
+    epoch = (await RedisSessionStore(client).claim(client_id, "n1", False, 60)).epoch
+    await q.enqueue([(client_id, msg(n)) for n in range(3)])
+    return epoch, await q.take(client_id, epoch, 1)
+
+
 @pytest.mark.redis
 async def test_an_ack_whose_script_was_lost_still_frees_its_slot(redis_url: str) -> None:
     """Redis has the take's script but not the ack's (flushed, then one loaded
     again by another call): in one pipeline the take runs first and finds the
     window full; the PUBACK must still free its slot and take the next one."""
     client = connect(redis_url)
-    sessions, q = RedisSessionStore(client), RedisQueueStore(client)
+    q = RedisQueueStore(client)
     try:
-        epoch = (await sessions.claim("lost", "n1", False, 60)).epoch
-        await q.enqueue([("lost", msg(n)) for n in range(3)])
-        taken = await q.take("lost", epoch, 1)
+        epoch, taken = await _three_queued_one_taken(client, q, "lost")
         await client.script_flush()
         await client.script_load(q._enqueue_take.script)
         taken = await q.ack_and_take("lost", epoch, [taken[0].packet_id], 1)
@@ -880,11 +887,9 @@ async def test_a_pipelined_ack_and_take_asks_redis_nothing_first(redis_url: str)
     """redis-py's pipeline sends SCRIPT EXISTS before its scripts, a round trip
     of its own per PUBACK batch of a persistent session; `pipelined` does not."""
     client = connect(redis_url)
-    sessions, q = RedisSessionStore(client), RedisQueueStore(client)
+    q = RedisQueueStore(client)
     try:
-        epoch = (await sessions.claim("pa", "n1", False, 60)).epoch
-        await q.enqueue([("pa", msg(n)) for n in range(3)])
-        taken = await q.take("pa", epoch, 1)
+        epoch, taken = await _three_queued_one_taken(client, q, "pa")
         assert payloads(taken) == [b"0"]
         before = await _script_exists_calls(client)
         for n in (1, 2):

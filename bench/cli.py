@@ -178,7 +178,7 @@ PORT = _Checked("PORT", _port)
               "p50/p99/max ms")  # fmt: skip
 @click.option("--scrapes", type=POSITIVE, default=20, show_default=True)
 @click.option("--vs", type=_Checked("HOST:PORT", _address), help="peer broker to compare")
-@click.option("--rounds", type=POSITIVE, default=3, help="with --vs: A,B rounds")
+@click.option("--rounds", type=POSITIVE, default=3, help="with --vs: rounds, A,B then B,A in turn")
 @click.option("--spawn-mosquitto", is_flag=True, help=f"run {MOSQUITTO} as the --vs peer")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
               help="with a peer: also write the compared figures here as a Markdown table "
@@ -367,8 +367,9 @@ def _run_all(args: SimpleNamespace, now: datetime) -> list[Result]:
             return [result]
         mine: list[Result] = []
         theirs: list[Result] = []
-        for _ in range(args.rounds):
-            for target, results in ((ours, mine), (peer, theirs)):
+        for index in range(args.rounds):
+            order = ((ours, mine), (peer, theirs))
+            for target, results in order if index % 2 == 0 else order[::-1]:
                 result = _run_once(args, *target)
                 print(result.line(), flush=True)
                 results.append(result)

@@ -117,6 +117,17 @@ def test_spawn_mosquitto_is_the_peer(mosquitto: tuple[int, int]) -> None:
     assert (summary["ours"], summary["peer"]) == (ours["broker"], peer["broker"])
 
 
+def test_rounds_take_turns_at_going_first(mosquitto: tuple[int, int]) -> None:
+    """A,B then B,A: neither broker always runs right after the other's round."""
+    port, _ = mosquitto
+    lines = bench("fan-in", "--qos", "0", "--port", str(port), "--messages", "400",
+                  "--spawn-mosquitto", "--rounds", "2", "--duration", "20")  # fmt: skip
+    *runs, summary = lines
+    ours = f"127.0.0.1:{port}"
+    assert [run["broker"] == ours for run in runs] == [True, False, False, True]
+    assert summary["rounds"] == 2 and summary["ours"] == ours
+
+
 def test_suback_times_each_new_subscription(mosquitto: tuple[int, int]) -> None:
     [line] = bench("suback", "--port", str(mosquitto[0]), "--messages", "50", "--duration", "20")
     assert (line["scenario"], line["sent"], line["received"]) == ("suback", 50, 50)

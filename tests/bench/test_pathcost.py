@@ -1,0 +1,51 @@
+"""bench.pathcost: the in-process message path's cost, per variant."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import uvloop
+
+from bench import pathcost
+
+
+@pytest.mark.parametrize("scenario", pathcost.SCENARIOS)
+def test_a_run_moves_every_message_and_reports_its_cost(scenario: str) -> None:
+    # A copy missing or a PUBACK not sent would raise (the step checks the bytes out).
+    assert pathcost.child(scenario, 1_000, 0) > 0
+
+
+def test_the_plugins_variant_runs_its_callbacks() -> None:
+    async def hooked() -> tuple[int, int]:
+        node = pathcost._Node(3)
+        step = await pathcost.fan_in(node)
+        delivered = node.broker.seams.hooks.callbacks("message.delivered")
+        calls = []
+        for callback in delivered:
+            node.broker.seams.hooks.remove("message.delivered", callback)
+
+        def counted(client_id: str, message: object) -> None:
+            calls.append(client_id)
+
+        node.broker.seams.hooks.add("message.delivered", counted)
+        sent = await step()
+        return len(delivered), len(calls) - sent
+
+    assert uvloop.run(hooked()) == (3, 0)
+
+
+def test_the_recorder_off_variant_imports_the_build_first(tmp_path: Path) -> None:
+    env = pathcost._env("recorder_off", tmp_path)
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), str(pathcost.ROOT)]
+    assert env["PYTHONSAFEPATH"] == "1"
+    assert pathcost._env("base", tmp_path)["PYTHONPATH"] == str(pathcost.ROOT)
+
+
+def test_the_summary_is_each_variant_before_over_after() -> None:
+    costs = {"base": [10.0, 12.0, 11.0], "recorder_off": [9.5, 9.0, 9.8], "plugins": [11.0, 12.5]}
+    line = pathcost.summary("fan-in", costs)
+    assert line["us_per_msg"]["base"] == {"best": 10.0, "median": 11.0}
+    assert line["metrics_on_vs_off"] == {"best": 0.9, "median": round(9.5 / 11.0, 3)}
+    assert line["plugins_vs_none"] == {"best": round(10 / 11, 3), "median": round(11 / 11.75, 3)}

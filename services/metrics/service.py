@@ -18,6 +18,7 @@ from aiohttp import web
 from services.metrics.alarms import DEFAULT_THRESHOLDS, Alarms, Thresholds, Watch
 from services.metrics.collector import Exposition, NodeCollector
 from services.metrics.http import HttpServer, metrics_routes
+from services.metrics.memory import MemoryReturn, glibc_trim
 from services.metrics.process import LagMonitor
 from services.metrics.registry import Metrics, Refresh
 from services.metrics.systopics import Publish, SysTopics
@@ -57,6 +58,7 @@ class MetricsService:
         self.alarms = Alarms(metrics, node, publish)
         self.watch = Watch(metrics, self.alarms, max_connections, thresholds, refresh=figures)
         self.lag = LagMonitor(metrics)
+        self.memory = MemoryReturn(metrics, glibc_trim())
         self.http = None
         if http_port is not None:
             more = routes(self) if routes is not None else ()
@@ -75,6 +77,7 @@ class MetricsService:
         if self.http is not None:
             await self.http.start()
         self.lag.start(loop)
+        self.memory.start(loop)
         self.sys.start(loop)
         self.watch.start(loop)
 
@@ -82,5 +85,6 @@ class MetricsService:
         self.watch.stop()
         self.sys.stop()
         self.lag.stop()
+        self.memory.stop()
         if self.http is not None:
             await self.http.stop()

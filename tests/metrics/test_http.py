@@ -88,9 +88,11 @@ async def test_the_service_starts_and_stops_its_parts() -> None:
         # The process's unanswered Redis calls come in with every read.
         assert f"weir_redis_failures_total {float(UNANSWERED.count)}" in text
         assert "$SYS/brokers/n1/version" in published  # at start, not an interval later
+        assert service.memory._handle is not None  # memory given back after departures
     finally:
         await service.stop()
     assert service.sys._handle is None and service.watch._handle is None
+    assert service.memory._handle is None
 
 
 async def test_without_an_http_port_nothing_listens() -> None:

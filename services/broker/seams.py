@@ -355,7 +355,7 @@ class Seams:
         """Whether some publish can be refused (by the authorizer or a hook)."""
         acl = self.acl
         asks = self.authorizes and (acl is None or acl.publish_checked)
-        return asks or self.hooks.has("client.check_acl")
+        return asks or self.hooks.checks_acl
 
 
 def admitting(seams: Seams, limits: Limits, redis: Any = None) -> Seams:

@@ -122,6 +122,7 @@ class Hooks:
         self.dropped = 0  # async callbacks not started: MAX_PENDING in flight
         self.watches_copies = False  # message.delivered or .dropped has a callback: the
         #   fan-out's one check per message (an attribute, kept by add and remove)
+        self.checks_acl = False  # client.check_acl has a callback (the same, per PUBLISH)
         # The two per-message chains as attributes (kept by add and remove): what
         # `folder("message.publish")` and `notifier("message.delivered")` answer,
         # without a call per message.
@@ -184,6 +185,7 @@ class Hooks:
             self._compiled[point] = self._compile(point, chain)
         self.watches_copies = "message.delivered" in self._chains or (
             "message.dropped" in self._chains)
+        self.checks_acl = "client.check_acl" in self._chains
         self.on_publish = self._compiled.get("message.publish")
         self.on_delivered = self._compiled.get("message.delivered")
 

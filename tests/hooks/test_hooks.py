@@ -74,6 +74,10 @@ def test_remove_and_has() -> None:
     assert hooks.watches_copies
     hooks.remove("message.delivered", print)
     assert not hooks.watches_copies
+    hooks.add("client.check_acl", print)  # PUBLISHes are then asked about (Seams.checks_publish)
+    assert hooks.checks_acl
+    hooks.remove("client.check_acl", print)
+    assert not hooks.checks_acl
 
 
 class _Plugin:

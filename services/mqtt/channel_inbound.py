@@ -100,9 +100,11 @@ class InboundFlow:
         self._wall_ms = wall_ms
         self._in_aliases: dict[int, str] = {}
         self._routes: dict[int, tuple[int, int]] = {}  # token -> (qos, packet id)
-        self._routing_qos2: set[int] = set()
+        # QoS 2 packet ids as dict keys: an empty dict is 64 bytes, an empty set 216,
+        # and every connection holds these two (issue 21: the idle connection's cost)
+        self._routing_qos2: dict[int, None] = {}
         self._next_token = 1
-        self._awaiting_rel: set[int] = set()
+        self._awaiting_rel: dict[int, None] = {}
         # Flow control holds a 5.0 client's reading at its Receive Maximum (unless the
         # node refuses past it instead: strict); nothing holds a 3.x client's.
         hold = v5 and not config.strict_receive_maximum
@@ -119,7 +121,7 @@ class InboundFlow:
 
     def resume(self, awaiting_rel: AbstractSet[int]) -> None:
         """A resumed session's QoS 2 packet ids still awaiting PUBREL."""
-        self._awaiting_rel = set(awaiting_rel)
+        self._awaiting_rel = dict.fromkeys(awaiting_rel)
 
     def on_publish(self, p: Publish) -> list[Action]:
         # The path of every message a client sends: locals, and the rare cases
@@ -169,7 +171,7 @@ class InboundFlow:
         self._next_token += 1
         self._routes[token] = (qos, pid)
         if qos == 2:
-            self._routing_qos2.add(pid)
+            self._routing_qos2[pid] = None
             return [Route(message, token, pid)]
         return [Route(message, token)]
 
@@ -204,10 +206,10 @@ class InboundFlow:
             return []
         qos, pid = entry
         if qos == 2:
-            self._routing_qos2.discard(pid)
+            self._routing_qos2.pop(pid, None)
         if ok:
             if qos == 2:
-                self._awaiting_rel.add(pid)
+                self._awaiting_rel[pid] = None
             ok_code = RC.NO_MATCHING_SUBSCRIBERS if no_subscribers else RC.SUCCESS
             return [Send(self._ack(qos, pid, ok_code))]
         code: int = RC.UNSPECIFIED_ERROR if reason_code is None else reason_code
@@ -224,7 +226,7 @@ class InboundFlow:
 
     def on_pubrel(self, pid: int) -> list[Action]:
         if pid in self._awaiting_rel:
-            self._awaiting_rel.discard(pid)
+            self._awaiting_rel.pop(pid, None)
             return [Released(pid), Send(Pubcomp(pid))]
         if self._v5:
             return [Send(Pubcomp(pid, RC.PACKET_IDENTIFIER_NOT_FOUND))]

@@ -42,11 +42,14 @@ class _State:
     # walks past every message taken so far (24 us per take at 5,000 queued, against
     # 3.5 us here; an OrderedDict's first entry is one link away).
     queue: OrderedDict[int, Message] = field(default_factory=OrderedDict)
-    qos0: deque[int] = field(default_factory=deque)  # seqs of queued QoS 0 messages
+    # Every session has a state, most never queue a QoS 0 message nor receive a
+    # QoS 2 one: an empty deque is 760 bytes and an empty set 216, so the QoS 0 seqs
+    # come with the first one and the QoS 2 ids are dict keys (an empty dict: 64).
+    qos0: deque[int] | None = None  # seqs of queued QoS 0 messages, oldest first
     seq: int = 0
     inflight: dict[int, _Entry] = field(default_factory=dict)  # packet id -> entry, oldest first
     last_pid: int = 0
-    incoming: set[int] = field(default_factory=set)
+    incoming: dict[int, None] = field(default_factory=dict)  # QoS 2 ids awaiting PUBREL
     drops: int = 0
 
 
@@ -93,6 +96,8 @@ class MemoryQueueStore:
         st.seq += 1
         st.queue[st.seq] = message
         if message.qos == 0:
+            if st.qos0 is None:
+                st.qos0 = deque()
             st.qos0.append(st.seq)
         if len(st.queue) <= self._limit:
             return 1, None
@@ -126,7 +131,7 @@ class MemoryQueueStore:
                 refused.update(live.pop(mark))  # a refused copy refuses its mark
             left_out |= refused
         for mark in live:
-            self._checked(mark.client_id, mark.epoch).incoming.add(mark.packet_id)
+            self._checked(mark.client_id, mark.epoch).incoming[mark.packet_id] = None
         if left_out:
             items = [item for i, item in enumerate(items) if i not in left_out]
         taken: dict[str, list[Inflight]] = {}
@@ -177,7 +182,7 @@ class MemoryQueueStore:
             if rec is None:
                 continue
             st = _state(rec)
-            room = self._limit - (len(st.queue) - len(st.qos0))
+            room = self._limit - (len(st.queue) - len(st.qos0 or ()))
             taker = takers.get(client_id)
             if taker is not None and taker[0] == rec.epoch:
                 room += max(0, min(taker[1], MAX_PACKET_ID) - len(st.inflight))
@@ -216,6 +221,7 @@ class MemoryQueueStore:
                 break
             del st.queue[seq]
             if message.qos == 0:
+                assert st.qos0 is not None  # queued with its seq
                 st.qos0.popleft()
             if expired:
                 self.expired += 1
@@ -268,14 +274,14 @@ class MemoryQueueStore:
         st = self._checked(client_id, epoch)
         if packet_id in st.incoming:
             return False
-        st.incoming.add(packet_id)
+        st.incoming[packet_id] = None
         return True
 
     async def incoming_has(self, client_id: str, epoch: int, packet_id: int) -> bool:
         return packet_id in self._checked(client_id, epoch).incoming
 
     async def incoming_release(self, client_id: str, epoch: int, packet_id: int) -> None:
-        self._checked(client_id, epoch).incoming.discard(packet_id)
+        self._checked(client_id, epoch).incoming.pop(packet_id, None)
 
     async def incoming_ids(self, client_id: str, epoch: int) -> set[int]:
         return set(self._checked(client_id, epoch).incoming)

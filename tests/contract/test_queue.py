@@ -958,3 +958,25 @@ async def test_tiered_store_puts_each_mark_in_its_publishers_tier(redis_url: str
         assert payloads(await q.take("ms", ms, 10)) == [b"0", b"1"]
     finally:
         await q.close()
+
+
+async def test_a_memory_session_that_queued_nothing_holds_no_deque_or_set() -> None:
+    """Every connected session has a state in the memory store: an empty deque is
+    760 bytes and an empty set 216, so they come with their first use."""
+    import sys
+
+    from services.queue.memory import _state
+
+    sessions = MemorySessionStore()
+    q = MemoryQueueStore(sessions)
+    epoch = (await sessions.claim("idle", "n1", True, 0)).epoch
+    assert await q.take("idle", epoch, 10) == []
+    assert not await q.incoming_has("idle", epoch, 1)
+    record = sessions.record("idle")
+    assert record is not None
+    st = _state(record)
+    assert st.qos0 is None and sys.getsizeof(st.incoming) <= sys.getsizeof({})
+    # and each works once used: QoS 0 queued and taken in order, a QoS 2 id kept
+    await q.enqueue([("idle", msg(1, qos=0)), ("idle", msg(2, qos=1)), ("idle", msg(3, qos=0))])
+    assert payloads(await q.take("idle", epoch, 10)) == [b"1", b"2", b"3"]
+    assert await q.incoming_add("idle", epoch, 7) and await q.incoming_ids("idle", epoch) == {7}

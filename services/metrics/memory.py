@@ -6,11 +6,11 @@ held is free inside the process but stays counted in its RSS, because
 glibc gives memory back only from the top of its heap. `malloc_trim(0)`
 returns every whole free page wherever it lies. Measured on `weir up`
 (the embedded default), three waves of 19,000 clients that connect and
-leave: RSS 87 MiB before; after the waves 159, 158, 159 MiB without the
-trim, 144, 147, 149 MiB with it (each trim returned 11-12 MiB). The rest
-is Python's own allocator, whose 1 MiB arenas go back only once empty; a
-few small objects that outlive a client (its versions, `ClusterView` rule
-4) may be what keeps them from emptying (not measured which).
+leave: RSS 87 MiB before; after the waves 235, 245, 256 MiB without the
+trim, 223, 237, 253 MiB with it (the trims returned 28, 28 and 0.6 MiB).
+The rest is Python's own allocator, whose 1 MiB arenas go back only once
+empty, and what each departed client leaves in the node's view (its
+versions, `ClusterView` rule 4, up to 100,000 clients: about 15 MiB a wave).
 
 So `MemoryReturn` checks every CHECK_S whether at least AFTER_CLOSED
 connections ended since its last trim and none in the last CHECK_S (the

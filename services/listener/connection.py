@@ -121,7 +121,8 @@ class Connection(asyncio.Protocol):
         self._out_bytes = 0
         self._busy = False
         self._deferred = False
-        self.hold = Hold(self, broker.loop, self._pause_reading, self._continue)  # back-pressure
+        cls = type(self)
+        self.hold = Hold(self, broker.loop, cls._pause_reading, cls._continue)  # back-pressure
         self._read_paused = False
         self._write_paused = False
         self._timers: dict[str, float] | None = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from services.broker.ports import PUBLISHER_STALL_S, ConnectionPort, PeerGate, Publisher
 
@@ -31,9 +32,12 @@ class Hold:
         self,
         owner: Publisher,
         loop: asyncio.AbstractEventLoop,
-        pause: Callable[[], None],
-        go_on: Callable[[], None],
+        pause: Callable[[Any], None],
+        go_on: Callable[[Any], None],
     ) -> None:
+        # `pause(owner)` stops reading the owner, `go_on(owner)` reads on: functions of
+        # the owner's class, shared by all its holds (a bound method each would be 128
+        # bytes more per connection)
         self._owner = owner
         self._loop = loop
         self._pause = pause
@@ -66,7 +70,7 @@ class Hold:
             return
         self.blocked_on = subscriber
         subscriber.add_waiter(self._owner)
-        self._pause()
+        self._pause(self._owner)
         self._stall = self._loop.call_later(PUBLISHER_STALL_S, self._stalled, subscriber)
 
     def _stalled(self, subscriber: ConnectionPort | PeerGate) -> None:
@@ -82,4 +86,4 @@ class Hold:
             if self._stall is not None:  # a stale bound would cut a later hold short
                 self._stall.cancel()
                 self._stall = None
-            self._go_on()
+            self._go_on(self._owner)

@@ -472,3 +472,13 @@ async def test_past_the_receive_maximum_the_publisher_is_read_as_acks_go_out() -
     assert not any(isinstance(p, Disconnect) for p in pub_t.packets(5))
     assert pub_t.reading
     assert len(pub.hold._waiters or ()) <= 1  # each hold waits on itself: listed once, not per hold
+
+
+async def test_connections_share_their_holds_pause_and_go_on(harness: Harness) -> None:
+    """A hold calls its owner's class's functions: no bound method per connection."""
+    (a, _), (b, _) = harness.open(), harness.open()
+    assert a.hold._pause is b.hold._pause and a.hold._go_on is b.hold._go_on
+    for conn, transport in ((a, a.transport), (b, b.transport)):
+        conn.hold._pause(conn)  # reads no more: the transport was told
+        assert transport.reading is False  # type: ignore[union-attr]
+        conn.hold._go_on(conn)

@@ -94,29 +94,25 @@ class _Node:
     """A broker as `weir up --backend memory` builds it, its clients on `_Transport`s."""
 
     def __init__(self, plugins: int) -> None:
-        from services.broker.broker import Broker
+        from dataclasses import replace
+
         from services.broker.seams import Seams
         from services.broker.timers import TimerWheel
         from services.config import load
         from services.hooks.api import Hooks
         from services.node.app import build_services
-        from services.node.node import channel_config, flow
+        from services.node.node import broker_for
 
         hooks = Hooks()
         if plugins:
             from bench.noop_plugin import NoopCallbacks
 
             NoopCallbacks({"count": plugins}).register(hooks)
-        settings = load({}, env={})
-        services = build_services(settings)
+        settings = replace(load({}, env={}), node_id="bench")
+        # no authorizer, no admission: what is timed is the message path itself
+        services = replace(build_services(settings), seams=Seams(hooks=hooks))
         loop = asyncio.get_running_loop()
-        self.broker = Broker(
-            node_id="bench", channel_config=channel_config(settings), flow=flow(settings),
-            max_connections=settings.limits.max_connections,
-            queue_limit=settings.limits.queue_limit, sessions=services.sessions,
-            queue=services.queue, retain=services.retain, loop=loop, wheel=TimerWheel(loop),
-            events=services.events, seams=Seams(hooks=hooks),
-        )  # fmt: skip
+        self.broker = broker_for(settings, services, loop, TimerWheel(loop))
 
     async def client(self, client_id: str) -> tuple[Any, _Transport]:
         from services.listener.connection import Connection

@@ -148,10 +148,8 @@ class Dispatch:
         tally[qos] += 1  # RECEIVED + qos
         tally[3 + qos] += len(message.payload)  # RECEIVED_BYTES + qos
         seams = self.seams
-        hooks = seams.hooks
-        # Seams.checks_publish, without its two calls when no authorizer is configured
-        checks = seams.checks_publish if seams.authorizes else hooks.checks_acl
-        hook = hooks.on_publish  # else nothing can change it
+        checks = seams.checks_publish
+        hook = seams.hooks.on_publish  # else nothing can change it
         if checks:  # else nothing can refuse it
             admitted = self._admitted(conn, route, hook)
             if admitted is None:

@@ -96,6 +96,30 @@ def channel_config(settings: Settings, authenticate: bool = False) -> ChannelCon
     )
 
 
+def broker_for(settings: Settings, services: Services, loop: asyncio.AbstractEventLoop,
+               wheel: TimerWheel, tracer: Tracer | None = None) -> Broker:  # fmt: skip
+    """The broker `settings` ask for, on `services` (a node's; bench.pathcost's)."""
+    return Broker(
+        node_id=settings.node_id,
+        channel_config=channel_config(settings, services.seams.authenticates),
+        flow=flow(settings),
+        max_connections=settings.limits.max_connections,
+        queue_limit=settings.limits.queue_limit,
+        sessions=services.sessions,
+        queue=services.queue,
+        retain=services.retain,
+        loop=loop,
+        wheel=wheel,
+        shared_strategy=settings.shared_subscription_strategy,
+        shared_local=settings.shared_local,
+        events=services.events,
+        cluster=services.cluster,
+        seams=services.seams,
+        wills=services.wills,
+        tracer=tracer,
+    )
+
+
 def flow(settings: Settings) -> Flow:
     limits = settings.limits
     return Flow(
@@ -171,25 +195,7 @@ class Node:
         loop = asyncio.get_running_loop()
         settings = self.settings
         self.wheel = TimerWheel(loop)
-        broker = Broker(
-            node_id=settings.node_id,
-            channel_config=channel_config(settings, self.services.seams.authenticates),
-            flow=flow(settings),
-            max_connections=settings.limits.max_connections,
-            queue_limit=settings.limits.queue_limit,
-            sessions=self.services.sessions,
-            queue=self.services.queue,
-            retain=self.services.retain,
-            loop=loop,
-            wheel=self.wheel,
-            shared_strategy=settings.shared_subscription_strategy,
-            shared_local=settings.shared_local,
-            events=self.services.events,
-            cluster=self.services.cluster,
-            seams=self.services.seams,
-            wills=self.services.wills,
-            tracer=self.tracer,
-        )
+        broker = broker_for(settings, self.services, loop, self.wheel, self.tracer)
         self.broker = broker
         gc.collect()  # earlier garbage: the freezes below would keep it for good
         await self.services.seams.start()  # the ban table (services.auth.admission)

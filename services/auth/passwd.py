@@ -17,8 +17,11 @@ of the authentication chain (`services.auth.chain`):
   verified (user, hash, password) digest is remembered for a while).
 The file is read at start (a missing or malformed file stops `weir up` with
 one line) and again when its modification time changes (looked at no more
-than once a second); a file that became bad keeps the users read before
-and logs why. Reloading clears the cache.
+than once a second, and at once before a user is refused or ignored, so
+a user `weir passwd` or the API has just added or changed can connect
+straight away; a deleted user may still connect for up to a second); a
+file that became bad keeps the users read before and logs why. Reloading
+clears the cache.
 """
 
 from __future__ import annotations
@@ -102,19 +105,28 @@ class PasswordFile:
         self.file = Watched(self.path, reload_check_s)
         self.cache = CredentialCache(CACHE_TTL_S)
 
-    def _maybe_reload(self) -> None:
-        if not self.file.changed():
-            return
+    def _maybe_reload(self, at_once: bool = False) -> bool:
+        """Reread the file if it changed; whether it did."""
+        if not self.file.changed(at_once):
+            return False
         try:
             self.users, self.scram = read_users(self.path)
         except PasswordFileError as exc:
             log.warning("%s; keeping the %d users read before", exc, len(self.users))
-            return
+            return False
         self.cache.clear()
         log.info("password file %s reloaded: %d users", self.path, len(self.users))
+        return True
 
     async def check(self, client: ClientInfo, password: bytes | None) -> Verdict:
         self._maybe_reload()
+        verdict = await self._check(client, password)
+        refused = verdict is None or not verdict.ok
+        if refused and client.username is not None and self._maybe_reload(at_once=True):
+            verdict = await self._check(client, password)  # a user added or changed just now
+        return verdict
+
+    async def _check(self, client: ClientInfo, password: bytes | None) -> Verdict:
         user = client.username
         hashed = self.users.get(user) if user is not None else None
         if user is None or hashed is None:

@@ -22,11 +22,11 @@ class Watched:
         except OSError:
             return None
 
-    def changed(self) -> bool:
+    def changed(self, at_once: bool = False) -> bool:
         """Whether the modification time changed since the last True (at most
-        one stat per `check_s`)."""
+        one stat per `check_s`, unless `at_once`)."""
         now = time.monotonic()
-        if now - self._checked < self.check_s:
+        if not at_once and now - self._checked < self.check_s:
             return False
         self._checked = now
         mtime = self._stat()

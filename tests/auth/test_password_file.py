@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from services.auth.api import ClientInfo
-from services.auth.passwd import PasswordFile, PasswordFileError, parse, read
+from services.auth.passwd import PasswordFile, PasswordFileError, parse, read, set_user
 from tests.integration.conftest import Paho
 from tests.support.childenv import weir_env
 from tests.support.ports import free_port
@@ -127,6 +127,28 @@ def test_the_file_is_reloaded_when_it_changes_and_a_bad_one_keeps_the_old_users(
     passwd.write_text("garbage line\n")
     os.utime(passwd, (2, 2))
     assert asyncio.run(ok("alice", b"right")), "a bad file keeps the users read before"
+
+
+def test_a_user_just_added_or_changed_gets_in_before_the_next_periodic_look(
+    passwd: Path,
+) -> None:
+    backend = PasswordFile(passwd, reload_check_s=3600.0)  # the periodic look never comes
+
+    async def ok(user: str, password: bytes) -> bool:
+        decision = await backend.check(client(user), password)
+        return decision is not None and decision.ok
+
+    assert not asyncio.run(ok("carol", b"c-pass"))
+    set_user(passwd, "carol", "c-pass")
+    os.utime(passwd, (1, 1))
+    assert asyncio.run(ok("carol", b"c-pass")), "an unknown user makes it look at once"
+    set_user(passwd, "carol", "c-new")
+    os.utime(passwd, (2, 2))
+    assert asyncio.run(ok("carol", b"c-new")), "a refused password makes it look at once"
+    assert not asyncio.run(ok("carol", b"c-pass"))
+    set_user(passwd, "carol", None)
+    os.utime(passwd, (3, 3))
+    assert asyncio.run(ok("carol", b"c-new")), "an accepted one does not (up to a second)"
 
 
 @contextlib.contextmanager

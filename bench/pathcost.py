@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -207,13 +208,21 @@ async def pairs(node: _Node) -> Step:
 async def _measure(scenario: str, messages: int, plugins: int) -> float:
     node = _Node(plugins)
     step = await (fan_in if scenario == "fan-in" else pairs)(node)
-    warm = 0
-    while warm < messages // 10:
-        warm += await step()
-    began = time.process_time()
+    await _run_steps(step, messages // 10)
+    return await _timed(step, messages)
+
+
+async def _run_steps(step: Step, messages: int) -> int:
     sent = 0
     while sent < messages:
         sent += await step()
+    return sent
+
+
+async def _timed(step: Step, messages: int) -> float:
+    """CPU us per message over at least `messages` of `step`."""
+    began = time.process_time()
+    sent = await _run_steps(step, messages)
     return (time.process_time() - began) / sent * 1e6
 
 
@@ -221,6 +230,17 @@ def child(scenario: str, messages: int, plugins: int) -> float:
     import uvloop
 
     return uvloop.run(_measure(scenario, messages, plugins))
+
+
+async def _serve(scenario: str, warm: int, plugins: int) -> None:
+    """A child of an interleaved run: warm up, say so, then time one slice per
+    line read from stdin (its count of messages), answering with the cost."""
+    node = _Node(plugins)
+    step = await (fan_in if scenario == "fan-in" else pairs)(node)
+    await _run_steps(step, warm)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:  # blocking on the loop is fine: between slices nothing is due
+        print(json.dumps({"us_per_msg": await _timed(step, int(line))}), flush=True)
 
 
 def _env(variant: str, build: Path) -> dict[str, str]:
@@ -242,20 +262,68 @@ def _run(variant: str, scenario: str, messages: int, plugins: int, build: Path) 
     return cost
 
 
+def _interleaved(scenario: str, slices: int, messages: int, plugins: int,
+                 build: Path) -> dict[str, list[float]]:
+    """One child per variant, all alive at once, taking turns slice by slice
+    (in every order in turn): the machine's swings fall on all three alike.
+    A process has a bias of its own (its memory layout: two children of one
+    tree differed by 2% over 400 slices), so a run needs several rounds."""
+    children: dict[str, subprocess.Popen[str]] = {}
+    try:
+        for variant in VARIANTS:
+            command = [sys.executable, "-m", "bench.pathcost", "--serve", scenario,
+                       "--messages", str(messages),
+                       "--plugins", str(plugins if variant == "plugins" else 0)]  # fmt: skip
+            children[variant] = subprocess.Popen(
+                command, env=_env(variant, build), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, text=True)  # fmt: skip
+        for variant, proc in children.items():
+            _answer(variant, proc)  # ready
+        costs: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        orders = list(itertools.permutations(VARIANTS))  # who goes first, and who after whom
+        for index in range(slices):
+            for variant in orders[index % len(orders)]:
+                proc = children[variant]
+                assert proc.stdin is not None
+                proc.stdin.write(f"{messages}\n")
+                proc.stdin.flush()
+                costs[variant].append(_answer(variant, proc)["us_per_msg"])
+        return costs
+    finally:
+        for proc in children.values():
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=60)
+
+
+def _answer(variant: str, proc: subprocess.Popen[str]) -> dict[str, Any]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"pathcost: the {variant} child ended (exit {proc.wait()})")
+    answer: dict[str, Any] = json.loads(line)
+    return answer
+
+
 def summary(scenario: str, costs: dict[str, list[float]]) -> dict[str, Any]:
-    """Each variant's best and median CPU us per message, and the two speed
-    ratios the issue names (as msg/s would give them: cost before / cost after)."""
+    """Each variant's best, median and mean CPU us per message, and the two
+    speed ratios the issue names (as msg/s would give them: cost before / cost
+    after) of the best runs, the medians, and paired: the median of the ratios
+    of runs made side by side (the same round or slice cycle)."""
     best = {v: min(c) for v, c in costs.items()}
     median = {v: statistics.median(c) for v, c in costs.items()}
 
     def ratio(before: str, after: str) -> dict[str, float]:
+        pairs = [b / a for b, a in zip(costs[before], costs[after], strict=False)]
         return {"best": round(best[before] / best[after], 3),
-                "median": round(median[before] / median[after], 3)}  # fmt: skip
+                "median": round(median[before] / median[after], 3),
+                "paired": round(statistics.median(pairs), 3)}  # fmt: skip
 
     return {
         "scenario": scenario,
-        "us_per_msg": {v: {"best": round(best[v], 3), "median": round(median[v], 3)}
-                       for v in costs},
+        "us_per_msg": {v: {"best": round(best[v], 3), "median": round(median[v], 3),
+                           "mean": round(statistics.fmean(c), 3)}
+                       for v, c in costs.items()},
         "metrics_on_vs_off": ratio("recorder_off", "base"),
         "plugins_vs_none": ratio("base", "plugins"),
     }
@@ -268,10 +336,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=100_000, help="timed, per run")
     parser.add_argument("--plugins", type=int, default=5, help="no-op callbacks per point")
     parser.add_argument("--scenario", choices=SCENARIOS, action="append")
+    parser.add_argument("--slices", type=int, default=0,
+                        help="interleaved: per round, this many slices of --messages each")
     parser.add_argument("--child", choices=SCENARIOS, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=SCENARIOS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.messages < 1 or args.plugins < 0:
-        parser.error("--rounds and --messages must be positive, --plugins at least 0")
+    if args.rounds < 1 or args.messages < 1 or args.plugins < 0 or args.slices < 0:
+        parser.error("--rounds and --messages must be positive, --plugins and --slices at least 0")
+    if args.serve:
+        import uvloop
+
+        uvloop.run(_serve(args.serve, args.messages, args.plugins))
+        return 0
     if args.child:
         cost = child(args.child, args.messages, args.plugins)
         print(json.dumps({"us_per_msg": cost}))
@@ -285,7 +361,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         for scenario in args.scenario or SCENARIOS:
             costs: dict[str, list[float]] = {v: [] for v in VARIANTS}
-            for index in range(args.rounds):
+            for index in range(args.rounds if args.slices else 0):
+                sliced = _interleaved(scenario, args.slices, args.messages, args.plugins, build)
+                for variant, more in sliced.items():
+                    costs[variant] += more
+                print(json.dumps({"scenario": scenario, "round": index + 1, **summary(
+                    scenario, sliced)}), flush=True)  # fmt: skip
+            for index in range(0 if args.slices else args.rounds):
                 order = VARIANTS[index % 3 :] + VARIANTS[: index % 3]  # each goes first in turn
                 for variant in order:
                     cost = _run(variant, scenario, args.messages, args.plugins, build)

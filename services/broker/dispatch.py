@@ -75,7 +75,7 @@ class Dispatch:
         turn: Turn,
     ) -> None:
         self.node_id = node_id
-        self.tally = seams.metrics.tally  # the per-message counts (registry.RECEIVED...)
+        self.tally = seams.metrics.tally  # the per-message counts (registry.SENT...)
         self.routes = routes
         self.delivery = delivery
         self.remote = remote
@@ -141,12 +141,8 @@ class Dispatch:
             held = self._held_routes.get(conn)
             if held is not None:  # a QoS 2 ahead is still being stored: keep the order
                 held.append(route)
-                return  # counted when it comes back here
-        message = route.message
-        tally = self.tally
-        qos = message.qos
-        tally[qos] += 1  # RECEIVED + qos
-        tally[3 + qos] += len(message.payload)  # RECEIVED_BYTES + qos
+                return  # routed when it comes back here
+        message = route.message  # counted by the channel (registry.Metrics.received)
         seams = self.seams
         checks = seams.checks_publish
         hook = seams.hooks.on_publish  # else nothing can change it
@@ -425,8 +421,8 @@ class Dispatch:
                 self.deliver(session, adjusted(message, qos, retain, sub_ids))
         if written:  # per message, not per subscriber
             tally = self.tally
-            tally[6] += written  # SENT + 0
-            tally[9] += written * len(message.payload)  # SENT_BYTES + 0
+            tally[0] += written  # SENT + 0
+            tally[3] += written * len(message.payload)  # SENT_BYTES + 0
         if too_large:
             self.seams.metrics.messages_dropped["too_large"] += too_large
         return count

@@ -314,8 +314,8 @@ class Connection(asyncio.Protocol):
                     packet = action.packet
                     if type(packet) is Publish:
                         tally = self.tally
-                        tally[6 + packet.qos] += 1  # registry.SENT + qos
-                        tally[9 + packet.qos] += len(packet.payload)  # SENT_BYTES + qos
+                        tally[packet.qos] += 1  # registry.SENT + qos
+                        tally[3 + packet.qos] += len(packet.payload)  # SENT_BYTES + qos
                     self.write(codec.encode(packet, self.channel.protocol_level))
                 case StartTimer():
                     self.start_timer(action.name, action.delay_s)

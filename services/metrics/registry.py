@@ -14,12 +14,14 @@ scraped: `services.metrics.collector` reads every field then, and $SYS and
 the alarms read them on their own timers.
 
 The per-message counts (messages and payload bytes received and sent, per
-QoS) go one step further: the parts that bump them once per message hold
-`metrics.tally`, a plain list, and add at fixed slots (`RECEIVED + qos`,
-`RECEIVED_BYTES + qos`, `SENT + qos`, `SENT_BYTES + qos`): a list item
-increment on a local, without the two attribute loads and the dict of the
-family. `fold` moves the tally into those families; every reader calls it
-first (through `MetricsService.figures`, the `refresh` each reader has).
+QoS) go one step further. Those sent: the parts that bump them once per
+message hold `metrics.tally`, a plain list, and add at fixed slots (`SENT +
+qos`, `SENT_BYTES + qos`): a list item increment on a local, without the two
+attribute loads and the dict of the family. Those received are counted by
+the channels themselves (`metrics.received`, the `InboundCounts` of the node's
+`ChannelConfig`: native integers in the compiled core). `fold` moves both
+into their families; every reader calls it first (through
+`MetricsService.figures`, the `refresh` each reader has).
 
 Each field is declared once, here, with `counter(...)` or `gauge(...)`:
 its Prometheus name is `weir_<field>` (counters get `_total`), its help
@@ -38,6 +40,8 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
+
+from services.mqtt.channel_config import InboundCounts
 
 PREFIX: Final = "weir_"
 QOS: Final = (0, 1, 2)
@@ -72,14 +76,9 @@ API_KEY_REFUSALS: Final = (
 )
 
 # Slots of `Metrics.tally` (each + qos): the per-message counts, folded by `Metrics.fold`.
-RECEIVED: Final = 0
-RECEIVED_BYTES: Final = 3
-SENT: Final = 6
-SENT_BYTES: Final = 9
-_TALLIED: Final = (  # slot -> the family it is folded into
-    (RECEIVED, "messages_received"), (RECEIVED_BYTES, "messages_received_bytes"),
-    (SENT, "messages_sent"), (SENT_BYTES, "messages_sent_bytes"),
-)  # fmt: skip
+SENT: Final = 0
+SENT_BYTES: Final = 3
+_TALLIED: Final = ((SENT, "messages_sent"), (SENT_BYTES, "messages_sent_bytes"))
 
 Kind = Literal["counter", "gauge"]
 
@@ -230,16 +229,21 @@ class Metrics:
     # a message since the watch last looked (it empties the set)
     bridges: list[BridgeFigures] = field(default_factory=list)  # filled by `Refresh`
     # The per-message counts not yet folded into their families (module docstring).
-    tally: list[int] = field(default_factory=lambda: [0] * 12)
+    tally: list[int] = field(default_factory=lambda: [0] * 6)
+    received: InboundCounts = field(default_factory=InboundCounts)
 
     def fold(self) -> None:
-        """Move the tally's counts into their families (before any read)."""
+        """Move the per-message counts into their families (before any read)."""
         tally = self.tally
         for slot, name in _TALLIED:
             family = getattr(self, name)
             for qos in QOS:
                 family[qos] += tally[slot + qos]
         tally[:] = [0] * len(tally)
+        messages, size = self.received.take()
+        for qos in QOS:
+            self.messages_received[qos] += messages[qos]
+            self.messages_received_bytes[qos] += size[qos]
 
     def connected(self) -> None:
         """A connection was accepted: count it and keep the high-water mark."""

@@ -7,10 +7,42 @@ environment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import final
 
 NEVER_EXPIRE = 0xFFFFFFFF
 """Session Expiry Interval meaning "never" (MQTT 5 section 3.1.2.11.2)."""
+
+
+@final
+class InboundCounts:
+    """The PUBLISHes the channels of one node routed and their payload bytes,
+    per QoS: counted where each becomes a `Route` (compiled, an add of native
+    integers, which the message path needs: a Python list item increment cost
+    a QoS 0 message about 2.5% of its CPU), taken by the node's metrics."""
+
+    def __init__(self) -> None:
+        self.messages0 = self.messages1 = self.messages2 = 0
+        self.bytes0 = self.bytes1 = self.bytes2 = 0
+
+    def add(self, qos: int, size: int) -> None:
+        if qos == 0:
+            self.messages0 += 1
+            self.bytes0 += size
+        elif qos == 1:
+            self.messages1 += 1
+            self.bytes1 += size
+        else:
+            self.messages2 += 1
+            self.bytes2 += size
+
+    def take(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """(messages, bytes) per QoS since the last take."""
+        taken = ((self.messages0, self.messages1, self.messages2),
+                 (self.bytes0, self.bytes1, self.bytes2))  # fmt: skip
+        self.messages0 = self.messages1 = self.messages2 = 0
+        self.bytes0 = self.bytes1 = self.bytes2 = 0
+        return taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,3 +102,6 @@ class ChannelConfig:
     connect_timeout_s: float = 10.0
     """Seconds a new network connection may take to send CONNECT (MQTT 5 3.1.4:
     the server SHOULD close it otherwise); 0 disables the limit."""
+    received: InboundCounts = field(default_factory=InboundCounts, compare=False)
+    """Where every channel of this config counts what it routes (the node's
+    metrics hold the same object)."""

@@ -164,6 +164,7 @@ class InboundFlow:
         expiry = props.message_expiry_interval
         expires_at_ms = None if expiry is None else self._wall_ms() + expiry * 1000
         message = Message(topic, p.payload, qos, p.retain, props, self._sender, expires_at_ms)
+        cfg.received.add(qos, len(p.payload))
         if not qos:
             return [Route(message)]
         assert pid is not None

@@ -52,7 +52,7 @@ from services.metrics.registry import BridgeFigures, Metrics
 from services.metrics.service import MetricsService
 from services.metrics.systopics import ClientEvents
 from services.metrics.trace import Tracer
-from services.mqtt.channel_config import ChannelConfig
+from services.mqtt.channel_config import ChannelConfig, InboundCounts
 from services.mqtt.packets import ReasonCode
 from services.node import bootstrap
 from services.node import dump as viewdump
@@ -82,9 +82,12 @@ class Services:
     figures: FigureStore | None = None  # every node's figures (Redis); None: this node only
 
 
-def channel_config(settings: Settings, authenticate: bool = False) -> ChannelConfig:
+def channel_config(settings: Settings, authenticate: bool = False,
+                   received: InboundCounts | None = None) -> ChannelConfig:  # fmt: skip
+    """`received`: where the channels count what they route (the node's metrics')."""
     limits = settings.limits
     return ChannelConfig(
+        received=received or InboundCounts(),
         receive_maximum=limits.receive_maximum,
         strict_receive_maximum=limits.strict_receive_maximum,
         max_awaiting_rel=limits.max_awaiting_rel,
@@ -101,7 +104,8 @@ def broker_for(settings: Settings, services: Services, loop: asyncio.AbstractEve
     """The broker `settings` ask for, on `services` (a node's; bench.pathcost's)."""
     return Broker(
         node_id=settings.node_id,
-        channel_config=channel_config(settings, services.seams.authenticates),
+        channel_config=channel_config(
+            settings, services.seams.authenticates, services.seams.metrics.received),
         flow=flow(settings),
         max_connections=settings.limits.max_connections,
         queue_limit=settings.limits.queue_limit,

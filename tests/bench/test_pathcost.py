@@ -46,6 +46,20 @@ def test_the_recorder_off_variant_imports_the_build_first(tmp_path: Path) -> Non
 def test_the_summary_is_each_variant_before_over_after() -> None:
     costs = {"base": [10.0, 12.0, 11.0], "recorder_off": [9.5, 9.0, 9.8], "plugins": [11.0, 12.5]}
     line = pathcost.summary("fan-in", costs)
-    assert line["us_per_msg"]["base"] == {"best": 10.0, "median": 11.0}
-    assert line["metrics_on_vs_off"] == {"best": 0.9, "median": round(9.5 / 11.0, 3)}
-    assert line["plugins_vs_none"] == {"best": round(10 / 11, 3), "median": round(11 / 11.75, 3)}
+    assert line["us_per_msg"]["base"] == {"best": 10.0, "median": 11.0, "mean": 11.0}
+    assert line["metrics_on_vs_off"] == {
+        "best": 0.9, "median": round(9.5 / 11.0, 3),
+        "paired": round(sorted([9.5 / 10, 9.0 / 12, 9.8 / 11])[1], 3),  # run by run
+    }  # fmt: skip
+    assert line["plugins_vs_none"]["best"] == round(10 / 11, 3)
+    assert line["plugins_vs_none"]["median"] == round(11 / 11.75, 3)
+    assert line["plugins_vs_none"]["paired"] == round((10 / 11 + 12 / 12.5) / 2, 3)
+
+
+def test_an_interleaved_run_gives_every_variant_its_slices(tmp_path: Path) -> None:
+    from bench import recorder_off
+
+    assert recorder_off.build(tmp_path) > 0
+    costs = pathcost._interleaved("fan-in", 4, 500, 2, tmp_path)
+    assert {v: len(c) for v, c in costs.items()} == dict.fromkeys(pathcost.VARIANTS, 4)
+    assert all(cost > 0 for c in costs.values() for cost in c)

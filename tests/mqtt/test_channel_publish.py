@@ -121,6 +121,18 @@ def test_qos2_inbound_exchange(level: int) -> None:
     ]
 
 
+def test_the_channel_counts_what_it_routes_per_qos_in_its_config() -> None:
+    cfg = ChannelConfig()
+    ch = conn(V5, cfg)
+    ch.receive(Publish("a", b"zero"), NOW)
+    ch.receive(Publish("a", b"one", qos=1, packet_id=1), NOW)
+    ch.receive(Publish("a", b"two", qos=2, packet_id=2), NOW)
+    ch.receive(Publish("a", b"two", qos=2, packet_id=2, dup=True), NOW)  # a repeat: not routed
+    ch.receive(Publish("$SYS/x", b"refused"), NOW)  # not routed either
+    assert cfg.received.take() == ((1, 1, 1), (4, 3, 3))
+    assert cfg.received.take() == ((0, 0, 0), (0, 0, 0)), "a take empties it"
+
+
 def test_an_idle_channel_keeps_its_qos2_ids_in_the_smallest_empty_collections() -> None:
     """Every connection holds these two: an empty set is 216 bytes, an empty dict 64."""
     import sys

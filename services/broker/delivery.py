@@ -348,15 +348,23 @@ class Delivery:
     # -- the per-session pump ------------------------------------------------------
 
     def acked(self, session: Session, packet_id: int) -> None:
-        session.acks.append(packet_id)
+        if session.acks is None:
+            session.acks = [packet_id]
+        else:
+            session.acks.append(packet_id)
         self.kick(session)
 
     def received(self, session: Session, packet_id: int) -> None:
-        session.ops.append(("received", packet_id))
-        self.kick(session)
+        self._op(session, "received", packet_id)
 
     def released(self, session: Session, packet_id: int) -> None:
-        session.ops.append(("released", packet_id))
+        self._op(session, "released", packet_id)
+
+    def _op(self, session: Session, op: str, packet_id: int) -> None:
+        if session.ops is None:
+            session.ops = [(op, packet_id)]
+        else:
+            session.ops.append((op, packet_id))
         self.kick(session)
 
     def kick(self, session: Session) -> None:
@@ -376,7 +384,7 @@ class Delivery:
                 session.dirty = False
                 epoch = session.epoch
                 conn = session.conn
-                ops, session.ops = session.ops, []
+                ops, session.ops = session.ops or (), None
                 received: list[int] = []  # a run of PUBRECs: stored in one call
                 for op, pid in ops:
                     if op == "received":
@@ -388,7 +396,7 @@ class Delivery:
                     await self.queue.incoming_release(client_id, epoch, pid)
                 if received and not await self._store_received(session, conn, received):
                     return
-                acks, session.acks = session.acks, []
+                acks, session.acks = session.acks or (), None
                 window = self._window(session)
                 taken = await self.queue.ack_and_take(client_id, epoch, acks, window)
                 self._tell_expired()

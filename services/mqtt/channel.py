@@ -136,7 +136,9 @@ class Channel:
         self.config = config
         self.node = node
         self.client_id: str | None = None
-        self._new_client_id = new_client_id or random_client_id(config.assign_client_id_prefix)
+        # None: `random_client_id`'s, made when a CONNECT needs it (a closure kept per
+        # channel was 200 bytes of every idle connection)
+        self._new_client_id = new_client_id
         self._wall_ms = wall_ms or default_wall_ms
         self._link = Link()
         self._ends = ChannelEnds(self._link, config)
@@ -312,7 +314,8 @@ class Channel:
         if self._refusal is not None:
             busy = ConnackCode311.SERVER_UNAVAILABLE
             return self._ends.refuse(self._refusal, "connection limit reached", v3_default=busy)
-        result = negotiate(self.config, connect, self._new_client_id)
+        new_id = self._new_client_id or random_client_id(self.config.assign_client_id_prefix)
+        result = negotiate(self.config, connect, new_id)
         if isinstance(result, Refusal):
             return self._ends.refuse(result.reason_code, result.detail)
         link.neg = result

@@ -98,13 +98,14 @@ class InboundFlow:
         self._v5 = v5
         self._sender = sender
         self._wall_ms = wall_ms
-        self._in_aliases: dict[int, str] = {}
+        # What most connections never use is made with its first entry (None: empty;
+        # an empty dict is 64 bytes, and every idle connection held these three).
+        self._in_aliases: dict[int, str] | None = None  # alias -> topic
         self._routes: dict[int, tuple[int, int]] = {}  # token -> (qos, packet id)
-        # QoS 2 packet ids as dict keys: an empty dict is 64 bytes, an empty set 216,
-        # and every connection holds these two (issue 21: the idle connection's cost)
-        self._routing_qos2: dict[int, None] = {}
+        # QoS 2 packet ids as dict keys (an empty set is 216 bytes)
+        self._routing_qos2: dict[int, None] | None = None
         self._next_token = 1
-        self._awaiting_rel: dict[int, None] = {}
+        self._awaiting_rel: dict[int, None] | None = None
         # Flow control holds a 5.0 client's reading at its Receive Maximum (unless the
         # node refuses past it instead: strict); nothing holds a 3.x client's.
         hold = v5 and not config.strict_receive_maximum
@@ -112,7 +113,8 @@ class InboundFlow:
 
     @property
     def inflight(self) -> int:
-        return len(self._routes) + len(self._awaiting_rel)
+        awaiting = self._awaiting_rel
+        return len(self._routes) + (len(awaiting) if awaiting is not None else 0)
 
     @property
     def full(self) -> bool:
@@ -121,7 +123,7 @@ class InboundFlow:
 
     def resume(self, awaiting_rel: AbstractSet[int]) -> None:
         """A resumed session's QoS 2 packet ids still awaiting PUBREL."""
-        self._awaiting_rel = dict.fromkeys(awaiting_rel)
+        self._awaiting_rel = dict.fromkeys(awaiting_rel) if awaiting_rel else None
 
     def on_publish(self, p: Publish) -> list[Action]:
         # The path of every message a client sends: locals, and the rare cases
@@ -143,12 +145,14 @@ class InboundFlow:
             raise ProtocolError(f"response topic {response_topic!r} is not a topic name")
         if qos == 2:
             assert pid is not None
-            if pid in self._awaiting_rel:
+            awaiting = self._awaiting_rel
+            if awaiting is not None and pid in awaiting:
                 return [Send(self._ack(2, pid, RC.SUCCESS))]
-            if pid in self._routing_qos2:
+            routing = self._routing_qos2
+            if routing is not None and pid in routing:
                 return []
             bound = cfg.max_awaiting_rel
-            if bound and self._v5 and len(self._awaiting_rel) + len(self._routing_qos2) >= bound:
+            if bound and self._v5 and self._qos2_ids() >= bound:
                 return [Send(Pubrec(pid, RC.QUOTA_EXCEEDED))]
         strict = qos and self._v5 and cfg.strict_receive_maximum
         if strict and self.inflight >= cfg.receive_maximum:
@@ -172,13 +176,20 @@ class InboundFlow:
         self._next_token += 1
         self._routes[token] = (qos, pid)
         if qos == 2:
+            if self._routing_qos2 is None:
+                self._routing_qos2 = {}
             self._routing_qos2[pid] = None
             return [Route(message, token, pid)]
         return [Route(message, token)]
 
+    def _qos2_ids(self) -> int:
+        """Incoming QoS 2 ids held: being routed or awaiting PUBREL."""
+        awaiting, routing = self._awaiting_rel, self._routing_qos2
+        return (len(awaiting) if awaiting else 0) + (len(routing) if routing else 0)
+
     def aliased(self, alias: int) -> str | None:
         """The topic the client set `alias` to (None: not set)."""
-        return self._in_aliases.get(alias)
+        return self._in_aliases.get(alias) if self._in_aliases is not None else None
 
     def _inbound_topic(self, p: Publish) -> str:
         alias = p.properties.topic_alias
@@ -191,9 +202,11 @@ class InboundFlow:
                 f"topic alias {alias} outside 1..{self._config.topic_alias_maximum}"
             )
         if p.topic:
+            if self._in_aliases is None:
+                self._in_aliases = {}
             self._in_aliases[alias] = p.topic
             return p.topic
-        topic = self._in_aliases.get(alias)
+        topic = self.aliased(alias)
         if topic is None:
             raise ProtocolError(f"topic alias {alias} was never set")
         return topic
@@ -206,10 +219,12 @@ class InboundFlow:
         if entry is None:
             return []
         qos, pid = entry
-        if qos == 2:
+        if qos == 2 and self._routing_qos2 is not None:
             self._routing_qos2.pop(pid, None)
         if ok:
             if qos == 2:
+                if self._awaiting_rel is None:
+                    self._awaiting_rel = {}
                 self._awaiting_rel[pid] = None
             ok_code = RC.NO_MATCHING_SUBSCRIBERS if no_subscribers else RC.SUCCESS
             return [Send(self._ack(qos, pid, ok_code))]
@@ -226,8 +241,9 @@ class InboundFlow:
         return Puback(pid, code) if qos == 1 else Pubrec(pid, code)
 
     def on_pubrel(self, pid: int) -> list[Action]:
-        if pid in self._awaiting_rel:
-            self._awaiting_rel.pop(pid, None)
+        awaiting = self._awaiting_rel
+        if awaiting is not None and pid in awaiting:
+            del awaiting[pid]
             return [Released(pid), Send(Pubcomp(pid))]
         if self._v5:
             return [Send(Pubcomp(pid, RC.PACKET_IDENTIFIER_NOT_FOUND))]

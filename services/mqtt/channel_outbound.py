@@ -72,10 +72,13 @@ class OutboundShaper:
         self._v5 = v5
         self._alias_maximum = alias_maximum if v5 else 0
         self._max_size = max_packet_size
-        self._aliases: dict[str, int] = {}
+        # topic -> alias; None for a client that takes none (3.x: all of them)
+        self._aliases: dict[str, int] | None = {} if self._alias_maximum else None
 
     def aliased(self, alias: int) -> str | None:
         """The topic `alias` stands for on this connection (None: not set)."""
+        if self._aliases is None:
+            return None
         for topic, known in self._aliases.items():  # at most topic_alias_maximum
             if known == alias:
                 return topic
@@ -100,9 +103,10 @@ class OutboundShaper:
 
         topic = message.topic
         new_alias = False
-        alias = self._aliases.get(topic)
-        if alias is None and len(self._aliases) < self._alias_maximum:
-            alias, new_alias = len(self._aliases) + 1, True
+        aliases = self._aliases
+        alias = aliases.get(topic) if aliases is not None else None
+        if alias is None and aliases is not None and len(aliases) < self._alias_maximum:
+            alias, new_alias = len(aliases) + 1, True
         if alias is not None:
             props = replace(props, topic_alias=alias)
             if not new_alias:
@@ -119,8 +123,8 @@ class OutboundShaper:
         )
         if self._max_size is not None and publish_size(publish, self._v5) > self._max_size:
             return TOO_LARGE
-        if new_alias and alias is not None:
-            self._aliases[message.topic] = alias
+        if new_alias and alias is not None and aliases is not None:
+            aliases[message.topic] = alias
         return publish
 
 

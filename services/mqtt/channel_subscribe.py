@@ -42,13 +42,15 @@ class SubscribeFlow:
     def __init__(self, config: ChannelConfig, v5: bool) -> None:
         self._config = config
         self._v5 = v5
-        self._subs: dict[int, list[int | None]] = {}
-        self._unsubs: dict[int, list[int | None]] = {}
+        # Requests waiting for the node's answer, by packet id; None while there are
+        # none (every idle connection held two empty dicts, 64 bytes each)
+        self._subs: dict[int, list[int | None]] | None = None
+        self._unsubs: dict[int, list[int | None]] | None = None
 
     def on_subscribe(self, s: Subscribe) -> list[Action]:
         if not s.subscriptions:
             raise ProtocolError("SUBSCRIBE without topic filters")
-        if s.packet_id in self._subs:
+        if self._subs is not None and s.packet_id in self._subs:
             raise ProtocolError(f"SUBSCRIBE packet id {s.packet_id} is in use")
         self._check_count(len(s.subscriptions), "SUBSCRIBE")
         sub_id = None
@@ -72,6 +74,8 @@ class SubscribeFlow:
                 )
         if not accepted:
             return [Send(Suback(s.packet_id, tuple(c for c in codes if c is not None)))]
+        if self._subs is None:
+            self._subs = {}
         self._subs[s.packet_id] = codes
         return [SubscribeRequest(s.packet_id, tuple(accepted), sub_id)]
 
@@ -103,9 +107,11 @@ class SubscribeFlow:
 
     def subscribed(self, packet_id: int, reason_codes: Sequence[int]) -> list[Action]:
         """SUBACK: `reason_codes` answer the SubscribeRequest's subscriptions in order."""
-        codes = self._subs.pop(packet_id, None)
+        codes = _taken(self._subs, packet_id)
         if codes is None:
             return []
+        if not self._subs:
+            self._subs = None
         merged = self._merge(codes, reason_codes)
         if not self._v5:
             merged = tuple(RC.UNSPECIFIED_ERROR if c >= 0x80 else c for c in merged)
@@ -114,7 +120,7 @@ class SubscribeFlow:
     def on_unsubscribe(self, u: Unsubscribe) -> list[Action]:
         if not u.topic_filters:
             raise ProtocolError("UNSUBSCRIBE without topic filters")
-        if u.packet_id in self._unsubs:
+        if self._unsubs is not None and u.packet_id in self._unsubs:
             raise ProtocolError(f"UNSUBSCRIBE packet id {u.packet_id} is in use")
         self._check_count(len(u.topic_filters), "UNSUBSCRIBE")
         codes: list[int | None] = []
@@ -129,14 +135,18 @@ class SubscribeFlow:
             accepted.append(topic_filter)
         if not accepted:
             return [Send(self._unsuback(u.packet_id, [c for c in codes if c is not None]))]
+        if self._unsubs is None:
+            self._unsubs = {}
         self._unsubs[u.packet_id] = codes
         return [UnsubscribeRequest(u.packet_id, tuple(accepted))]
 
     def unsubscribed(self, packet_id: int, reason_codes: Sequence[int]) -> list[Action]:
         """UNSUBACK: `reason_codes` answer the UnsubscribeRequest's filters in order."""
-        codes = self._unsubs.pop(packet_id, None)
+        codes = _taken(self._unsubs, packet_id)
         if codes is None:
             return []
+        if not self._unsubs:
+            self._unsubs = None
         return [Send(self._unsuback(packet_id, self._merge(codes, reason_codes)))]
 
     def _unsuback(self, packet_id: int, codes: Sequence[int]) -> Unsuback:
@@ -148,3 +158,9 @@ class SubscribeFlow:
             raise ValueError(f"expected {sum(c is None for c in codes)} codes, got {answers}")
         it = iter(answers)
         return tuple(next(it) if c is None else c for c in codes)
+
+
+def _taken(
+    waiting: dict[int, list[int | None]] | None, packet_id: int
+) -> list[int | None] | None:
+    return waiting.pop(packet_id, None) if waiting is not None else None

@@ -83,6 +83,13 @@ class MemoryQueueStore:
     def _checked(self, client_id: str, epoch: int) -> _State:
         return _state(self._sessions.check(client_id, epoch))
 
+    def _peeked(self, client_id: str, epoch: int) -> _State | None:
+        """The state if the session has one: a read makes none (an idle clean
+        session never queues, and a state is about 340 bytes)."""
+        state = self._sessions.check(client_id, epoch).queue
+        assert state is None or isinstance(state, _State)
+        return state
+
     async def enqueue(self, items: Sequence[tuple[str, Message]]) -> EnqueueResult:
         result = await self.enqueue_and_take(items, {})
         return EnqueueResult(result.accepted, result.dropped, len(result.refused))
@@ -211,8 +218,10 @@ class MemoryQueueStore:
         return left_out
 
     async def take(self, client_id: str, epoch: int, window: int) -> list[Inflight]:
-        st = self._checked(client_id, epoch)
+        st = self._peeked(client_id, epoch)
         out: list[Inflight] = []
+        if st is None:
+            return out
         now = self._wall_ms()
         while st.queue:
             seq, message = next(iter(st.queue.items()))
@@ -241,14 +250,18 @@ class MemoryQueueStore:
         return out
 
     async def pending(self, client_id: str, epoch: int) -> list[Inflight]:
-        st = self._checked(client_id, epoch)
+        st = self._peeked(client_id, epoch)
+        if st is None:
+            return []
         return [Inflight(pid, e.message, True, e.released) for pid, e in st.inflight.items()]
 
     async def ack(self, client_id: str, epoch: int, packet_id: int) -> bool:
         return await self.ack_many(client_id, epoch, (packet_id,)) == 1
 
     async def ack_many(self, client_id: str, epoch: int, packet_ids: Sequence[int]) -> int:
-        st = self._checked(client_id, epoch)
+        st = self._peeked(client_id, epoch)
+        if st is None:
+            return 0
         return sum(st.inflight.pop(pid, None) is not None for pid in packet_ids)
 
     async def ack_and_take(
@@ -278,13 +291,15 @@ class MemoryQueueStore:
         return True
 
     async def incoming_has(self, client_id: str, epoch: int, packet_id: int) -> bool:
-        return packet_id in self._checked(client_id, epoch).incoming
+        st = self._peeked(client_id, epoch)
+        return st is not None and packet_id in st.incoming
 
     async def incoming_release(self, client_id: str, epoch: int, packet_id: int) -> None:
         self._checked(client_id, epoch).incoming.pop(packet_id, None)
 
     async def incoming_ids(self, client_id: str, epoch: int) -> set[int]:
-        return set(self._checked(client_id, epoch).incoming)
+        st = self._peeked(client_id, epoch)
+        return set(st.incoming) if st is not None else set()
 
     async def drops(self, client_id: str) -> int:
         rec = self._sessions.record(client_id)

@@ -960,9 +960,9 @@ async def test_tiered_store_puts_each_mark_in_its_publishers_tier(redis_url: str
         await q.close()
 
 
-async def test_a_memory_session_that_queued_nothing_holds_no_deque_or_set() -> None:
-    """Every connected session has a state in the memory store: an empty deque is
-    760 bytes and an empty set 216, so they come with their first use."""
+async def test_a_memory_session_that_queued_nothing_holds_no_state() -> None:
+    """Reads make no state (about 340 bytes: every idle clean session had one), and
+    a state holds no deque (760 bytes empty) or set (216) until their first use."""
     import sys
 
     from services.queue.memory import _state
@@ -971,9 +971,13 @@ async def test_a_memory_session_that_queued_nothing_holds_no_deque_or_set() -> N
     q = MemoryQueueStore(sessions)
     epoch = (await sessions.claim("idle", "n1", True, 0)).epoch
     assert await q.take("idle", epoch, 10) == []
+    assert await q.pending("idle", epoch) == []
     assert not await q.incoming_has("idle", epoch, 1)
+    assert await q.incoming_ids("idle", epoch) == set()
+    assert await q.ack_many("idle", epoch, [1]) == 0
     record = sessions.record("idle")
     assert record is not None
+    assert record.queue is None
     st = _state(record)
     assert st.qos0 is None and sys.getsizeof(st.incoming) <= sys.getsizeof({})
     # and each works once used: QoS 0 queued and taken in order, a QoS 2 id kept

@@ -133,13 +133,12 @@ def test_the_channel_counts_what_it_routes_per_qos_in_its_config() -> None:
     assert cfg.received.take() == ((0, 0, 0), (0, 0, 0)), "a take empties it"
 
 
-def test_an_idle_channel_keeps_its_qos2_ids_in_the_smallest_empty_collections() -> None:
-    """Every connection holds these two: an empty set is 216 bytes, an empty dict 64."""
-    import sys
-
-    inbound = conn(V5)._inbound
-    for ids in (inbound._routing_qos2, inbound._awaiting_rel):
-        assert sys.getsizeof(ids) <= sys.getsizeof({})
+def test_an_idle_channel_holds_no_qos2_ids_aliases_or_pending_acks() -> None:
+    """Every connection has these; most never use them (an empty dict is 64 bytes)."""
+    ch = conn(V5)
+    inbound = ch._inbound
+    assert (inbound._routing_qos2, inbound._awaiting_rel, inbound._in_aliases) == (None,) * 3
+    assert (ch._subscriptions._subs, ch._subscriptions._unsubs) == (None, None)
 
 
 def test_qos2_refused_by_router_is_not_awaiting_pubrel() -> None:

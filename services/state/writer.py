@@ -282,7 +282,9 @@ class WriteThroughLog:
         `weir up`): another node's acknowledged event may not be in the
         store yet."""
         positions = self.log.positions()
-        flights = list(self._flights)
+        # shielded: this wait cancelled (the log cut's task, at a stop) must not
+        # cancel the appends' own outcomes, which they set when they end
+        flights = [asyncio.shield(f) for f in self._flights]
         done = await asyncio.gather(*flights, return_exceptions=True)
         if not positions or any(isinstance(d, BaseException) for d in done):
             return False

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import redis.asyncio as aioredis
@@ -234,6 +234,38 @@ async def test_the_store_is_written_while_the_log_acknowledges(redis_url: str) -
         assert log.appended == 1 and writer.written == 2
     finally:
         await client.aclose()
+
+
+async def test_a_cancelled_wait_for_the_offsets_leaves_the_appends_in_flight_whole(
+    redis_url: str,
+) -> None:
+    """At a stop the log cut's task is cancelled while `record_offsets` waits for
+    the appends in flight: they must still end as they would (a session end
+    logged and stored), not fail on an outcome already set (InvalidStateError)."""
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.flushdb()
+        writer = StoreWriter(client, PREFIX)
+        held = HeldLog()
+        log = WriteThroughLog(held, writer)
+        event = Subscribed(client_id="c", version=1, node="n", ts_ms=1, filter="t/1", qos=1)
+        append = asyncio.create_task(log.append(event))
+        await asyncio.wait_for(_until(lambda: writer.written == 1), 5.0)
+        offsets = asyncio.create_task(log.record_offsets())
+        await asyncio.sleep(0)  # it waits for the append now
+        offsets.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await offsets
+        held.gate.set()
+        await asyncio.wait_for(append, 5.0)  # raised InvalidStateError before the fix
+        assert log.appended == 1
+    finally:
+        await client.aclose()
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    while not done():
+        await asyncio.sleep(0)
 
 
 ODD_FILTERS = ('a/"b"/#', "c\\/d", 'e,"f":"g', "h\\", "ü/ñ/+", "{x}", "a/#")

@@ -73,7 +73,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from services.event.schema import (
@@ -178,21 +178,31 @@ def _ignore_unsubscribe(client_id: str, filter_: str) -> None:
 @dataclass(slots=True)
 class _ClientSubs:
     floor: int = 0  # versions at or below this were cleared by a session end
-    live: dict[str, SubscriptionOptions] = field(default_factory=dict)
-    gone: dict[str, int] = field(default_factory=dict)  # filter -> tombstone version
+    # None while empty: most clients a view knows hold no subscription and no
+    # tombstone (two empty dicts were 128 bytes a client, online or gone)
+    live: dict[str, SubscriptionOptions] | None = None
+    gone: dict[str, int] | None = None  # filter -> tombstone version
 
     def held(self, filter_: str) -> int:
-        opts = self.live.get(filter_)
+        opts = self.live.get(filter_) if self.live is not None else None
         if opts is not None:
             return opts.version
-        return self.gone.get(filter_, 0)
+        return self.gone.get(filter_, 0) if self.gone is not None else 0
+
+    def has(self, filter_: str) -> bool:
+        return self.live is not None and filter_ in self.live
+
+    def add(self, filter_: str, opts: SubscriptionOptions) -> None:
+        if self.live is None:
+            self.live = {}
+        self.live[filter_] = opts
 
     def takes(self, filter_: str, version: int) -> bool:
         """Whether a subscription at `version` is newer than what is held;
         if so, a tombstone it replaces is dropped (the caller makes it live)."""
         if version <= self.floor:
             return False
-        held = self.live.get(filter_)
+        held = self.live.get(filter_) if self.live is not None else None
         if held is not None:
             return version > held.version
         gone = self.gone
@@ -236,10 +246,10 @@ class ClusterView:
 
     def subscriptions(self, client_id: str) -> dict[str, SubscriptionOptions]:
         subs = self._subs.get(client_id)
-        return dict(subs.live) if subs is not None else {}
+        return dict(subs.live) if subs is not None and subs.live else {}
 
     def all_subscriptions(self) -> dict[str, dict[str, SubscriptionOptions]]:
-        return {c: dict(s.live) for c, s in self._subs.items() if s.live}
+        return {c: dict(s.live or {}) for c, s in self._subs.items() if s.live}
 
     def retained(self, topic: str) -> RetainedEntry | None:
         return self._retained.get(topic)
@@ -251,7 +261,7 @@ class ClusterView:
         return ViewSnapshot(
             sessions=tuple(sorted(self._sessions.items())),
             subscriptions=tuple(
-                sorted((c, f, o) for c, s in self._subs.items() for f, o in s.live.items())
+                sorted((c, f, o) for c, s in self._subs.items() for f, o in (s.live or {}).items())
             ),
             retained=tuple(sorted(self._retained.items())),
         )
@@ -308,7 +318,7 @@ class ClusterView:
         opts = SubscriptionOptions(
             qos, no_local, retain_as_published, retain_handling, subscription_id, version
         )
-        subs.live[filter_] = opts
+        subs.add(filter_, opts)
         self.on_subscribe(client_id, filter_, opts)
         return True
 
@@ -321,7 +331,9 @@ class ClusterView:
             subs = self._subs[client_id] = _ClientSubs()
         if version <= subs.floor or version <= subs.held(filter_):
             return False
-        was_live = subs.live.pop(filter_, None) is not None
+        was_live = subs.live is not None and subs.live.pop(filter_, None) is not None
+        if subs.gone is None:
+            subs.gone = {}
         subs.gone[filter_] = version
         if was_live:
             self.on_unsubscribe(client_id, filter_)
@@ -363,7 +375,7 @@ class ClusterView:
                 client = client_id
                 subs = self._subs.get(client_id) or self._subs.setdefault(client_id, _ClientSubs())
             # subs.takes() is True for a filter new to the client: asked only otherwise
-            held = filter_ in subs.live or subs.gone or version <= subs.floor
+            held = subs.has(filter_) or subs.gone or version <= subs.floor
             if held and not subs.takes(filter_, version):
                 continue
             key = (qos, nl, rap, rh, sid, version)
@@ -372,7 +384,7 @@ class ClusterView:
                 opts = SubscriptionOptions(*key)
                 if len(memo) < OPTIONS_MEMO:
                     memo[key] = opts
-            subs.live[filter_] = opts
+            subs.add(filter_, opts)
             batch.append((filter_, opts))
             changed += 1
         if batch:
@@ -397,11 +409,15 @@ class ClusterView:
         if version <= subs.floor:
             return False
         subs.floor = version
-        dropped = [f for f, o in subs.live.items() if o.version < version]
-        for f in dropped:
-            del subs.live[f]
-            self.on_unsubscribe(client_id, f)
-        subs.gone = {f: v for f, v in subs.gone.items() if v > version}
+        live = subs.live
+        if live:
+            for f in [f for f, o in live.items() if o.version < version]:
+                del live[f]
+                self.on_unsubscribe(client_id, f)
+        if not live:
+            subs.live = None
+        if subs.gone:
+            subs.gone = {f: v for f, v in subs.gone.items() if v > version} or None
         return True
 
     def _session_event(

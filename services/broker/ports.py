@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Final, Protocol
 
 from services.auth.api import ClientInfo
 from services.auth.limits import Budget
@@ -60,6 +60,13 @@ class SubOptions:
     ) -> SubOptions:
         ids = (subscription_id,) if subscription_id else ()
         return cls(qos, no_local, retain_as_published, subscription_id, ids)
+
+
+NO_SUBS: Final[dict[str, SubOptions]] = {}
+"""The subscriptions of every session that has none (an empty dict is 64 bytes of
+each idle connection): shared, so never written. `Session.subs` is written only
+by `routes.Routes` (tests/test_wiring.py), which gives a session its own dict
+before the first write (`Routes._own_subs`)."""
 
 
 class Session:
@@ -114,7 +121,7 @@ class Session:
         self.epoch = 0
         self.durable = durable  # claimed in the durable (Redis) tier
         self.expiry_s = expiry_s
-        self.subs: dict[str, SubOptions] = subs if subs is not None else {}
+        self.subs: dict[str, SubOptions] = subs if subs is not None else NO_SUBS
         self.expiry_handle: asyncio.TimerHandle | None = None
         self.ready = False  # CONNACK sent and inflight resent: deliveries may flow
         self.pumping = False

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 
-from services.broker.ports import ConnectionPort, Session, SubOptions
+from services.broker.ports import NO_SUBS, ConnectionPort, Session, SubOptions
 from services.mqtt import codec
 from services.mqtt.packets import Message, PacketType
 from services.mqtt.trie import TopicTrie
@@ -91,11 +91,19 @@ class Routes:
         """A resumed session's subscriptions, as the log has them."""
         session.subs = subs
 
+    @staticmethod
+    def _own_subs(session: Session) -> dict[str, SubOptions]:
+        """The session's subscriptions, to write: its own dict, never `NO_SUBS`."""
+        if session.subs is NO_SUBS:
+            session.subs = {}
+        return session.subs
+
     def subs_added(self, session: Session, pairs: Iterable[tuple[str, SubOptions]]) -> None:
-        session.subs.update(pairs)
+        self._own_subs(session).update(pairs)
 
     def sub_removed(self, session: Session, topic_filter: str) -> None:
-        session.subs.pop(topic_filter, None)
+        if session.subs is not NO_SUBS:
+            session.subs.pop(topic_filter, None)
 
     def route(self, session: Session, topic_filter: str, options: SubOptions | None) -> (
         SubOptions | None
@@ -105,10 +113,11 @@ class Routes:
         previous = session.subs.get(topic_filter)
         if options is None:
             self.trie.remove(topic_filter, session.client_id)
-            session.subs.pop(topic_filter, None)
+            if previous is not None:
+                session.subs.pop(topic_filter, None)
         else:
             self.trie.add(topic_filter, session.client_id, options)
-            session.subs[topic_filter] = options
+            self._own_subs(session)[topic_filter] = options
         self.plans.clear()
         return previous
 
@@ -123,7 +132,7 @@ class Routes:
         self.plans.clear()
         for topic_filter in session.subs:
             self.trie.remove(topic_filter, session.client_id)
-        session.subs = {}
+        session.subs = NO_SUBS
 
     def plan(self, topic: str) -> Plan:
         """Who a topic reaches: one entry per local session, shared groups apart."""

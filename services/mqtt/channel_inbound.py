@@ -101,7 +101,7 @@ class InboundFlow:
         # What most connections never use is made with its first entry (None: empty;
         # an empty dict is 64 bytes, and every idle connection held these three).
         self._in_aliases: dict[int, str] | None = None  # alias -> topic
-        self._routes: dict[int, tuple[int, int]] = {}  # token -> (qos, packet id)
+        self._routes: dict[int, tuple[int, int]] | None = None  # token -> (qos, packet id)
         # QoS 2 packet ids as dict keys (an empty set is 216 bytes)
         self._routing_qos2: dict[int, None] | None = None
         self._next_token = 1
@@ -114,12 +114,14 @@ class InboundFlow:
     @property
     def inflight(self) -> int:
         awaiting = self._awaiting_rel
-        return len(self._routes) + (len(awaiting) if awaiting is not None else 0)
+        routes = self._routes
+        return (len(routes) if routes is not None else 0) + (
+            len(awaiting) if awaiting is not None else 0)
 
     @property
     def full(self) -> bool:
         """Flow control: the node should read no more packets until a route ends."""
-        return len(self._routes) >= self._hold_at
+        return self._routes is not None and len(self._routes) >= self._hold_at
 
     def resume(self, awaiting_rel: AbstractSet[int]) -> None:
         """A resumed session's QoS 2 packet ids still awaiting PUBREL."""
@@ -174,6 +176,8 @@ class InboundFlow:
         assert pid is not None
         token = self._next_token
         self._next_token += 1
+        if self._routes is None:  # made with the first QoS 1/2 PUBLISH, kept
+            self._routes = {}
         self._routes[token] = (qos, pid)
         if qos == 2:
             if self._routing_qos2 is None:
@@ -215,7 +219,7 @@ class InboundFlow:
         self, token: int, ok: bool, no_subscribers: bool, reason_code: int | None
     ) -> list[Action] | None:
         """The ack for `token`'s message; None: a 3.x client must be disconnected."""
-        entry = self._routes.pop(token, None)
+        entry = self._routes.pop(token, None) if self._routes is not None else None
         if entry is None:
             return []
         qos, pid = entry

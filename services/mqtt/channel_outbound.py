@@ -141,32 +141,41 @@ class OutboundStages:
     __slots__ = ("_stages",)
 
     def __init__(self) -> None:
-        self._stages: dict[int, int] = {}
+        # packet id -> stage; made with the first QoS 1/2 message out (an empty dict is
+        # 64 bytes, and most idle connections never get one)
+        self._stages: dict[int, int] | None = None
 
     @property
     def in_flight(self) -> int:
-        return len(self._stages)
+        return len(self._stages) if self._stages is not None else 0
+
+    def _made(self) -> dict[int, int]:
+        if self._stages is None:
+            self._stages = {}
+        return self._stages
 
     def sent(self, packet_id: int, qos: int) -> None:
-        self._stages[packet_id] = PUBACK_STAGE if qos == 1 else PUBREC_STAGE
+        self._made()[packet_id] = PUBACK_STAGE if qos == 1 else PUBREC_STAGE
 
     def released(self, packet_id: int) -> None:
-        self._stages[packet_id] = PUBCOMP_STAGE
+        self._made()[packet_id] = PUBCOMP_STAGE
 
     def on_ack(self, pid: int, stage: int) -> list[Action]:
-        if self._stages.get(pid) != stage:
+        stages = self._stages
+        if stages is None or stages.get(pid) != stage:
             return []
-        del self._stages[pid]
+        del stages[pid]
         return [Acked(pid)]
 
     def on_pubrec(self, p: Pubrec, v5: bool) -> list[Action]:
         pid = p.packet_id
-        stage = self._stages.get(pid)
+        stages = self._made()
+        stage = stages.get(pid)
         if stage == PUBREC_STAGE:
             if p.reason_code >= ReasonCode.UNSPECIFIED_ERROR:
-                del self._stages[pid]
+                del stages[pid]
                 return [Acked(pid)]
-            self._stages[pid] = STORING_STAGE
+            stages[pid] = STORING_STAGE
             return [Received(pid)]
         if stage == STORING_STAGE:
             return []  # the PUBREL follows once the node has stored the first PUBREC

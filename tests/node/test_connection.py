@@ -29,6 +29,8 @@ from services.mqtt.packets import (
     Suback,
     Subscribe,
     Subscription,
+    Unsuback,
+    Unsubscribe,
 )
 from services.node.app import build_services
 from services.node.node import channel_config, flow
@@ -299,6 +301,21 @@ async def test_idle_connection_is_small(harness: Harness) -> None:
     # 4,100 before the parts most connections never use were made lazily (27 Nov 2026:
     # queue state, op lists, nine empty dicts, a closure, the timers dict): 3,026
     assert per_conn < 3400, per_conn
+
+
+async def test_a_session_without_subscriptions_shares_the_empty_ones(harness: Harness) -> None:
+    """`NO_SUBS` (shared by every session that has no subscription) is never written:
+    a subscribe gives the session its own dict, and the last unsubscribe keeps it."""
+    from services.broker.ports import NO_SUBS
+
+    conn, transport = await harness.connected("own-subs", level=4)
+    assert conn.session is not None and conn.session.subs is NO_SUBS
+    conn.data_received(codec.encode(Subscribe(1, (Subscription("a/b", 1),)), 4))
+    await wait_for(lambda: any(isinstance(p, Suback) for p in transport.packets(4)), "suback")
+    assert conn.session.subs is not NO_SUBS and set(conn.session.subs) == {"a/b"}
+    conn.data_received(codec.encode(Unsubscribe(2, ("a/b",)), 4))
+    await wait_for(lambda: any(isinstance(p, Unsuback) for p in transport.packets(4)), "unsuback")
+    assert conn.session.subs == {} and NO_SUBS == {}
 
 
 def publish_payloads(t: FakeTransport, level: int = 4) -> list[bytes]:

@@ -43,7 +43,8 @@ from services.metrics.registry import Metrics
 from services.mqtt.packets import Message, Properties
 from services.retain.api import RetainStore
 from services.session.api import SessionError, SessionStore
-from services.state.view import ClusterView, SubscriptionOptions
+from services.state.clientsubs import SubscriptionOptions
+from services.state.view import ClusterView
 from services.tasks import cancel_and_wait
 
 log = logging.getLogger("weir.logstate")

@@ -14,8 +14,9 @@ import json
 from dataclasses import dataclass
 from typing import Final
 
+from services.state.clientsubs import SubscriptionOptions
 from services.state.live import Record
-from services.state.view import ClusterView, RetainedEntry, SessionEntry, SubscriptionOptions
+from services.state.view import ClusterView, RetainedEntry, SessionEntry
 
 DIGEST_BYTES: Final = 16  # blake2b digest size: 128 bits tell payloads apart
 

@@ -87,16 +87,7 @@ from services.event.schema import (
     Subscribed,
     Unsubscribed,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class SubscriptionOptions:
-    qos: int
-    no_local: bool = False
-    retain_as_published: bool = False
-    retain_handling: int = 0
-    subscription_id: int | None = None
-    version: int = 0
+from services.state.clientsubs import ClientSubs, SubscriptionOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,44 +166,6 @@ def _ignore_unsubscribe(client_id: str, filter_: str) -> None:
     pass
 
 
-@dataclass(slots=True)
-class _ClientSubs:
-    floor: int = 0  # versions at or below this were cleared by a session end
-    # None while empty: most clients a view knows hold no subscription and no
-    # tombstone (two empty dicts were 128 bytes a client, online or gone)
-    live: dict[str, SubscriptionOptions] | None = None
-    gone: dict[str, int] | None = None  # filter -> tombstone version
-
-    def held(self, filter_: str) -> int:
-        opts = self.live.get(filter_) if self.live is not None else None
-        if opts is not None:
-            return opts.version
-        return self.gone.get(filter_, 0) if self.gone is not None else 0
-
-    def has(self, filter_: str) -> bool:
-        return self.live is not None and filter_ in self.live
-
-    def add(self, filter_: str, opts: SubscriptionOptions) -> None:
-        if self.live is None:
-            self.live = {}
-        self.live[filter_] = opts
-
-    def takes(self, filter_: str, version: int) -> bool:
-        """Whether a subscription at `version` is newer than what is held;
-        if so, a tombstone it replaces is dropped (the caller makes it live)."""
-        if version <= self.floor:
-            return False
-        held = self.live.get(filter_) if self.live is not None else None
-        if held is not None:
-            return version > held.version
-        gone = self.gone
-        if gone:
-            if version <= gone.get(filter_, 0):
-                return False
-            gone.pop(filter_, None)
-        return True
-
-
 class ClusterView:
     def __init__(
         self,
@@ -226,7 +179,7 @@ class ClusterView:
         self.on_forget: ForgetHook | None = None  # see rule 4
         self._sessions: dict[str, SessionEntry] = {}
         self._session_versions: dict[str, int] = {}
-        self._subs: dict[str, _ClientSubs] = {}
+        self._subs: dict[str, ClientSubs] = {}
         self._retained: dict[str, RetainedEntry] = {}
         self._retained_versions: dict[str, int] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()  # longest-ended first
@@ -312,7 +265,7 @@ class ClusterView:
     ) -> bool:
         subs = self._subs.get(client_id)
         if subs is None:
-            subs = self._subs[client_id] = _ClientSubs()
+            subs = self._subs[client_id] = ClientSubs()
         if not subs.takes(filter_, version):
             return False
         opts = SubscriptionOptions(
@@ -328,7 +281,7 @@ class ClusterView:
     def _unsubscribe(self, client_id: str, filter_: str, version: int) -> bool:
         subs = self._subs.get(client_id)
         if subs is None:
-            subs = self._subs[client_id] = _ClientSubs()
+            subs = self._subs[client_id] = ClientSubs()
         if version <= subs.floor or version <= subs.held(filter_):
             return False
         was_live = subs.live is not None and subs.live.pop(filter_, None) is not None
@@ -362,7 +315,7 @@ class ClusterView:
         changed = 0
         memo: dict[tuple[Any, ...], SubscriptionOptions] = {}
         client: str | None = None
-        subs = _ClientSubs()
+        subs = ClientSubs()
         batch: list[tuple[str, SubscriptionOptions]] = []
         for client_id, filter_, version, live, qos, nl, rap, rh, sid, _ts, _node in rows:
             if client_id != client or not live:
@@ -373,7 +326,7 @@ class ClusterView:
                     changed += self._unsubscribe(client_id, filter_, version)
                     continue
                 client = client_id
-                subs = self._subs.get(client_id) or self._subs.setdefault(client_id, _ClientSubs())
+                subs = self._subs.get(client_id) or self._subs.setdefault(client_id, ClientSubs())
             # subs.takes() is True for a filter new to the client: asked only otherwise
             held = subs.has(filter_) or subs.gone or version <= subs.floor
             if held and not subs.takes(filter_, version):
@@ -405,7 +358,7 @@ class ClusterView:
     def _clear_below(self, client_id: str, version: int) -> bool:
         subs = self._subs.get(client_id)
         if subs is None:
-            subs = self._subs[client_id] = _ClientSubs()
+            subs = self._subs[client_id] = ClientSubs()
         if version <= subs.floor:
             return False
         subs.floor = version

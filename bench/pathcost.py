@@ -329,6 +329,27 @@ def summary(scenario: str, costs: dict[str, list[float]]) -> dict[str, Any]:
     }
 
 
+def _round(scenario: str, index: int, args: argparse.Namespace, build: Path,
+           costs: dict[str, list[float]]) -> None:  # fmt: skip
+    """One child per variant, one after the other (each goes first in turn)."""
+    for variant in VARIANTS[index % 3 :] + VARIANTS[: index % 3]:
+        cost = _run(variant, scenario, args.messages, args.plugins, build)
+        costs[variant].append(cost)
+        line = {"scenario": scenario, "round": index + 1, "variant": variant,
+                "us_per_msg": round(cost, 3)}  # fmt: skip
+        print(json.dumps(line), flush=True)
+
+
+def _sliced_round(scenario: str, index: int, args: argparse.Namespace, build: Path,
+                  costs: dict[str, list[float]]) -> None:  # fmt: skip
+    """Fresh children taking turns `--slices` times (`_interleaved`)."""
+    sliced = _interleaved(scenario, args.slices, args.messages, args.plugins, build)
+    for variant, more in sliced.items():
+        costs[variant] += more
+    print(json.dumps({"scenario": scenario, "round": index + 1, **summary(scenario, sliced)}),
+          flush=True)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pathcost",
                                      description=__doc__.splitlines()[0])  # fmt: skip
@@ -361,20 +382,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         for scenario in args.scenario or SCENARIOS:
             costs: dict[str, list[float]] = {v: [] for v in VARIANTS}
-            for index in range(args.rounds if args.slices else 0):
-                sliced = _interleaved(scenario, args.slices, args.messages, args.plugins, build)
-                for variant, more in sliced.items():
-                    costs[variant] += more
-                print(json.dumps({"scenario": scenario, "round": index + 1, **summary(
-                    scenario, sliced)}), flush=True)  # fmt: skip
-            for index in range(0 if args.slices else args.rounds):
-                order = VARIANTS[index % 3 :] + VARIANTS[: index % 3]  # each goes first in turn
-                for variant in order:
-                    cost = _run(variant, scenario, args.messages, args.plugins, build)
-                    costs[variant].append(cost)
-                    print(json.dumps({"scenario": scenario, "round": index + 1,
-                                      "variant": variant, "us_per_msg": round(cost, 3)}),
-                          flush=True)  # fmt: skip
+            for index in range(args.rounds):
+                if args.slices:
+                    _sliced_round(scenario, index, args, build, costs)
+                else:
+                    _round(scenario, index, args, build, costs)
             print(json.dumps(summary(scenario, costs)), flush=True)
     return 0
 

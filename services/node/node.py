@@ -52,7 +52,7 @@ from services.metrics.registry import BridgeFigures, Metrics
 from services.metrics.service import MetricsService
 from services.metrics.systopics import ClientEvents
 from services.metrics.trace import Tracer
-from services.mqtt.channel_config import ChannelConfig, InboundCounts
+from services.mqtt.channel_config import ChannelConfig
 from services.mqtt.packets import ReasonCode
 from services.node import bootstrap
 from services.node import dump as viewdump
@@ -82,12 +82,12 @@ class Services:
     figures: FigureStore | None = None  # every node's figures (Redis); None: this node only
 
 
-def channel_config(settings: Settings, authenticate: bool = False,
-                   received: InboundCounts | None = None) -> ChannelConfig:  # fmt: skip
-    """`received`: where the channels count what they route (the node's metrics')."""
+def channel_config(settings: Settings, seams: Seams) -> ChannelConfig:
+    """The channels' limits, whether they ask the node to authenticate, and where
+    they count what they route: the node's metrics."""
     limits = settings.limits
     return ChannelConfig(
-        received=received or InboundCounts(),
+        received=seams.metrics.received,
         receive_maximum=limits.receive_maximum,
         strict_receive_maximum=limits.strict_receive_maximum,
         max_awaiting_rel=limits.max_awaiting_rel,
@@ -95,7 +95,7 @@ def channel_config(settings: Settings, authenticate: bool = False,
         max_keep_alive=limits.max_keep_alive_s,
         max_subscriptions=limits.max_subscriptions,
         max_inflight=limits.max_inflight,
-        authenticate=authenticate,
+        authenticate=seams.authenticates,
     )
 
 
@@ -104,8 +104,7 @@ def broker_for(settings: Settings, services: Services, loop: asyncio.AbstractEve
     """The broker `settings` ask for, on `services` (a node's; bench.pathcost's)."""
     return Broker(
         node_id=settings.node_id,
-        channel_config=channel_config(
-            settings, services.seams.authenticates, services.seams.metrics.received),
+        channel_config=channel_config(settings, services.seams),
         flow=flow(settings),
         max_connections=settings.limits.max_connections,
         queue_limit=settings.limits.queue_limit,

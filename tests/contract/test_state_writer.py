@@ -11,9 +11,10 @@ client came back meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 import redis.asyncio as aioredis
@@ -28,6 +29,7 @@ from services.state.redis import RedisStateStore
 from services.state.view import ClusterView
 from services.state.writer import StoreWriter, WriteThroughLog, script_args
 from tests.contract.test_cluster_view import ops_strategy, to_events
+from tests.support.wait import until
 
 PREFIX = "weir."
 
@@ -206,9 +208,12 @@ class HeldLog(MemoryEventLog):
         await super().append(event)
 
 
-async def test_the_store_is_written_while_the_log_acknowledges(redis_url: str) -> None:
-    """The two writes of an append run at once (a SUBACK waits for the slower,
-    not for both in turn); either failing fails the append."""
+@contextlib.asynccontextmanager
+async def held_append(
+    redis_url: str,
+) -> AsyncIterator[tuple[StoreWriter, HeldLog, WriteThroughLog, asyncio.Task[None]]]:
+    """An append of one event whose store write is done and whose log
+    acknowledgement waits for `HeldLog.gate`."""
     client = aioredis.Redis.from_url(redis_url)
     try:
         await client.flushdb()
@@ -217,13 +222,17 @@ async def test_the_store_is_written_while_the_log_acknowledges(redis_url: str) -
         log = WriteThroughLog(held, writer)
         event = Subscribed(client_id="c", version=1, node="n", ts_ms=1, filter="t/1", qos=1)
         append = asyncio.create_task(log.append(event))
+        await until(lambda: writer.written == 1, "the store's write", interval=0)
+        yield writer, held, log, append
+    finally:
+        await client.aclose()
 
-        async def stored() -> None:
-            while writer.written == 0:
-                await asyncio.sleep(0)
 
-        await asyncio.wait_for(stored(), 5.0)  # before the log answered
-        assert not append.done() and log.appended == 0
+async def test_the_store_is_written_while_the_log_acknowledges(redis_url: str) -> None:
+    """The two writes of an append run at once (a SUBACK waits for the slower,
+    not for both in turn); either failing fails the append."""
+    async with held_append(redis_url) as (writer, held, log, append):
+        assert not append.done() and log.appended == 0  # stored before the log answered
         held.gate.set()
         await append
         assert log.appended == 1
@@ -232,8 +241,6 @@ async def test_the_store_is_written_while_the_log_acknowledges(redis_url: str) -
         with pytest.raises(EventLogUnavailable):
             await log.append(later)
         assert log.appended == 1 and writer.written == 2
-    finally:
-        await client.aclose()
 
 
 async def test_a_cancelled_wait_for_the_offsets_leaves_the_appends_in_flight_whole(
@@ -242,15 +249,7 @@ async def test_a_cancelled_wait_for_the_offsets_leaves_the_appends_in_flight_who
     """At a stop the log cut's task is cancelled while `record_offsets` waits for
     the appends in flight: they must still end as they would (a session end
     logged and stored), not fail on an outcome already set (InvalidStateError)."""
-    client = aioredis.Redis.from_url(redis_url)
-    try:
-        await client.flushdb()
-        writer = StoreWriter(client, PREFIX)
-        held = HeldLog()
-        log = WriteThroughLog(held, writer)
-        event = Subscribed(client_id="c", version=1, node="n", ts_ms=1, filter="t/1", qos=1)
-        append = asyncio.create_task(log.append(event))
-        await asyncio.wait_for(_until(lambda: writer.written == 1), 5.0)
+    async with held_append(redis_url) as (_, held, log, append):
         offsets = asyncio.create_task(log.record_offsets())
         await asyncio.sleep(0)  # it waits for the append now
         offsets.cancel()
@@ -259,13 +258,6 @@ async def test_a_cancelled_wait_for_the_offsets_leaves_the_appends_in_flight_who
         held.gate.set()
         await asyncio.wait_for(append, 5.0)  # raised InvalidStateError before the fix
         assert log.appended == 1
-    finally:
-        await client.aclose()
-
-
-async def _until(done: Callable[[], bool]) -> None:
-    while not done():
-        await asyncio.sleep(0)
 
 
 ODD_FILTERS = ('a/"b"/#', "c\\/d", 'e,"f":"g', "h\\", "ü/ñ/+", "{x}", "a/#")

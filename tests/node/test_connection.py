@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from services.broker.broker import Broker
+from services.broker.seams import Seams
 from services.broker.timers import TimerWheel
 from services.config import Settings, load
 from services.config.settings import SHARED_STRATEGIES
@@ -130,9 +131,10 @@ async def harness() -> AsyncIterator[Harness]:
 async def make_harness(s: Settings, cluster: Any = None) -> Harness:
     loop = asyncio.get_running_loop()
     services = build_services(s)
+    seams = Seams()
     broker = Broker(
         node_id=s.node_id,
-        channel_config=channel_config(s),
+        channel_config=channel_config(s, seams),
         flow=flow(s),
         max_connections=s.limits.max_connections,
         queue_limit=s.limits.queue_limit,
@@ -145,6 +147,7 @@ async def make_harness(s: Settings, cluster: Any = None) -> Harness:
         events=services.events,
         shared_strategy=s.shared_subscription_strategy,
         shared_local=s.shared_local,
+        seams=seams,
     )
     return Harness(broker, loop)
 

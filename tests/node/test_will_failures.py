@@ -79,10 +79,11 @@ async def harness_with(
 ) -> tuple[Harness, Services]:
     s = settings()
     services = build_services(s)
+    seams = seams if seams is not None else Seams()
     loop = asyncio.get_running_loop()
     broker = Broker(
         node_id=s.node_id,
-        channel_config=channel_config(s),
+        channel_config=channel_config(s, seams),
         flow=flow(s),
         max_connections=s.limits.max_connections,
         queue_limit=s.limits.queue_limit,

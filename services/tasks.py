@@ -1,5 +1,6 @@
 """Ending a background task without swallowing our own cancellation; running
-a step over many items, a bounded number at once (`each`).
+a step over many items, a bounded number at once (`each`); coroutines that
+come in bursts run a bounded number at once (`Bounded`).
 
 Theory of operation. A part that stops cancels the task it started and waits
 for it to end. That task ends with CancelledError, which is not ours to pass
@@ -15,7 +16,7 @@ forever. `cancel_and_wait` re-raises when the waiter was cancelled.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -59,3 +60,27 @@ async def each(items: Iterable[T], step: Callable[[T], Awaitable[bool]], width: 
     if failed:
         raise failed[0]
     return done
+
+
+class Bounded:
+    """Runs coroutines, at most `width` at once; the rest wait their turn in
+    the order they came. For work that comes in bursts, such as the session
+    ends of 19,000 clients that leave together: as tasks all at once, each
+    took a step in every turn of the loop, so one turn took seconds, and
+    everything else waited behind it (timers, the answer to the node's
+    heartbeat, which then lapsed and fenced the node)."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self._slots = asyncio.Semaphore(width)
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            await self._slots.acquire()
+        except BaseException:  # cancelled while waiting: `coro` never ran
+            coro.close()
+            raise
+        try:
+            return await coro
+        finally:
+            self._slots.release()

@@ -42,12 +42,14 @@ from services.mqtt.actions import OpenSession
 from services.mqtt.packets import ReasonCode, Will
 from services.queue.api import Inflight, QueueStore
 from services.session.api import Claim, Fenced, SessionError, SessionStore, StoreUnavailable
+from services.tasks import Bounded
 
 log = logging.getLogger("weir.cm")
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry meaning "never"
 FENCED = "this node is fenced: its cluster heartbeat is not being stored"
 ENDING_WAIT_S = 5.0  # a reconnect waits this long at most for its previous connection's end
+ENDS_AT_ONCE = 256  # session ends of lost connections under way at once (`tasks.Bounded`)
 
 
 class Refused(Exception):
@@ -105,6 +107,7 @@ class ConnectionManager:
         self._resend: dict[ConnectionPort, list[Inflight]] = {}  # newest last: pop() is next
         self._resending: set[ConnectionPort] = set()
         self._ending: dict[str, asyncio.Task[Any]] = {}  # client -> its session's end_session
+        self.ends = Bounded(ENDS_AT_ONCE)  # the others wait their turn
         self.fenced = False  # the cluster fenced this node (`fence`): no session opens
 
     def mark_dirty(self, conn: ConnectionPort) -> None:
@@ -208,9 +211,8 @@ class ConnectionManager:
         except SessionError as exc:
             raise Refused("session claim failed for %s: %s", exc) from None
 
-    async def _log_opened(
-        self, conn: ConnectionPort, action: OpenSession, claim: Claim, fresh: bool
-    ) -> None:
+    async def _log_opened(self, conn: ConnectionPort, action: OpenSession, claim: Claim,
+                          fresh: bool) -> None:  # fmt: skip
         """SessionOpened, in the log before the CONNACK; if it cannot be, the
         claim is let go again."""
         client_id = action.client_id
@@ -286,10 +288,8 @@ class ConnectionManager:
 
         return undo
 
-    def _connack(
-        self, conn: ConnectionPort, client_id: str, present: bool, incoming: set[int]
-    ) -> None:
-        conn.carry_out(conn.channel.session_opened(present, incoming))
+    def _connack(self, conn: ConnectionPort, client_id: str, present: bool, ids: set[int]) -> None:
+        conn.carry_out(conn.channel.session_opened(present, ids))  # ids: incoming QoS 2
         if present:
             opened = "session.resumed"
             self.seams.metrics.sessions_resumed += 1
@@ -372,8 +372,8 @@ class ConnectionManager:
             self.wills.ended(client_id, token, min(will_delay_s, expiry_s))
 
     def _end(self, session: Session, end: Coroutine[Any, Any, None]) -> None:
-        """Run a session's end; a reconnect of its client waits for it."""
-        ending = self.spawn(end)
+        """Run a session's end in its turn; a reconnect of its client waits for it."""
+        ending = self.spawn(self.ends.run(end))
         self._ending[session.client_id] = ending
         ending.add_done_callback(functools.partial(self._ended, session.client_id))
 
@@ -435,9 +435,8 @@ class ConnectionManager:
 
     async def _redistribute_shared(self, session: Session) -> None:
         """A leaving clean member's unacknowledged shared copies go to other members."""
-        await hand_over_left(
-            self.dispatch.shared, self.queue, session.client_id, session.epoch, self.seams.metrics
-        )
+        shared, metrics = self.dispatch.shared, self.seams.metrics
+        await hand_over_left(shared, self.queue, session.client_id, session.epoch, metrics)
 
     def acked(self, conn: ConnectionPort, packet_id: int) -> None:
         session = conn.session

@@ -73,13 +73,14 @@ from services.broker.ports import ConnectionPort
 from services.config import Limits
 from services.hooks.api import Hooks
 from services.hooks.plugins import Plugins
-from services.logs import client_fields
+from services.logs import Gate, client_fields
 from services.metrics.registry import Metrics
 from services.mqtt.actions import Authenticate, AuthExchange
 from services.mqtt.packets import Message, ReasonCode
 
 log = logging.getLogger("weir.auth")
 clients_log = logging.getLogger("weir.clients")  # a client's comings and goings (info)
+CONNECTED, DISCONNECTED = Gate(), Gate()  # their lines: one per window each
 
 
 def about(client: ClientInfo | None, client_id: str | None = None) -> dict[str, Any]:
@@ -233,8 +234,9 @@ class Seams:
         """Before the session opens: the authorizer reads what it needs for this
         client, and a ban new to this node may disconnect it from now on."""
         client = conn.client
-        if client is not None:
-            clients_log.info("client %s connected", client.client_id, extra=about(client))
+        if client is not None and clients_log.isEnabledFor(logging.INFO) and CONNECTED.due():
+            clients_log.info("client %s connected%s", client.client_id, CONNECTED.held(),
+                             extra=about(client))  # fmt: skip
         if self.kicks is not None and client is not None and not conn.closed:
             self.kicks.watch(conn)
         if self.acl is None or client is None:
@@ -249,7 +251,9 @@ class Seams:
     def disconnected(self, conn: ConnectionPort) -> None:
         if conn.client is not None:
             client = conn.client
-            clients_log.info("client %s disconnected", client.client_id, extra=about(client))
+            if clients_log.isEnabledFor(logging.INFO) and DISCONNECTED.due():
+                clients_log.info("client %s disconnected%s", client.client_id,
+                                 DISCONNECTED.held(), extra=about(client))  # fmt: skip
             # Its identity is kept for its will; a connection that stored none
             # leaves nothing to publish later (a will of an earlier connection
             # was sent or cancelled when this one opened its session). Kept,

@@ -17,6 +17,10 @@ next line let through says how many were suppressed. A flood of one
 failure (a plugin raising per message, a client retrying a refused
 CONNECT) costs one line per window, not one per event. A line logged with
 `extra={"unlimited": True}` (the API's audit trail) is never held back.
+A line on a path every client takes (connected, disconnected) asks its
+`Gate` first: the same rule, decided before the record is made, since
+making it (the caller's frame, the fields) costs 14-30 us, and 19,000
+clients leaving at once paid that in one turn of the loop.
 """
 
 from __future__ import annotations
@@ -85,6 +89,31 @@ class Readable(logging.Formatter):
         if not fields:
             return text
         return text + " [" + " ".join(f"{k}={v}" for k, v in fields.items()) + "]"
+
+
+class Gate:
+    """One hot line's `RateLimit`, asked before the line is made: `due()` once
+    per `window_s` (and counts the others), `held()` the note of how many
+    were held back since, for the line's end."""
+
+    __slots__ = ("_held", "_until", "window_s")
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._until = 0.0
+        self._held = 0
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._until:
+            self._held += 1
+            return False
+        self._until = now + self.window_s
+        return True
+
+    def held(self) -> str:
+        held, self._held = self._held, 0
+        return f" ({held} like it suppressed)" if held else ""
 
 
 class RateLimit(logging.Filter):

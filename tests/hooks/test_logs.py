@@ -71,6 +71,16 @@ def test_the_same_line_is_rate_limited(restore_root: None) -> None:
         "hook failed 5 (4 like it suppressed)")
 
 
+def test_a_gated_line_is_made_once_per_window_and_tells_what_it_held_back() -> None:
+    gate = logs.Gate()
+    made = [f"line {i}{gate.held()}" for i in range(5) if gate.due()]
+    assert made == ["line 0"]  # the others were not made at all
+    gate.window_s = 0.0
+    gate._until = 0.0  # the window passed
+    assert gate.due() and gate.held() == " (4 like it suppressed)"
+    assert gate.due() and gate.held() == ""
+
+
 def test_the_level_changes_at_run_time(restore_root: None) -> None:
     out = io.StringIO()
     logs.setup("warning", stream=out)

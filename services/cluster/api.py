@@ -80,6 +80,12 @@ class Membership(Protocol):
         """Refresh the record written by `join` (re-creating it if it lapsed)."""
         ...
 
+    def beat_blocking(self) -> None:
+        """`beat` from a thread of its own (the node's heartbeat thread,
+        `services.cluster.beats`): blocking, on a connection of its own;
+        MembershipUnavailable if it could not be stored."""
+        ...
+
     async def leave(self) -> None:
         """Remove the record now: peers see the death on their next poll."""
         ...

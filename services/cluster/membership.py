@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import cast
 
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
@@ -34,6 +35,7 @@ from services.cluster.api import (
     MembershipChange,
     MembershipUnavailable,
 )
+from services.config.redisurl import connect_sync
 from services.store.redis import connect, is_cluster
 
 log = logging.getLogger("weir.cluster")
@@ -100,6 +102,9 @@ class MemoryMembership(_Base):
         await self.beat()
 
     async def beat(self) -> None:
+        self.beat_blocking()
+
+    def beat_blocking(self) -> None:
         if self.member is not None:
             self._hub.records[self.member.node_id] = (self.member, self._hub.clock() + self.ttl_s)
 
@@ -116,16 +121,19 @@ class MemoryMembership(_Base):
 
 class RedisMembership(_Base):
     def __init__(
-        self, client: aioredis.Redis, ttl_s: float = DEFAULT_TTL_S, prefix: str = KEY_PREFIX
-    ) -> None:
+        self, client: aioredis.Redis, ttl_s: float = DEFAULT_TTL_S, prefix: str = KEY_PREFIX,
+        url: str | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(ttl_s)
         self._client = client
         self._prefix = prefix
         self._cluster = is_cluster(client)
+        self._url = url  # for beat_blocking's client: None, no heartbeat thread
+        self._blocking: redis.Redis | None = None  # made in the heartbeat thread
 
     @classmethod
     def from_url(cls, url: str, ttl_s: float = DEFAULT_TTL_S) -> RedisMembership:
-        return cls(connect(url, CALL_TIMEOUT_S), ttl_s)
+        return cls(connect(url, CALL_TIMEOUT_S), ttl_s, url=url)
 
     def _key(self) -> str:
         assert self.member is not None, "join first"
@@ -143,6 +151,19 @@ class RedisMembership(_Base):
             async with asyncio.timeout(CALL_TIMEOUT_S):
                 await self._client.set(self._key(), self.member.address.encode(), px=ttl_ms)
         except (RedisError, OSError, TimeoutError) as exc:
+            raise MembershipUnavailable(f"heartbeat failed: {exc!r}") from exc
+
+    def beat_blocking(self) -> None:
+        if self.member is None:
+            return
+        if self._url is None:
+            raise MembershipUnavailable("heartbeat failed: a membership made without a URL")
+        ttl_ms = max(1, int(self.ttl_s * 1000))
+        try:
+            if self._blocking is None:
+                self._blocking = connect_sync(self._url, CALL_TIMEOUT_S)
+            self._blocking.set(self._key(), self.member.address.encode(), px=ttl_ms)
+        except (RedisError, OSError) as exc:
             raise MembershipUnavailable(f"heartbeat failed: {exc!r}") from exc
 
     async def leave(self) -> None:
@@ -176,6 +197,9 @@ class RedisMembership(_Base):
 
     async def close(self) -> None:
         await self._client.aclose()
+        if self._blocking is not None:  # the heartbeat thread has stopped (the router's stop)
+            self._blocking.close()
+            self._blocking = None
 
 
 def _text(raw: bytes | str) -> str:

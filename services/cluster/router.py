@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
@@ -37,6 +38,7 @@ from services.cluster.api import (
     MembershipChange,
     MembershipUnavailable,
 )
+from services.cluster.beats import Heartbeat
 from services.cluster.frames import LinkHandler, forward_frame_serialized
 from services.cluster.links import DEFAULT_BUFFER_LIMIT, Links, PeerStats
 from services.mqtt.packets import Message
@@ -142,10 +144,8 @@ class ClusterRouter(LinkHandler):
         self._notify: dict[str, dict[str, None]] = {}
         self._notify_scheduled = False
         self._watch: asyncio.Task[None] | None = None
-        self._beats: asyncio.Task[None] | None = None
+        self.heartbeat = Heartbeat(node_id, membership, self.beat_every_s, self._fenced)
         self._changed = asyncio.Event()  # set and replaced on every membership change
-        self.fenced = False  # the last heartbeat that went through is too old (see _beat)
-        self._fence_at: asyncio.TimerHandle | None = None
 
     @property
     def address(self) -> str:
@@ -155,27 +155,19 @@ class ClusterRouter(LinkHandler):
         """Listen, join the membership, dial the live peers, then keep watching."""
         self.local = local
         await self.links.start()
-        sent = asyncio.get_running_loop().time()
+        sent = time.monotonic()
         await self.membership.join(Member(self.node_id, self.links.address))
-        self._beat_went_through(sent)
+        self.heartbeat.start(sent)  # beats from a thread (a slow poll cannot hold them back)
         await self._apply(await self.membership.poll())
-        loop = asyncio.get_running_loop()
-        self._beats = loop.create_task(self._run_beats(sent))
-        self._watch = loop.create_task(self._run_watch())
+        self._watch = asyncio.get_running_loop().create_task(self._run_watch())
 
-    async def _run_beats(self, last: float) -> None:
-        """A beat every `beat_every_s`, in a task of its own: a poll that is slow
-        (a SCAN behind a busy Redis) or fails cannot hold the next beat back."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(max(0.0, last + self.beat_every_s - loop.time()))
-            last = loop.time()
-            try:
-                await self.membership.beat()
-            except MembershipUnavailable as exc:
-                log.warning("membership: %s", exc)
-                continue
-            self._beat_went_through(last)
+    @property
+    def fenced(self) -> bool:
+        """No heartbeat stored for half the cluster TTL (`beats.Heartbeat`)."""
+        return self.heartbeat.fenced
+
+    def _fenced(self, fenced: bool) -> None:
+        self.local.fenced(fenced)
 
     async def _run_watch(self) -> None:
         loop = asyncio.get_running_loop()
@@ -192,33 +184,6 @@ class ClusterRouter(LinkHandler):
             if change:
                 await self._apply(change)
             await self._expire_held(loop.time())
-
-    def _beat_went_through(self, sent: float) -> None:
-        """A heartbeat sent at loop time `sent` was stored. Self-fencing: our
-        record lives until at least sent + ttl (Redis set it no earlier than we
-        sent it), and no peer acts on our death before it lapses; so if no
-        later beat goes through by sent + ttl / 2, we fence ourselves, with
-        half the TTL to spare for a late timer and clock drift
-        (docs/architecture.md 5)."""
-        loop = asyncio.get_running_loop()
-        if self._fence_at is not None:
-            self._fence_at.cancel()
-        self._fence_at = loop.call_at(sent + self.membership.ttl_s / 2, self._fence)
-        if self.fenced:
-            self.fenced = False
-            log.warning("heartbeat stored again: node %s takes clients again", self.node_id)
-            self.local.fenced(False)
-
-    def _fence(self) -> None:
-        self._fence_at = None
-        if not self.fenced:
-            self.fenced = True
-            log.error(
-                "no heartbeat stored for %.1f s (half the cluster TTL): node %s fences "
-                "itself (clients disconnected 0x9C, CONNECTs refused 0x88) until one is",
-                self.membership.ttl_s / 2, self.node_id,
-            )  # fmt: skip
-            self.local.fenced(True)
 
     def _drained(self, node_id: str) -> None:
         self.local.peer_drained(node_id)
@@ -332,12 +297,9 @@ class ClusterRouter(LinkHandler):
 
     async def stop(self) -> None:
         """Leave (peers see it on their next poll), then close the links."""
-        for task in (self._watch, self._beats):
-            await cancel_and_wait(task)
-        self._watch = self._beats = None
-        if self._fence_at is not None:
-            self._fence_at.cancel()
-            self._fence_at = None
+        await cancel_and_wait(self._watch)
+        self._watch = None
+        await self.heartbeat.stop()
         if self._notify:
             self._flush_notify()
         with contextlib.suppress(MembershipUnavailable):

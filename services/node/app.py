@@ -244,9 +244,10 @@ async def open_backends(
             RedisQueueStore(client, limits.queue_limit, full=limits.queue_full, replicas=wait),
             tiers,
         )
-        # The heartbeat has a connection of its own: behind the stores' calls in
+        # Membership has connections of its own: behind the stores' calls in
         # their pool (64 at most, then callers wait) a busy node's beat could
-        # miss its half TTL and fence the node (router._beat_went_through).
+        # miss its half TTL and fence the node; its beats go from a thread on
+        # one more (services.cluster.beats).
         membership = RedisMembership.from_url(redis_url, settings.cluster_ttl_s)
         closers.append(membership.close)
         services = Services(

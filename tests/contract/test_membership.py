@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.cluster.api import Member, Membership, MembershipChange
+from services.cluster.api import Member, Membership, MembershipChange, MembershipUnavailable
 from services.cluster.membership import (
     MemoryMembership,
     MemoryMembershipHub,
@@ -134,6 +134,28 @@ async def test_beat_recreates_a_lapsed_record(world: World) -> None:
     assert "b" not in await a.live_nodes()
     await b.beat()
     assert (await a.live_nodes())["b"] == Member("b", "127.0.0.1:7002")
+
+
+async def test_a_blocking_beat_from_another_thread_recreates_a_lapsed_record(world: World) -> None:
+    a, b = world.member(), world.member(SHORT_TTL_S)
+    await a.join(Member("a", "127.0.0.1:7001"))
+    await b.join(Member("b", "127.0.0.1:7002"))
+    await world.lapse(SHORT_TTL_S)
+    assert "b" not in await a.live_nodes()
+    await asyncio.to_thread(b.beat_blocking)  # as the heartbeat thread calls it
+    assert (await a.live_nodes())["b"] == Member("b", "127.0.0.1:7002")
+
+
+async def test_a_blocking_beat_needs_the_url_to_connect_with(redis_url: str) -> None:
+    made = RedisMembership.from_url(redis_url)
+    bare = RedisMembership(made._client)  # as `weir verify` makes one: to list nodes only
+    try:
+        await bare.join(Member("x", "127.0.0.1:7001"))
+        with pytest.raises(MembershipUnavailable, match="without a URL"):
+            bare.beat_blocking()
+        await bare.leave()
+    finally:
+        await made.close()
 
 
 def test_roster_diff_is_pure() -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
@@ -14,6 +17,8 @@ from services.mqtt.packets import Message
 from tests.support.wait import until
 
 POLL_S = 0.02
+HELD_TTL_S = 0.6
+BARRIER_S = 10.0  # a bound on a held beat: it fails, never passes, by time
 
 
 class Local:
@@ -175,3 +180,73 @@ async def test_a_slow_poll_does_not_hold_the_heartbeat_back() -> None:
     finally:
         membership.slow = False
         await router.stop()
+
+
+class HeldBeats(MemoryMembership):
+    """Beats that wait, once `held` is set, until `release` is (Redis not
+    answering, or the whole process frozen); `stored` counts those stored."""
+
+    def __init__(self, hub: MemoryMembershipHub, ttl_s: float) -> None:
+        super().__init__(hub, ttl_s)
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self.stored = 0
+
+    def beat_blocking(self) -> None:
+        if self.held.is_set():
+            self.release.wait(BARRIER_S)
+        super().beat_blocking()
+        self.stored += 1
+
+
+async def after_overdue_timers() -> None:
+    """A barrier: the loop's timers already due (a fence check among them)
+    run before a timer due now."""
+    await asyncio.sleep(1e-6)
+
+
+@contextlib.asynccontextmanager
+async def held_beats(node_id: str) -> AsyncIterator[tuple[HeldBeats, ClusterRouter, Fences]]:
+    """A router on HeldBeats, TTL 0.6 s (fenced 0.3 s after its last stored beat)."""
+    membership = HeldBeats(MemoryMembershipHub(), HELD_TTL_S)
+    router = ClusterRouter(node_id, membership, poll_interval_s=POLL_S)
+    local = Fences()
+    await router.start(local)
+    try:
+        yield membership, router, local
+    finally:
+        await router.stop()
+
+
+async def test_a_held_up_loop_is_not_fenced_while_its_beats_are_stored() -> None:
+    """The loop held up past the fence bound (19,000 clients leaving at once
+    and their garbage collections did that for seconds) while Redis stores
+    every beat: the node is not fenced. (Beats were a task on the loop: none
+    was sent while it was held up, and the node fenced itself, disconnecting
+    every client.)"""
+    async with held_beats("busy") as (membership, router, local):
+        before = membership.stored
+        time.sleep(2 * HELD_TTL_S)  # the loop held up: four fence bounds
+        assert membership.stored > before  # the beats went on meanwhile
+        await after_overdue_timers()
+        assert local.fences == [] and not router.fenced
+
+
+async def test_a_beat_stored_only_after_a_gap_fences_the_node_first() -> None:
+    """Loop and beats held up together past the fence bound (the process
+    frozen, SIGSTOP), and a beat stored before the loop runs again: survivors
+    may have taken over meanwhile, so the node fences (every client
+    disconnected) before it takes clients again."""
+    async with held_beats("frozen") as (membership, router, local):
+        membership.held.set()
+        time.sleep(2 * HELD_TTL_S)  # frozen: the loop held up, and the beats
+        stored = membership.stored
+        membership.held.clear()
+        membership.release.set()
+        deadline = time.monotonic() + BARRIER_S
+        while membership.stored == stored:  # a beat stored, the loop still held up
+            assert time.monotonic() < deadline, "no beat stored"
+            time.sleep(0.001)
+        await after_overdue_timers()
+        await until(lambda: local.fences == [True, False], "fenced, then clients taken again")
+        assert not router.fenced

@@ -261,7 +261,7 @@ class RedisBans(BanTable):
             try:
                 await self._load()
             except Exception as exc:
-                log.warning("bans not read from Redis: %s", exc)
+                log.warning("bans not read from Redis: %r", exc)  # TimeoutError's text is empty
 
     async def _follow(self) -> None:
         while True:
@@ -273,7 +273,7 @@ class RedisBans(BanTable):
                     if message.get("type") == "message":
                         self._apply(message["data"])
             except Exception as exc:
-                log.warning("ban channel lost (%s); polling every %.0f s", exc, self.poll_s)
+                log.warning("ban channel lost (%r); polling every %.0f s", exc, self.poll_s)
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()

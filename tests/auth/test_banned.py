@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from services.auth.banned import Ban, BanError, MemoryBans, checked, peer_host
+from services.auth import banned
+from services.auth.banned import Ban, BanError, MemoryBans, RedisBans, checked, peer_host
 from services.auth.cli import parse_until
 from services.auth.limits import ClientRates
 from services.config import SettingsError
 from services.mqtt.packets import Pingreq, Publish
+from tests.support.wait import until
 
 
 def test_a_ban_matches_its_kind_only_while_active() -> None:
@@ -113,3 +115,27 @@ def test_limits_from_the_config_file(tmp_path: Path) -> None:
     bad.write_text('[limits]\nmax_conn_rate = "often"\n')
     with pytest.raises(SettingsError, match=r"limits\.max_conn_rate"):
         load({"config": str(bad)}, env={})
+
+
+class Unanswering:
+    """A Redis that takes calls and never answers (frozen, or cut off)."""
+
+    async def hgetall(self, key: str) -> dict[bytes, bytes]:
+        await asyncio.Event().wait()
+        return {}
+
+
+async def test_a_poll_that_gets_no_answer_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The line named nothing ("bans not read from Redis: "): a TimeoutError's
+    text is empty."""
+    monkeypatch.setattr(banned, "CALL_S", 0.01)
+    bans = RedisBans(Unanswering(), poll_s=0.0)
+    poll = asyncio.create_task(bans._poll())
+    try:
+        await until(lambda: "bans not read" in caplog.text, "the warning")
+    finally:
+        poll.cancel()
+    line = next(r.getMessage() for r in caplog.records if "bans not read" in r.getMessage())
+    assert line == "bans not read from Redis: TimeoutError()"

@@ -124,6 +124,7 @@ class Appender:
         self._timeouts = 0
         self._down = False  # the last append timed out and none was acknowledged since
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop that polls (`start`'s)
+        self._polling = 0  # the slow polls' round: one per producer made or loop adopted
         self._fast_poll: asyncio.TimerHandle | None = None  # the next poll while appends wait
         self._deadlines: list[tuple[float, int, asyncio.Future[None]]] = []  # a heap, by loop time
         self._appended = 0  # appends made: the heap's tie-break
@@ -164,16 +165,20 @@ class Appender:
         """Poll on `loop` from now on (a producer made, or used from another loop)."""
         self._loop = loop
         self._fast_poll = None
+        self._polling += 1
         if self._producer is not None:
-            loop.call_soon(self._poll_slow, self._producer, loop)
+            loop.call_soon(self._poll_slow, self._polling)
 
-    def _poll_slow(self, producer: Producer, loop: asyncio.AbstractEventLoop) -> None:
-        """Every POLL_INTERVAL_S until `producer` is retired (or another loop
-        polls): its errors, statistics and logs, and any report left."""
-        if self._producer is not producer or self._loop is not loop:
+    def _poll_slow(self, polling: int) -> None:
+        """Every POLL_INTERVAL_S while `polling` is the current round (a new
+        producer or loop starts another): the producer's errors, statistics
+        and logs, and any report left. The timer holds no producer: a closed
+        one must go (its sockets with it) though a timer is still pending."""
+        producer = self._producer
+        if polling != self._polling or producer is None or self._loop is None:
             return
         self._serve(producer)
-        loop.call_later(POLL_INTERVAL_S, self._poll_slow, producer, loop)
+        self._loop.call_later(POLL_INTERVAL_S, self._poll_slow, polling)
 
     def _poll_fast(self) -> None:
         """Every FAST_POLL_S while appends wait (an append starts it): their

@@ -163,8 +163,9 @@ class Appender:
 
     def _adopt(self, loop: asyncio.AbstractEventLoop) -> None:
         """Poll on `loop` from now on (a producer made, or used from another loop)."""
+        if loop is not self._loop:  # a fast poll pending on the old loop is not ours
+            self._fast_poll = None
         self._loop = loop
-        self._fast_poll = None
         self._polling += 1
         if self._producer is not None:
             loop.call_soon(self._poll_slow, self._polling)

@@ -288,8 +288,9 @@ class ConnectionManager:
 
         return undo
 
-    def _connack(self, conn: ConnectionPort, client_id: str, present: bool, ids: set[int]) -> None:
-        conn.carry_out(conn.channel.session_opened(present, ids))  # ids: incoming QoS 2
+    def _connack(self, conn: ConnectionPort, client_id: str, present: bool,
+                 incoming: set[int]) -> None:  # fmt: skip
+        conn.carry_out(conn.channel.session_opened(present, incoming))
         if present:
             opened = "session.resumed"
             self.seams.metrics.sessions_resumed += 1

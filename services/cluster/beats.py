@@ -127,7 +127,7 @@ class Heartbeat:
         if fenced:
             log.error(
                 "%s %.1f s (half the cluster TTL): node %s fences itself (clients "
-                "disconnected 0x9C, CONNECTs refused 0x88) until one is stored",
+                "disconnected 0x9C, CONNECTs refused 0x88) until a beat is stored in time",
                 why, self.bound_s, self.node_id,
             )  # fmt: skip
         else:

@@ -143,13 +143,16 @@ class RedisMembership(_Base):
         self.member = member
         await self.beat()
 
+    @property
+    def _ttl_ms(self) -> int:
+        return max(1, int(self.ttl_s * 1000))
+
     async def beat(self) -> None:
         if self.member is None:
             return
-        ttl_ms = max(1, int(self.ttl_s * 1000))
         try:
             async with asyncio.timeout(CALL_TIMEOUT_S):
-                await self._client.set(self._key(), self.member.address.encode(), px=ttl_ms)
+                await self._client.set(self._key(), self.member.address.encode(), px=self._ttl_ms)
         except (RedisError, OSError, TimeoutError) as exc:
             raise MembershipUnavailable(f"heartbeat failed: {exc!r}") from exc
 
@@ -158,11 +161,10 @@ class RedisMembership(_Base):
             return
         if self._url is None:
             raise MembershipUnavailable("heartbeat failed: a membership made without a URL")
-        ttl_ms = max(1, int(self.ttl_s * 1000))
         try:
             if self._blocking is None:
                 self._blocking = connect_sync(self._url, CALL_TIMEOUT_S)
-            self._blocking.set(self._key(), self.member.address.encode(), px=ttl_ms)
+            self._blocking.set(self._key(), self.member.address.encode(), px=self._ttl_ms)
         except (RedisError, OSError) as exc:
             raise MembershipUnavailable(f"heartbeat failed: {exc!r}") from exc
 

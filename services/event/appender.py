@@ -287,11 +287,9 @@ class Appender:
 
     async def _renew(self) -> None:
         """Retire a failed producer and make a new one, one append at a time:
-        appends that found the same failure wait for the first one's rebuild.
-        (Two rebuilding at once made a new producer while the old one's poller
-        was being stopped; they shared one stop flag, which the new producer
-        cleared, so that poller never stopped and the append joining it hung:
-        its event was never logged.)"""
+        appends that found the same failure wait for the first one's rebuild
+        (two rebuilding at once made two producers, and an append could wait
+        on the one retired: its event was never logged)."""
         async with self._renewing:
             if self._producer_failed:
                 await asyncio.to_thread(self._purge, self._detach())

@@ -1,13 +1,15 @@
 """Two appends that both find the producer failed rebuild it once, and neither hangs.
 
 After REBUILD_AFTER_TIMEOUTS timeouts (a node cut off from Kafka) the next
-append retires the producer (in a thread: stop its poller, purge) and makes
-a new one. Two appends arriving together (a session's end retried every
-second, a SUBSCRIBE) both saw the failure: the second found no producer,
-made a new one at once and cleared the stop flag the first one's thread had
-just set, so the old poller never stopped and the first append waited for
-it for good. Its event (in the partition suite: a session's end) was then
-never logged, and the node's view and the log disagreed after the heal.
+append retires the producer (purged in a thread) and makes a new one. Two
+appends arriving together (a session's end retried every second, a
+SUBSCRIBE) both saw the failure: when each poll thread had a stop flag, the
+second found no producer, made a new one at once and cleared the stop flag
+the first one's thread had just set, so the old poller never stopped and
+the first append waited for it for good. Its event (in the partition suite:
+a session's end) was then never logged, and the node's view and the log
+disagreed after the heal. (The loop polls now; the test still holds two
+rebuilds at once to one.)
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ from confluent_kafka import admin as _admin
 from services.bridge.api import OUT, BridgeStats, all_true
 from services.bridge.health import KafkaHealth
 from services.bridge.tally import Counted, Report, Turn
-from services.bridge.templates import Fields, envelope, message_template
+from services.bridge.templates import Fields, envelope, message_template, render_headers
 from services.config.bridges import KafkaOut, Mode
 from services.mqtt.packets import Message
 from services.mqtt.topics import matches
@@ -90,6 +90,13 @@ class KafkaBridge:
         self.key = message_template(config.key) if config.key else None
         self.value = message_template(config.value) if config.value is not None else None
         self.headers = tuple((name, message_template(text)) for name, text in config.headers)
+        # Bound once: the per-record path reads no config.
+        self._topic = config.topic
+        self._limit = config.buffer_bytes
+        self._key_of = self.key.renderer if self.key is not None else None
+        self._value_of = self.value.renderer if self.value is not None else envelope
+        self._with_headers = bool(self.headers) or config.user_properties
+        self._room = config.buffer_bytes  # async: bytes that surely still fit (`_room_now`)
         self.records = self.bytes = self.failures = self.dropped = 0
         self.buffered_records = self.buffered_bytes = 0
         self.latency_us_total = self.latency_us_max = 0
@@ -207,6 +214,7 @@ class KafkaBridge:
             return
         self._serve(producer)
         if not self.sync:
+            self._room = self._limit - self._held()[1]
             acknowledged = self._counted.acknowledged(len(producer))
             if acknowledged > self._acknowledged:
                 self._acknowledged = acknowledged
@@ -282,27 +290,42 @@ class KafkaBridge:
         """Queue one record; a future (sync mode) resolved by Kafka's report."""
         if self._failed:
             self._rebuild()
-        producer = self._producer
-        key = self.key.render(fields) if self.key is not None else None
-        value = self.value.render(fields) if self.value is not None else envelope(fields)
+        key_of = self._key_of
+        key = key_of(fields) if key_of is not None else None
+        value = self._value_of(fields)
         size = len(value) + (len(key) if key is not None else 0)
-        held = self.buffered_bytes if self.sync else self._held()[1]
-        full = held + size > self.config.buffer_bytes
-        if full and not self.sync and producer is not None:
-            # librdkafka's count (`len`) includes its events not yet served (logs, errors,
-            # stats): serve them, then count again (CI once dropped a record that fit)
-            self._serve(producer)
-            full = self._held()[1] + size > self.config.buffer_bytes
-        if producer is None or self._failed or full:
+        headers = None
+        if self._with_headers:
+            headers = render_headers(self.headers, self.config.user_properties, fields)
+        if self.sync:
+            return self._produce_sync(value, key, headers, size)
+        # async: the room at librdkafka's last count less what was produced since
+        # (records only leave meanwhile); it counts again only when that is "full".
+        producer = self._producer
+        room = self._room - size
+        if room < 0:
+            room = self._room_now() - size
+        if producer is None or self._failed or room < 0:
             return self._drop()
-        headers: list[tuple[str, str | bytes | None]] | None = None
-        if self.headers:
-            headers = [(name, t.render(fields)) for name, t in self.headers]
-        if self.config.user_properties and (pairs := fields.message.properties.user_property):
-            headers = (headers or []) + [(k, v.encode()) for k, v in pairs]
-        if not self.sync:
-            self._produce_async(producer, value, key, headers, size)
-            return None
+        try:  # one callback for every record: called for failed ones only; positional (`_produce`)
+            if headers is None:
+                producer.produce(self._topic, value, key, -1, self._on_async_report)
+            else:
+                _produce(producer, self._topic, value, key, self._on_async_report, headers)
+        except (BufferError, KafkaException):
+            return self._drop()
+        self._room = room
+        counted = self._counted
+        counted.produced += 1
+        counted.produced_bytes += size
+        return None
+
+    def _produce_sync(self, value: bytes, key: bytes | None,
+                      headers: list[tuple[str, str | bytes | None]] | None,
+                      size: int) -> asyncio.Future[bool] | None:  # fmt: skip
+        producer = self._producer
+        if producer is None or self._failed or self.buffered_bytes + size > self._limit:
+            return self._drop()
         turn = self._this_turn()
         started = time.monotonic_ns()
 
@@ -310,7 +333,7 @@ class KafkaBridge:
             self._reports.append((turn, size, started, err))
 
         try:
-            _produce(producer, self.config.topic, value, key, delivered, headers)
+            _produce(producer, self._topic, value, key, delivered, headers)
         except (BufferError, KafkaException):
             return self._drop()
         self.buffered_records += 1
@@ -320,16 +343,13 @@ class KafkaBridge:
             self._sync_poll = self.loop.call_later(SYNC_POLL_S, self._poll_sync)
         return turn.future
 
-    def _produce_async(self, producer: Producer, value: bytes, key: bytes | None,
-                       headers: list[tuple[str, str | bytes | None]] | None,
-                       size: int) -> None:  # fmt: skip
-        try:  # one callback for every record: called for failed ones only
-            _produce(producer, self.config.topic, value, key, self._on_async_report, headers)
-        except (BufferError, KafkaException):
-            self._drop()
-            return
-        self._counted.produced += 1
-        self._counted.produced_bytes += size
+    def _room_now(self) -> int:
+        """async: the buffer's room by librdkafka's count, its events served
+        first (its count includes them: CI once dropped a record that fit)."""
+        if self._producer is not None:
+            self._serve(self._producer)
+        self._room = self._limit - self._held()[1]
+        return self._room
 
     def _held(self) -> tuple[int, int]:
         """async: the records the producers hold (a purged one's too) and their bytes."""
@@ -468,6 +488,9 @@ class KafkaBridges:
         if not matched:
             return False
         fields = Fields(message, username, time.time_ns() // 1_000_000)
+        if len(matched) == 1:  # the common case: no list
+            waited = matched[0].produce(fields)
+            return True if waited is None else waited
         waits = [f for b in matched if (f := b.produce(fields)) is not None]
         if not waits:
             return True

@@ -129,6 +129,16 @@ class Template(Generic[T]):
             return part if isinstance(part, bytes) else part(item)
         return b"".join(p if isinstance(p, bytes) else p(item) for p in parts)
 
+    @property
+    def renderer(self) -> Callable[[T], bytes]:
+        """`render`, or for a template that is exactly one variable that
+        variable's own function (a call less per message: the default key,
+        `${clientid}`, is one)."""
+        parts = self._parts
+        if len(parts) == 1 and not isinstance(parts[0], bytes):
+            return parts[0]
+        return self.render
+
 
 def message_template(text: str) -> Template[Fields]:
     """A kafka_out template, over a message (`Fields`)."""
@@ -138,6 +148,19 @@ def message_template(text: str) -> Template[Fields]:
 def record_template(text: str) -> Template[Record]:
     """A kafka_in template, over a Kafka record (`Record`)."""
     return Template(text, _RECORD_VARIABLES, HEADER, _header)
+
+
+def render_headers(
+    templates: tuple[tuple[str, Template[Fields]], ...], user_properties: bool, fields: Fields
+) -> list[tuple[str, str | bytes | None]] | None:
+    """A kafka_out record's headers: the table's (name, template) pairs, then
+    the message's user properties if the table passes them on."""
+    headers: list[tuple[str, str | bytes | None]] | None = None
+    if templates:
+        headers = [(name, t.render(fields)) for name, t in templates]
+    if user_properties and (pairs := fields.message.properties.user_property):
+        headers = (headers or []) + [(k, v.encode()) for k, v in pairs]
+    return headers
 
 
 def envelope(fields: Fields) -> bytes:

@@ -10,6 +10,9 @@ import threading
 from collections import deque
 from typing import Any
 
+import pytest
+
+from services.bridge import kafka
 from services.bridge.kafka import KafkaBridge
 from services.bridge.templates import Fields
 from services.config.bridges import KafkaOut, Mode
@@ -89,6 +92,35 @@ def test_failed_records_are_reported_and_counted() -> None:
             await bridge.close()
 
     asyncio.run(run())
+
+
+def test_the_buffer_bound_counts_again_before_it_drops(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An async record is checked against what the bridge produced since
+    librdkafka's last count, and that count is taken again before a record is
+    dropped: records Kafka took meanwhile make room. (The periodic poll, which
+    also counts, is held off here, so only the count before a drop can.)"""
+    monkeypatch.setattr(kafka, "POLL_INTERVAL_S", 3600.0)
+    topic, size = kafka_topic(), 8 * 1024
+    table = KafkaOut(name="room", filter="a/#", topic=topic, mode=Mode.ASYNC,
+                     value="${payload}", buffer_bytes=64 * 1024, partitions=1)  # fmt: skip
+
+    async def run() -> None:
+        bridge = KafkaBridge(table, kafka_bootstrap, asyncio.get_running_loop())
+        await bridge.start()
+        try:
+            for n in range(3):  # 7 records of 8 KiB + key fit in 64 KiB, the 8th does not
+                for _ in range(8):
+                    bridge.produce(Fields(Message("a/1", bytes(size), 1, sender="c"), None, 0))
+                s = bridge.stats()
+                assert (s.dropped, s.buffered_records) == (n + 1, 7)
+                await settled(bridge, "the records in Kafka")
+        finally:
+            await bridge.close()
+
+    asyncio.run(run())
+    assert len(read_topic(kafka_bootstrap, topic)) == 21
 
 
 def test_ctl_shows_no_mean_latency_for_an_async_bridge() -> None:

@@ -38,6 +38,7 @@ FIELDS = Fields(MESSAGE, "alice", 1_700_000_000_123)
 def test_a_template_renders_its_variables(text: str, rendered: bytes) -> None:
     assert check_template(text) == text
     assert message_template(text).render(FIELDS) == rendered
+    assert message_template(text).renderer(FIELDS) == rendered  # what a bridge calls
 
 
 def test_a_payload_template_hands_the_payload_on_as_it_is() -> None:

@@ -95,7 +95,7 @@ class KafkaBridge:
         self._limit = config.buffer_bytes
         self._key_of = self.key.renderer if self.key is not None else None
         self._value_of = self.value.renderer if self.value is not None else envelope
-        self._with_headers = bool(self.headers) or config.user_properties
+        self._user_properties = config.user_properties  # as headers
         self._room = config.buffer_bytes  # async: bytes that surely still fit (`_room_now`)
         self.records = self.bytes = self.failures = self.dropped = 0
         self.buffered_records = self.buffered_bytes = 0
@@ -295,8 +295,8 @@ class KafkaBridge:
         value = self._value_of(fields)
         size = len(value) + (len(key) if key is not None else 0)
         headers = None
-        if self._with_headers:
-            headers = render_headers(self.headers, self.config.user_properties, fields)
+        if self.headers or (self._user_properties and fields.message.properties.user_property):
+            headers = render_headers(self.headers, self._user_properties, fields)
         if self.sync:
             return self._produce_sync(value, key, headers, size)
         # async: the room at librdkafka's last count less what was produced since

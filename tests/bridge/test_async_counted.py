@@ -16,7 +16,7 @@ from services.bridge import kafka
 from services.bridge.kafka import KafkaBridge
 from services.bridge.templates import Fields
 from services.config.bridges import KafkaOut, Mode
-from services.mqtt.packets import Message
+from services.mqtt.packets import Message, Properties
 from tests.bridge.kafka import read_topic
 from tests.bridge.test_kafka_out import kafka_topic
 from tests.support.wait import until
@@ -121,6 +121,35 @@ def test_the_buffer_bound_counts_again_before_it_drops(
 
     asyncio.run(run())
     assert len(read_topic(kafka_bootstrap, topic)) == 21
+
+
+@pytest.mark.parametrize("passed_on", [True, False])
+def test_user_properties_are_headers_without_header_templates(
+    kafka_bootstrap: str, passed_on: bool
+) -> None:
+    """A table with no `headers` still passes a message's user properties on
+    as headers (unless `user_properties = false`); a message without any
+    makes a record without headers."""
+    topic = kafka_topic()
+    table = KafkaOut(name="props", filter="a/#", topic=topic, mode=Mode.ASYNC,
+                     value="${payload}", partitions=1, user_properties=passed_on)  # fmt: skip
+    with_props = Properties(user_property=(("site", "lyon"), ("dev", "d-1")))
+
+    async def run() -> None:
+        bridge = KafkaBridge(table, kafka_bootstrap, asyncio.get_running_loop())
+        await bridge.start()
+        try:
+            bridge.produce(Fields(Message("a/1", b"p", 1, properties=with_props, sender="c"),
+                                  None, 0))  # fmt: skip
+            bridge.produce(Fields(Message("a/1", b"none", 1, sender="c"), None, 0))
+            await settled(bridge, "the records in Kafka")
+        finally:
+            await bridge.close()
+
+    asyncio.run(run())
+    records = read_topic(kafka_bootstrap, topic)
+    expected = (("site", b"lyon"), ("dev", b"d-1")) if passed_on else ()
+    assert [(r.value, r.headers) for r in records] == [(b"p", expected), (b"none", ())]
 
 
 def test_ctl_shows_no_mean_latency_for_an_async_bridge() -> None:

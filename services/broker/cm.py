@@ -12,10 +12,9 @@ When a connection ends (`connection_ended`) its session is released with its
 expiry (0: discarded now) and SessionClosed logged; an expiring offline
 session ends on a timer (`ports.Expiries`) and its expiry is logged exactly
 once (`expiry`). A session that cannot open is refused in one place
-(`Refused`: one log line, 0x88).
-Wills are stored with the session and published once cluster-wide
-(`wills`): at once or after their delay, unless the session resumes
-first. Every flush of output happens once per loop turn (`mark_dirty`).
+(`Refused`: one log line, 0x88). Wills are stored with the session and published
+once cluster-wide (`wills`): at once or after their delay, unless the session
+resumes first. Output is flushed once per loop turn (`mark_dirty`).
 """
 
 from __future__ import annotations
@@ -141,7 +140,8 @@ class ConnectionManager:
         """Wait until every connection is gone; False if the timeout passed first."""
         if not self.connections:
             return True
-        self._no_connections = asyncio.Event()
+        if self._no_connections is None or self._no_connections.is_set():
+            self._no_connections = asyncio.Event()  # every wait until it is set shares it
         try:
             await asyncio.wait_for(self._no_connections.wait(), timeout_s)
         except TimeoutError:

@@ -61,3 +61,23 @@ def test_sessions_of_clients_that_leave_together_end_a_bounded_number_at_once() 
         assert seen["most"] == WIDTH, seen
     finally:
         runner.stop()
+
+
+def test_every_waiter_for_no_connections_sees_the_last_one_go() -> None:
+    """Two waits at once (a node's stop and an operator's drain, say) both
+    end when the last connection goes. Before, the second wait's Event
+    replaced the first's, which then ran into its timeout and said False."""
+    runner = NodeRunner(node_settings()).start()
+    try:
+        loop, cm = runner.loop, runner.node.broker.cm
+        assert loop is not None
+        raw = Raw(runner.mqtt_port)
+        assert raw.connect("last-one").reason_code == 0
+        waits = [asyncio.run_coroutine_threadsafe(cm.wait_no_connections(30.0), loop)
+                 for _ in range(2)]  # fmt: skip
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(10)  # both waiting
+        assert not any(w.done() for w in waits)
+        raw.close()
+        assert [w.result(20) for w in waits] == [True, True]
+    finally:
+        runner.stop()

@@ -1,41 +1,37 @@
 """MQTT to Kafka: one producer per `[[bridge.kafka_out]]` table.
 
-Theory of operation. `KafkaBridges.publish` finds the bridges whose filter
-matches a message's topic (remembered per topic) and each renders its key,
-value and headers (`templates`) and produces the record with
-confluent-kafka: `acks=all`, idempotent (a retried batch neither repeats
-nor reorders records), `partitioner=murmur2_random` (a key lands where a
-Java client puts it: by default the client id, so one device's records
-stay in one partition, in order), the table's compression and linger
-(batching). `produce` only queues. The event loop polls each producer
-(no thread): sync, every SYNC_POLL_S while records wait for their reports,
-which settle the counters and futures of that poll at once; async, every
-POLL_INTERVAL_S, asking for failed records' reports only
-(`delivery.report.only.error`), its figures counted (`Counted`). A thread
-that polled took the GIL from the loop once per report (confluent-kafka's
-trampoline takes it per record, even for a report it then drops): that held
-async to 30-38k PUBACK/s where it now makes 43-50k, and sync to 26-27k
+Theory of operation. `KafkaBridges.publish` finds the bridges whose filter matches a
+message's topic (remembered per topic) and each renders its key, value and headers
+(`templates`) and produces the record with confluent-kafka: `acks=all`, idempotent
+(a retried batch neither repeats nor reorders records), `partitioner=murmur2_random`
+(a key lands where a Java client puts it: by default the client id, so one device's
+records stay in one partition, in order), the table's compression and linger
+(batching). `produce` only queues. The event loop polls each producer (no thread):
+sync, every SYNC_POLL_S while records wait for their reports, which settle the
+counters and futures of that poll at once; async, every POLL_INTERVAL_S, asking for
+failed records' reports only (`delivery.report.only.error`), its figures counted
+(`Counted`). A thread that polled took the GIL from the loop once per report
+(confluent-kafka's trampoline takes it per record, even for a report it then drops):
+that held async to 30-38k PUBACK/s where it now makes 43-50k, and sync to 26-27k
 (docs/bridges.md, "Cost").
 
-Modes. sync: `publish` returns a future resolved by Kafka's reports; the
-broker holds the publisher's PUBACK / PUBREC on it. The records a bridge
-produces in one loop turn share that future (`Turn`): True once Kafka
-acknowledged all of them, False if it refused any. async: nothing to wait
-for; the record is acknowledged to the publisher at once and is only in
-this process's memory until Kafka's report (`buffered_*`): that is the
-loss window of async mode (a SIGKILL loses it; a Kafka outage longer than
-`timeout_s` fails its records, counted in `failures`).
+Modes. sync: `publish` returns a future resolved by Kafka's reports; the broker
+holds the publisher's PUBACK / PUBREC on it. The records a bridge produces in one
+loop turn share that future (`Turn`): True once Kafka acknowledged all of them,
+False if it refused any. async: nothing to wait for; the record is acknowledged to
+the publisher at once and is only in this process's memory until Kafka's report
+(`buffered_*`): that is the loss window of async mode (a SIGKILL loses it; a Kafka
+outage longer than `timeout_s` fails its records, counted in `failures`).
 
-Bounds. Records produced and not yet reported are at most `buffer_bytes`
-(key + value; async: the records librdkafka holds times their mean size,
-and librdkafka's own bound of twice that in values holds exactly); past it
-an async record is dropped and a sync one refused,
-both counted in `dropped` and logged at most every DROP_LOG_EVERY_S. A
-record Kafka has not acknowledged within `timeout_s` fails (librdkafka's
-`message.timeout.ms`). A fatal producer error, or a record refused as from a
-fenced producer (after a timeout the idempotent producer bumps its epoch,
-which Tansu does not follow), fails what the producer holds and the bridge
-builds a new one; records produced meanwhile are refused (`dropped`).
+Bounds. Records produced and not yet reported are at most `buffer_bytes` (key +
+value; async: the records librdkafka holds times their mean size, and librdkafka's
+own bound of twice that in values holds exactly); past it an async record is dropped
+and a sync one refused, both counted in `dropped` and logged at most every
+DROP_LOG_EVERY_S. A record Kafka has not acknowledged within `timeout_s` fails
+(librdkafka's `message.timeout.ms`). A fatal producer error, or a record refused as
+from a fenced producer (after a timeout the idempotent producer bumps its epoch,
+which Tansu does not follow), fails what the producer holds and the bridge builds a
+new one; records produced meanwhile are refused (`dropped`).
 """
 
 from __future__ import annotations
@@ -103,6 +99,7 @@ class KafkaBridge:
         self._dropped_logged = self._failed_logged = -DROP_LOG_EVERY_S
         self.health = KafkaHealth()
         self._producer: Producer | None = None
+        self._polling = 0  # the slow poll's round: one per producer (`_poll_slow`)
         self._sync_poll: asyncio.TimerHandle | None = None  # sync: the next fast poll
         self._reports: deque[Report] = deque()  # appended by a poll's callbacks, taken after it
         self._counted = Counted()  # async mode's figures
@@ -170,7 +167,8 @@ class KafkaBridge:
             # async: a report for failed records only; successes are counted (`Counted`)
             "delivery.report.only.error": not self.sync,
         })  # fmt: skip
-        self.loop.call_soon(self._poll_slow, producer)
+        self._polling += 1
+        self.loop.call_soon(self._poll_slow, self._polling)
         return producer
 
     async def close(self) -> None:
@@ -207,10 +205,12 @@ class KafkaBridge:
             log.error("bridge %s: producer failed: %s", self.name, err)
             self._failed = True
 
-    def _poll_slow(self, producer: Producer) -> None:
-        """Every POLL_INTERVAL_S until `producer` is replaced: its errors, stats
-        and logs; async, its failed records' reports and acknowledged count."""
-        if self._producer is not producer or self._closed:
+    def _poll_slow(self, polling: int) -> None:
+        """Every POLL_INTERVAL_S while `polling` is the producer's round: its errors,
+        stats and logs; async, failed records' reports and the acknowledged count. The
+        timer holds no producer: a closed one goes at once, not when the timer fires."""
+        producer = self._producer
+        if polling != self._polling or producer is None or self._closed:
             return
         self._serve(producer)
         if not self.sync:
@@ -219,7 +219,7 @@ class KafkaBridge:
             if acknowledged > self._acknowledged:
                 self._acknowledged = acknowledged
                 self.health.ok()  # what a success report says in sync mode
-        self.loop.call_later(POLL_INTERVAL_S, self._poll_slow, producer)
+        self.loop.call_later(POLL_INTERVAL_S, self._poll_slow, polling)
 
     def _serve(self, producer: Producer) -> None:
         """librdkafka's events now (async: its count of what it holds includes them)."""

@@ -18,9 +18,7 @@ import json
 import time
 import uuid
 
-import uvloop
-
-from services.embedded.kafka import EmbeddedKafka
+from bench.onkafka import on_kafka
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.event.schema import SessionClosed
 
@@ -74,11 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.appends < 1 or args.rounds < 1:
         parser.error("--appends and --rounds must be at least 1")
-    if args.bootstrap:
-        lines = uvloop.run(run(args.bootstrap, args.appends, args.rounds))
-    else:
-        with EmbeddedKafka().start() as kafka:
-            lines = uvloop.run(run(kafka.bootstrap, args.appends, args.rounds))
+    lines = on_kafka(args.bootstrap, lambda bootstrap: run(bootstrap, args.appends, args.rounds))
     for line in lines:
         print(json.dumps(line), flush=True)
 

@@ -28,7 +28,9 @@ is refused by `add`, and a callback that returns an awaitable anyway is
 counted as failed and skipped. A synchronous callback cannot be
 interrupted; a chain of them that takes longer than `SLOW_S` is logged
 (naming its callbacks) and counted: timed once per chain, not per callback,
-since two clock reads per callback would cost more than a no-op callback.
+since two clock reads per callback would cost more than a no-op callback,
+on a clock that stands still while Python collects garbage
+(`services.clock.busy`: a collection that falls inside a chain is not its time).
 Failures are logged rate-limited (`services.logs.RateLimit` on the
 handler) and counted in `stats()`.
 
@@ -53,8 +55,9 @@ import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from time import perf_counter
 from typing import Any, Final
+
+from services.clock import busy, watch_gc
 
 log = logging.getLogger("weir.hooks")
 
@@ -157,6 +160,7 @@ class Hooks:
             raise ValueError(f"hook {point} decides on the caller's path: {callback!r} must "
                              "not be a coroutine function")  # fmt: skip
         self._added += 1
+        watch_gc()  # a collection inside a chain is not the chain's time (`_timed`)
         entries = [*self._entries.get(point, ()), _Entry(priority, self._added, callback)]
         entries.sort(key=lambda e: (-e.priority, e.order))
         self._entries[point] = entries
@@ -225,7 +229,7 @@ class Hooks:
 
         make = _chain_maker(len(chain))
         walk: Callable[[Any, Any], Any] = make(
-            *chain, CONTINUE, answer, failed, timed, perf_counter, SAMPLE
+            *chain, CONTINUE, answer, failed, timed, busy, SAMPLE
         )
         return walk
 
@@ -246,7 +250,7 @@ class Hooks:
               notifies: bool) -> Any:  # fmt: skip
         """`run` and `fold` for any arguments, every call timed (the per-message
         points go through `_compile`'s closure instead)."""
-        began = perf_counter()
+        began = busy()
         for callback in chain:
             stop, value = self._step(point, callback, args, value, notifies)
             if stop:
@@ -285,7 +289,7 @@ class Hooks:
         return False, value
 
     def _timed(self, point: str, chain: tuple[Callback, ...], began: float) -> None:
-        took = perf_counter() - began
+        took = busy() - began
         if took > SLOW_S:
             self._slow(point, chain, took)
 
@@ -362,14 +366,14 @@ def _chain_maker(n: int) -> Callable[..., Callable[[Any, Any], Any]]:
     )
     callbacks = "".join(f"c{i}, " for i in range(n))
     source = f"""
-def make({callbacks}CONTINUE, answer, failed, timed, perf_counter, SAMPLE):
+def make({callbacks}CONTINUE, answer, failed, timed, clock, SAMPLE):
     calls = 1
     def walk(a, value):
         nonlocal calls
         calls -= 1
         if not calls:
             calls = SAMPLE
-            began = perf_counter()
+            began = clock()
             value = walk(a, value)
             timed(began)
             return value{steps}

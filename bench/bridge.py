@@ -1,6 +1,7 @@
 """QoS 1 through a Kafka bridge: throughput and PUBACK latency, per bridge mode.
 
     python -m bench.bridge [--seconds 5] [--publishers 4] [--window 32] [--payload 64]
+                           [--qos 1|0]
     python -m bench.bridge --modes in [--records 20000]
 
 For each mode (no bridge, async, sync) a fresh `weir up` (embedded Redis and
@@ -8,7 +9,10 @@ Kafka, a bridge table for `bench/#` unless "none") runs on a free port, and
 `publishers` raw MQTT 3.1.1 clients each keep `window` QoS 1 PUBLISHes
 unacknowledged for `seconds`. Reported: PUBACKs per second, the PUBACK
 latency (send to PUBACK, per message) p50 / p99, and the bridge's own
-figures read from Kafka afterwards (records in the topic).
+figures read from Kafka afterwards (records in the topic). `--qos 0`: each
+publisher sends `window` QoS 0 PUBLISHes and a PINGREQ, and the next
+`window` once the PINGRESP came (the node has taken the ones before);
+reported: messages per second and the PINGREQ round trip p50 / p99.
 
 Mode "in" (Kafka -> MQTT, not in the default modes): a `[[bridge.kafka_in]]`
 table publishes the records of a 4-partition topic to one raw QoS 1
@@ -44,14 +48,18 @@ JOIN_S = 60.0  # the first record's wait: topic metadata (10 s) and the group jo
 
 
 async def publisher(port: int, name: str, seconds: float, window: int, payload: bytes,
-                    latencies: list[float]) -> int:  # fmt: skip
-    """One client: `window` QoS 1 PUBLISHes out at a time; returns how many were acked."""
+                    latencies: list[float], qos: int = 1) -> int:  # fmt: skip
+    """One client: `window` QoS 1 PUBLISHes out at a time; returns how many were
+    acked (QoS 0: `qos0_publisher`'s, how many the node took)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(wire.connect(name))
     parser = wire.FrameParser()
     while not (frames := parser.feed(await reader.read(65536))):
         pass
     assert frames[0][1][1] == 0, f"CONNACK {frames[0][1]!r}"
+    if qos == 0:
+        return await qos0_publisher(reader, writer, parser, name, seconds, window, payload,
+                                    latencies)  # fmt: skip
     sent_at: dict[int, float] = {}
     seq = acked = 0
     end = time.perf_counter() + seconds
@@ -81,6 +89,35 @@ async def publisher(port: int, name: str, seconds: float, window: int, payload: 
     writer.write(wire.DISCONNECT_PACKET)
     writer.close()
     return acked
+
+
+async def qos0_publisher(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         parser: wire.FrameParser, name: str, seconds: float, window: int,
+                         payload: bytes, latencies: list[float]) -> int:  # fmt: skip
+    """`window` QoS 0 PUBLISHes and a PINGREQ, the next ones once its PINGRESP
+    came; the PINGREQ's round trip per batch in `latencies`."""
+    batch = b"".join(wire.publish(f"bench/{name}", payload, qos=0) for _ in range(window))
+    batch += wire.PINGREQ_PACKET
+    taken = 0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        sent = time.perf_counter()
+        writer.write(batch)
+        while not any(first >> 4 == wire.PINGRESP >> 4 for first, _ in parser.feed(
+                await _read(reader))):  # fmt: skip
+            pass
+        latencies.append(time.perf_counter() - sent)
+        taken += window
+    writer.write(wire.DISCONNECT_PACKET)
+    writer.close()
+    return taken
+
+
+async def _read(reader: asyncio.StreamReader) -> bytes:
+    data = await reader.read(65536)
+    if not data:
+        raise ConnectionError("the node closed the connection")
+    return data
 
 
 def start_node(
@@ -161,11 +198,13 @@ async def run_mode(mode: str, args: argparse.Namespace) -> str:
             payload = bytes(args.payload)
             before = cpu_seconds(node.pid)
             acked = await asyncio.gather(*(
-                publisher(port, f"p{i}", args.seconds, args.window, payload, latencies)
+                publisher(port, f"p{i}", args.seconds, args.window, payload, latencies,
+                          args.qos)
                 for i in range(args.publishers)))  # fmt: skip
             cpu = {k: v - before.get(k, 0.0) for k, v in cpu_seconds(node.pid).items()}
             total = sum(acked)
-            line = (f"{mode:>5}: {total / args.seconds:8.0f} PUBACK/s, latency p50 "
+            unit = "PUBACK/s, latency" if args.qos else "QoS 0 msg/s, PINGREQ round trip"
+            line = (f"{mode:>5}: {total / args.seconds:8.0f} {unit} p50 "
                     f"{percentile(latencies, 0.5) * 1000:6.2f} ms, p99 "
                     f"{percentile(latencies, 0.99) * 1000:6.2f} ms; CPU s "
                     + " ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items())))  # fmt: skip
@@ -255,6 +294,8 @@ def main() -> None:
     parser.add_argument("--publishers", type=int, default=4)
     parser.add_argument("--window", type=int, default=32, help="QoS 1 in flight per publisher")
     parser.add_argument("--payload", type=int, default=64, help="bytes per message")
+    parser.add_argument("--qos", type=int, choices=[0, 1], default=1,
+                        help="0: QoS 0 batches of --window, each closed by a PINGREQ")  # fmt: skip
     parser.add_argument("--modes", default=",".join(MODES), help="none, async, sync, in")
     parser.add_argument("--linger-ms", type=int, help="the bridge's linger_ms (default: its own)")
     parser.add_argument("--records", type=int, default=20_000, help="records of mode in")

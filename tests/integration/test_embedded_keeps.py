@@ -29,7 +29,6 @@ from typing import Any
 import pytest
 
 from services.embedded import endpoints
-from services.embedded.redis_server import free_port
 from tests.integration.conftest import Paho
 from tests.support.childenv import weir_env
 from tests.support.supervised import alive, descendants
@@ -67,6 +66,10 @@ class Up:
         )
         assert self.proc.poll() is None, self.text()
         self.ready_s = time.monotonic() - started
+        if port == 0:  # the port it bound (a port picked before could be taken meanwhile)
+            bound = re.search(r"ready, mqtt on [^ ,]+:(\d+)", self.text())
+            assert bound, self.text()
+            self.port = int(bound[1])
         found = re.search(r"redis (redis://\S+),", self.text())
         assert found, self.text()
         self.redis_url = found[1]
@@ -196,7 +199,7 @@ def second_run(up: Up, will: bool = True) -> None:
 @pytest.mark.parametrize("how", ["sigkill", "sigint"])
 def test_the_embedded_default_keeps_everything_across_a_restart(tmp_path: Path, how: str) -> None:
     data = tmp_path / "data"
-    up = Up(data, free_port())
+    up = Up(data, 0)
     try:
         first_run(up)
         if how == "sigkill":
@@ -218,7 +221,7 @@ def test_the_embedded_default_keeps_everything_across_a_restart(tmp_path: Path, 
         assert none.returncode == code, none.stderr
         assert none.stderr.startswith(f"{prog}: no weir up is running on data dir {data} ")
         assert len(none.stderr.strip().splitlines()) == 1, none.stderr
-    again = Up(data, free_port())
+    again = Up(data, 0)
     try:
         second_run(again)
     finally:
@@ -305,7 +308,7 @@ def test_a_crash_between_the_reseeds_appends_and_its_end_leaves_a_startable_node
     `weir up`), takes the lapsed claim over, re-seeds and has everything.
     Before the lease, the claim held for 300 s and that start failed."""
     data = tmp_path / "data"
-    up = Up(data, free_port())
+    up = Up(data, 0)
     try:
         first_run(up)
         up.interrupt()
@@ -314,8 +317,8 @@ def test_a_crash_between_the_reseeds_appends_and_its_end_leaves_a_startable_node
     crasher = tmp_path / "crash_mid_reseed.py"
     crasher.write_text(CRASH_MID_RESEED)
     with pytest.raises(AssertionError, match="crashing after the re-seed's appends"):
-        Up(data, free_port(), program=(str(crasher),))  # exits 86 before its ready line
-    again = Up(data, free_port(), "--node-id", "n2", ready=("weir: node n2 ready",))
+        Up(data, 0, program=(str(crasher),))  # exits 86 before its ready line
+    again = Up(data, 0, "--node-id", "n2", ready=("weir: node n2 ready",))
     try:
         assert again.ready_s < 30.0, again.ready_s  # the lease lapses within 10 s
         # Not the will: the sessions of node n1's run are not n2's to end (a

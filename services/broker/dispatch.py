@@ -164,10 +164,7 @@ class Dispatch:
             self.spawn(self._publish_qos2(conn, conn.session, route))
             return
         since = self.delivery.batched
-        egress = seams.egress  # `_bridge`, inline: a call less per message
-        bridged: asyncio.Future[bool] | bool = False
-        if egress is not None:
-            bridged = egress.publish(message, conn.client.username if conn.client else None)
+        bridged = self._bridge(conn, message) if self.seams.egress is not None else False
         kafka = bridged if isinstance(bridged, asyncio.Future) else None
         if message.retain and route.token is not None:
             delivered = self.publish_message(message, store_retained=False)

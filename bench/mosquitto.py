@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.errors import BrokerUnavailable
+from services.ports import free_port
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 START_TIMEOUT_S = 10.0
@@ -32,13 +33,6 @@ log_dest none
 """
 """max_inflight_messages 1000 (default 20), max_queued_messages 1,000,000
 (default 1000), max_queued_bytes 0 (no limit), TCP_NODELAY on."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _accepting(port: int) -> bool:

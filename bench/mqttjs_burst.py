@@ -28,7 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.mosquitto import MOSQUITTO, _accepting, free_port
+from bench.mosquitto import MOSQUITTO, _accepting
+from services.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).with_suffix(".mjs")

@@ -42,10 +42,11 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from services.embedded.kafka import EmbeddedKafka, free_port
+from services.embedded.kafka import EmbeddedKafka
 from services.embedded.redis_server import RedisServer
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.event.schema import Event, SessionClosed, SessionOpened, Subscribed, encode
+from services.ports import free_port
 from services.session.redis import KEY_SUFFIXES, RedisSessionStore, client_keys, connect
 from services.state.view import ClusterView
 

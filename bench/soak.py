@@ -67,7 +67,7 @@ class EmbeddedConfig:
 
 
 def _free_port() -> int:
-    from services.embedded.redis_server import free_port
+    from services.ports import free_port
 
     return free_port()
 

@@ -56,9 +56,10 @@ from bench.replay import (
     produce,
     start_node,
 )
-from services.embedded.kafka import EmbeddedKafka, free_port
+from services.embedded.kafka import EmbeddedKafka
 from services.embedded.redis_server import RedisServer
 from services.event.schema import Event, RetainedSet, Subscribed, encode
+from services.ports import free_port
 from services.state.keys import state_keys
 
 JOB_TIMEOUT_S = 1800.0

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from services.embedded.process import child_options
+from services.ports import free_port
 
 START_TIMEOUT_S = 20.0  # Tansu answers in well under a second; 2 busy cores can slow it a lot
 STOP_GRACE_S = 1.0  # memory storage: nothing to save; it waits for open clients on SIGTERM
@@ -33,13 +33,6 @@ class EmbeddedKafkaError(RuntimeError):
     """The embedded broker could not start (not retriable as is)."""
 
     retriable = False
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def broker_binary() -> str:
@@ -193,4 +186,4 @@ _TANSU_ENV = frozenset(
     }
 )
 
-__all__ = ["EmbeddedKafka", "EmbeddedKafkaError", "broker_binary", "free_port"]
+__all__ = ["EmbeddedKafka", "EmbeddedKafkaError", "broker_binary"]

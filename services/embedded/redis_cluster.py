@@ -22,7 +22,8 @@ from pathlib import Path
 
 import redis
 
-from services.embedded.redis_server import RedisServer, RedisServerError, free_port
+from services.embedded.redis_server import RedisServer, RedisServerError
+from services.ports import free_port
 
 NODE_TIMEOUT_MS = 1000  # a dead primary is failed over about 2 timeouts later
 READY_TIMEOUT_S = 30.0  # create + gossip on a loaded 2-core machine

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.embedded.process import child_options
+from services.ports import free_port
 
 PROFILES = {
     "default": ("appendonly yes", "appendfsync everysec"),
@@ -35,12 +36,6 @@ STOP_TIMEOUT_S = 10.0
 
 class RedisServerError(RuntimeError):
     """redis-server is missing or did not start."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -49,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -67,6 +66,7 @@ from services.embedded import endpoints
 from services.embedded.process import child_options
 from services.machine.backends import BackendError, start_backends
 from services.machine.pidfiles import NodeFiles, nodes_dir
+from services.ports import free_port
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 MAX_PROCESSES = 64
@@ -83,13 +83,6 @@ NOT_CUT = (
     "tails it): it grows by about 1.2 KiB of the embedded Kafka's memory per event until "
     "weir up starts again"
 )
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def plan_error(settings: Settings, nodes: int | None, workers: int | None) -> str | None:

@@ -59,7 +59,7 @@ def test_the_weir_command_exits_2_on_bad_arguments() -> None:
 
 
 def test_unreachable_broker_exits_1_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.mosquitto import free_port
+    from services.ports import free_port
 
     assert main(["fan-in", "--port", str(free_port()), "--duration", "2"]) == 1
     err = capsys.readouterr().err

@@ -79,8 +79,9 @@ import redis.asyncio as aioredis
 from services.cluster.membership import KEY_PREFIX
 from services.embedded.kafka import EmbeddedKafka
 from services.embedded.redis_cluster import LocalRedisCluster
-from services.embedded.redis_server import RedisServer, free_port
+from services.embedded.redis_server import RedisServer
 from services.mqtt.packets import Connect, Publish
+from services.ports import free_port
 from services.session.redis import connect
 from tests.chaos.clients import (
     OfflineSubscriber,

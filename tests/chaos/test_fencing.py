@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from services.embedded.redis_server import free_port
 from services.mqtt.packets import (
     Connect,
     Message,
@@ -28,6 +27,7 @@ from services.mqtt.packets import (
     Subscribe,
     Subscription,
 )
+from services.ports import free_port
 from services.queue.redis import RedisQueueStore
 from services.session.api import Fenced
 from services.session.redis import RedisSessionStore

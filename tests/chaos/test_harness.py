@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.embedded.redis_server import free_port
+from services.ports import free_port
 from tests.chaos.clients import (
     OfflineSubscriber,
     Publisher,

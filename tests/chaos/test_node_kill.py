@@ -50,7 +50,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from services.embedded.kafka import EmbeddedKafka
-from services.embedded.redis_server import RedisServer, free_port
+from services.embedded.redis_server import RedisServer
+from services.ports import free_port
 from services.queue.redis import RedisQueueStore
 from services.session.redis import client_keys, connect
 from services.store.serial import loads

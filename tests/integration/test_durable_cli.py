@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from services.embedded.redis_server import free_port
+from services.ports import free_port
 from tests.support.childenv import weir_env
 
 START_S = 30.0

@@ -21,9 +21,9 @@ from typing import Any
 
 import redis
 
-from services.embedded.redis_server import free_port
 from services.event.kafka import KafkaEventLog, KafkaSettings
 from services.node.logcut import LogCutter
+from services.ports import free_port
 from services.state.view import ClusterView
 from services.state.writer import WriteThroughLog
 from tests.integration.conftest import Paho, node_settings

@@ -39,7 +39,7 @@ import redis
 from services.admin.verify import main as verify_main
 from services.broker.logstate import sub_options
 from services.config.redisurl import connect_sync
-from services.embedded.redis_server import free_port
+from services.ports import free_port
 from services.state.keys import state_keys
 from tests.integration.conftest import Paho
 from tests.support.backend_node import BackendNode, backend_settings, start_node

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from services.embedded.redis_server import free_port
+from services.ports import free_port
 from tests.integration.conftest import Paho
 from tests.support.childenv import weir_env
 from tests.support.supervised import alive, descendants

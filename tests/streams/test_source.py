@@ -22,8 +22,8 @@ import pytest
 from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from services.embedded.kafka import free_port
 from services.event.schema import SessionOpened, Subscribed, encode
+from services.ports import free_port
 from streams.events import RAW_COLUMNS, raw_schema
 from streams.kafka_client import fair_cap, from_json, to_json
 from streams.source import connector_available, connector_options, read_log

@@ -164,7 +164,7 @@ def test_redis_down_the_job_says_so_retries_from_its_checkpoint_and_catches_up(
 def test_kafka_unreachable_the_job_says_so_and_stops_on_sigterm(
     redis_url: str, tmp_path: Path
 ) -> None:
-    from services.embedded.kafka import free_port
+    from services.ports import free_port
 
     closed = f"127.0.0.1:{free_port()}"  # nothing listens there
     log = tmp_path / "job.log"

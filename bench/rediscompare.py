@@ -38,17 +38,12 @@ from typing import Any
 from services.embedded.kafka import EmbeddedKafka
 from services.embedded.redis_cluster import LocalRedisCluster
 from services.embedded.redis_server import RedisServer
+from services.ports import free_port
 
 SETUPS = ("one", "one-wait1", "cluster", "cluster-wait1")
 READY_TIMEOUT_S = 60.0
 DEFAULT_MESSAGES = 100_000
 DEFAULT_ROUNDS = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _log(text: str) -> None:
@@ -71,7 +66,7 @@ class Setup:
             if name.endswith("wait1"):
                 line = f"replicaof 127.0.0.1 {primary.port}"
                 self.services.append(RedisServer(data / name / "replica", extra=(line,)).start())
-        self.port = _free_port()
+        self.port = free_port()
         args = [weir, "up", "--host", "127.0.0.1", "--mqtt-port", str(self.port),
                 "--ws-port", "off", "--http-port", "0", "--node-id", name, "--data-dir",
                 str(data / name / "node"), "--redis", url, "--kafka", kafka]  # fmt: skip

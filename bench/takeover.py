@@ -38,7 +38,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ import redis.asyncio as aioredis
 
 from services.embedded.kafka import EmbeddedKafka
 from services.embedded.redis_server import RedisServer
+from services.ports import free_port
 from services.store.redis import connect
 
 DEFAULT_SESSIONS = 50_000
@@ -165,12 +165,6 @@ class WillCounter(asyncio.Protocol):
                 self.seen.setdefault(topic, now)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _log(text: str) -> None:
     print(f"takeover: {text}", file=sys.stderr, flush=True)
 
@@ -183,7 +177,7 @@ def _has_http_port(weir: str) -> bool:
 
 class Node:
     def __init__(self, weir: str, node_id: str, redis_url: str, kafka: str, data: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.log = data / f"{node_id}.log"
         args = [weir, "up", "--host", "127.0.0.1", "--mqtt-port", str(self.port),
                 "--ws-port", "off", "--node-id", node_id,

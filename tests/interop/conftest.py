@@ -22,19 +22,13 @@ import pytest
 
 pytest.register_assert_rewrite("tests.interop.scenarios")
 
+from services.ports import free_port  # noqa: E402
 from tests.interop.api import Broker  # noqa: E402
 from tests.listeners.conftest import make_pki  # noqa: E402
 from tests.support.backend_node import backend_settings, start_node  # noqa: E402
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 START_S = 10.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _weir(request: pytest.FixtureRequest, root: Path) -> Iterator[Broker]:
@@ -55,7 +49,7 @@ def _mosquitto(root: Path) -> Iterator[Broker]:
     if not os.access(MOSQUITTO, os.X_OK):
         pytest.skip(f"{MOSQUITTO} is not installed")
     pki = make_pki(root)
-    port, tls_port, ws_port = _free_port(), _free_port(), _free_port()
+    port, tls_port, ws_port = free_port(), free_port(), free_port()
     conf = root / "mosquitto.conf"
     conf.write_text(
         "allow_anonymous true\nuser root\n"  # run as root, it would drop to `mosquitto`

@@ -8,9 +8,14 @@ returns every whole free page wherever it lies. Measured on `weir up`
 (the embedded default), three waves of 19,000 clients that connect and
 leave: RSS 87 MiB before; after the waves 235, 245, 256 MiB without the
 trim, 223, 237, 253 MiB with it (the trims returned 28, 28 and 0.6 MiB).
-The rest is Python's own allocator, whose 1 MiB arenas go back only once
-empty, and what each departed client leaves in the node's view (its
-versions, `ClusterView` rule 4, up to 100,000 clients: about 15 MiB a wave).
+The rest is Python's own allocator (pymalloc), whose 1 MiB arenas go back
+only once empty: after one wave, 126 arenas held 39 MB of live blocks and
+69 MB of entirely free 16 KiB pools, each arena kept by a few objects made
+while the clients were there. With PYTHONMALLOC=malloc every object comes
+from glibc, and the trim returns each free 4 KiB page: 92 MiB before, 112,
+127, 126 MiB after the waves (once a departed client's versions no longer
+took an object of their own: services.state.ended), at a price in CPU per
+message (README, "Memory after departures").
 
 So `MemoryReturn` checks every CHECK_S whether at least AFTER_CLOSED
 connections ended since its last trim and none in the last CHECK_S (the

@@ -54,7 +54,10 @@ that so.
    Cleared retained topics are forgotten the same way, past the same
    bound: a topic that holds no retained message keeps only its version.
    Each forgotten client or topic goes to `on_forget` when set, so a store
-   that mirrors the view (the embedded default's) forgets it too.
+   that mirrors the view (the embedded default's) forgets it too. An ended
+   client whose only state is its versions is kept without an object of its
+   own (`services.state.ended`); an event about it, even a refused one,
+   counts as its newest end (it is forgotten after those that ended before).
 
 The directory entry of a client is what its newest session event says:
 online on `node` after SessionOpened; offline with its expiry after a
@@ -73,7 +76,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from services.event.schema import (
@@ -88,53 +90,10 @@ from services.event.schema import (
     Unsubscribed,
 )
 from services.state.clientsubs import ClientSubs, SubscriptionOptions
+from services.state.ended import EndedClients
+from services.state.entries import RetainedEntry, SessionEntry, ViewSnapshot
 
-
-@dataclass(frozen=True, slots=True)
-class SessionEntry:
-    node: str  # online: where the client is; offline: where it was last
-    online: bool
-    expiry_s: int  # 0: ends with the connection
-    version: int
-    epoch: int = 0  # of the last SessionOpened
-    clean_start: bool = False
-    protocol: int = 0
-    username: str | None = None
-    offline_since_ms: int | None = None
-
-    @property
-    def persistent(self) -> bool:
-        return self.expiry_s > 0
-
-    @property
-    def expires_at_ms(self) -> int | None:
-        if self.online or self.offline_since_ms is None:
-            return None
-        return self.offline_since_ms + self.expiry_s * 1000
-
-
-@dataclass(frozen=True, slots=True)
-class RetainedEntry:
-    topic: str
-    payload: bytes
-    qos: int
-    version: int
-    expires_at_ms: int | None = None
-    payload_format_indicator: int | None = None
-    content_type: str | None = None
-    response_topic: str | None = None
-    correlation_data: bytes | None = None
-    user_property: tuple[tuple[str, str], ...] = ()
-    sender: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ViewSnapshot:
-    """The visible state, as sorted tuples: compare two views with ==."""
-
-    sessions: tuple[tuple[str, SessionEntry], ...]
-    subscriptions: tuple[tuple[str, str, SubscriptionOptions], ...]
-    retained: tuple[tuple[str, RetainedEntry], ...]
+__all__ = ["ClusterView", "RetainedEntry", "SessionEntry", "ViewSnapshot", "ends_session"]
 
 
 SubscribeHook = Callable[[str, str, SubscriptionOptions], None]
@@ -182,7 +141,12 @@ class ClusterView:
         self._subs: dict[str, ClientSubs] = {}
         self._retained: dict[str, RetainedEntry] = {}
         self._retained_versions: dict[str, int] = {}
-        self._ended: OrderedDict[str, None] = OrderedDict()  # longest-ended first
+        # Rule 4's ended clients, longest-ended first by their end sequence number:
+        # those whose only state is their versions in `_gone` (no object each; see
+        # services.state.ended), the others here, each with its number.
+        self._gone = EndedClients()
+        self._ended: OrderedDict[str, int] = OrderedDict()
+        self._end_seq = 0
         self._cleared: OrderedDict[str, None] = OrderedDict()  # topics, longest-cleared first
         self.keep_ended: int | None = None  # see rule 4; None: forget nothing
         self.applied = 0
@@ -204,6 +168,26 @@ class ClusterView:
     def all_subscriptions(self) -> dict[str, dict[str, SubscriptionOptions]]:
         return {c: dict(s.live or {}) for c, s in self._subs.items() if s.live}
 
+    def version(self, client_id: str) -> int:
+        """The version of the client's newest session event held (0: none)."""
+        held = self._gone.get(client_id)
+        return held[0] if held is not None else self._session_versions.get(client_id, 0)
+
+    def floor(self, client_id: str) -> int:
+        """The client's subscription floor (rule 2; 0: none)."""
+        held = self._gone.get(client_id)
+        subs = self._subs.get(client_id)
+        return held[1] if held is not None else subs.floor if subs is not None else 0
+
+    def known_clients(self) -> list[str]:
+        """The clients whose versions the view holds (online, offline or ended)."""
+        return [*self._session_versions, *(c for c, _, _ in self._gone.clients())]
+
+    @property
+    def ended(self) -> int:
+        """Ended clients whose versions are kept (rule 4)."""
+        return len(self._ended) + self._gone.size
+
     def retained(self, topic: str) -> RetainedEntry | None:
         return self._retained.get(topic)
 
@@ -224,7 +208,12 @@ class ClusterView:
     def apply(self, event: Event) -> bool:
         """Fold one event in. True if it changed the view; False if it was
         stale (its version not above the one held) or a duplicate."""
+        client_id: str | None = getattr(event, "client_id", None)  # retained: a topic
+        if client_id is not None and self._gone.size:
+            self._back(client_id)
         changed = self._apply(event)
+        if client_id is not None and client_id in self._ended:
+            self._retire(client_id)
         if changed:
             self.applied += 1
         else:
@@ -297,9 +286,13 @@ class ClusterView:
     def load_floor(self, client_id: str, version: int) -> bool:
         """A session end at `version` (its event may be older than the
         client's newest session event, so `apply` cannot carry it)."""
+        if self._gone.size:
+            self._back(client_id)
         changed = self._clear_below(client_id, version)
-        if client_id not in self._sessions and client_id not in self._ended:
-            self._ended[client_id] = None  # ended, as far as the snapshot says
+        if client_id not in self._sessions:
+            if client_id not in self._ended:
+                self._end(client_id)  # ended, as far as the snapshot says
+            self._retire(client_id)
         self.applied += changed
         return changed
 
@@ -318,6 +311,8 @@ class ClusterView:
         subs = ClientSubs()
         batch: list[tuple[str, SubscriptionOptions]] = []
         for client_id, filter_, version, live, qos, nl, rap, rh, sid, _ts, _node in rows:
+            if self._gone.size and client_id != client:
+                self._back(client_id)  # its versions back in the dicts (an ended client's row)
             if client_id != client or not live:
                 if batch:  # hooks in row order: the batch before an unsubscribe
                     self._subscribed_many(client, batch)
@@ -403,11 +398,38 @@ class ClusterView:
             )
         else:
             self._sessions.pop(e.client_id, None)
-            self._ended[e.client_id] = None
-            self._ended.move_to_end(e.client_id)
-            if self.keep_ended is not None and len(self._ended) > self.keep_ended:
+            self._end(e.client_id)
+            if self.keep_ended is not None and self.ended > self.keep_ended:
                 self.forget_ended()
         return True
+
+    def _end(self, client_id: str) -> None:
+        """The client ended now (or shows a sign of life after its end)."""
+        self._end_seq += 1
+        self._ended[client_id] = self._end_seq
+        self._ended.move_to_end(client_id)
+
+    def _back(self, client_id: str) -> None:
+        """A client of `_gone` back in the dicts, before an event or row about it."""
+        held = self._gone.pop(client_id)
+        if held is not None:
+            version, floor = held
+            if version:
+                self._session_versions[client_id] = version
+            if floor:
+                self._subs[client_id] = ClientSubs(floor)
+            self._end(client_id)
+
+    def _retire(self, client_id: str) -> None:
+        """An ended client whose only state is its versions goes to `_gone`."""
+        subs = self._subs.get(client_id)
+        if client_id in self._sessions or (subs is not None and (subs.live or subs.gone)):
+            return
+        del self._ended[client_id]
+        self._subs.pop(client_id, None)
+        self._end_seq += 1  # above every number `_gone` holds: it stays in order
+        version = self._session_versions.pop(client_id, 0)
+        self._gone.add(client_id, version, subs.floor if subs is not None else 0, self._end_seq)
 
     def forget_ended(self) -> int:
         """Forget the longest-ended clients past `keep_ended` (rule 4): their
@@ -415,16 +437,21 @@ class ClusterView:
         and the longest-cleared retained topics past it, unless set again."""
         keep = self.keep_ended
         ended = self._ended
+        gone = self._gone
         forgotten = 0
-        while keep is not None and len(ended) > keep:
-            client_id, _ = ended.popitem(last=False)
-            if client_id in self._sessions:
-                continue
-            subs = self._subs.get(client_id)
-            if subs is not None and subs.live:
-                continue
-            self._subs.pop(client_id, None)
-            version = self._session_versions.pop(client_id, 0)
+        while keep is not None and len(ended) + gone.size > keep:
+            oldest = gone.oldest_seq()
+            if oldest is not None and (not ended or oldest < next(iter(ended.values()))):
+                client_id, version = gone.pop_oldest()
+            else:
+                client_id, _ = ended.popitem(last=False)
+                if client_id in self._sessions:
+                    continue
+                subs = self._subs.get(client_id)
+                if subs is not None and subs.live:
+                    continue
+                self._subs.pop(client_id, None)
+                version = self._session_versions.pop(client_id, 0)
             forgotten += 1
             if self.on_forget is not None:
                 self.on_forget("client", client_id, version)

@@ -146,13 +146,12 @@ class EndedClients:
         if not self.size:
             return -1
         code = hash(client_id)
-        key = client_id.encode()
         index = self._index
         mask = len(index) - 1
         slot = code & mask
         while held := index[slot]:
             pos = held - 1 - self._base
-            if self._hashes[pos] == code and self._key(pos) == key:
+            if self._hashes[pos] == code and self._key(pos) == client_id.encode():
                 return slot
             slot = (slot + 1) & mask
         return -1

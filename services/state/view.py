@@ -209,8 +209,8 @@ class ClusterView:
         """Fold one event in. True if it changed the view; False if it was
         stale (its version not above the one held) or a duplicate."""
         client_id: str | None = getattr(event, "client_id", None)  # retained: a topic
-        if client_id is not None and self._gone.size:
-            self._back(client_id)
+        if client_id is not None and self._gone.size and client_id not in self._session_versions:
+            self._back(client_id)  # (a client in `_gone` has no entry in the dicts)
         changed = self._apply(event)
         if client_id is not None and client_id in self._ended:
             self._retire(client_id)

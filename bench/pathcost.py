@@ -16,7 +16,11 @@ variants, each in a child of its own per round, alternating:
 - `recorder_off`: `bench.recorder_off`'s build (every counting statement
   removed), the baseline of "metrics on vs off";
 - `plugins`: `base` with `bench.noop_plugin` (`--plugins` no-op callbacks on
-  message.publish and on message.delivered).
+  message.publish and on message.delivered);
+- `env`, with `--env NAME=VALUE` (repeatable): `base` with those environment
+  variables, e.g. `--env PYTHONMALLOC=malloc` for the C library's allocator
+  instead of Python's (README, "Memory after departures"); its ratio to
+  `base` is `env_vs_base`.
 
 Without the socket calls and the loop's I/O, a message costs less here than in
 a live node while an overhead costs the same, so a ratio here is a bound on
@@ -243,18 +247,25 @@ async def _serve(scenario: str, warm: int, plugins: int) -> None:
         print(json.dumps({"us_per_msg": await _timed(step, int(line))}), flush=True)
 
 
-def _env(variant: str, build: Path) -> dict[str, str]:
+def _env(variant: str, build: Path, extra: dict[str, str]) -> dict[str, str]:
     """The child's import path: this tree's services, or the recorder-off build's
-    (PYTHONSAFEPATH: the current directory's services/ never comes first)."""
+    (PYTHONSAFEPATH: the current directory's services/ never comes first); the
+    `env` variant's own variables."""
     paths = [str(build), str(ROOT)] if variant == "recorder_off" else [str(ROOT)]
-    return {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join(paths)}
+    own = extra if variant == "env" else {}
+    return {**os.environ, **own, "PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join(paths)}
 
 
-def _run(variant: str, scenario: str, messages: int, plugins: int, build: Path) -> float:
+def variants(extra: dict[str, str]) -> tuple[str, ...]:
+    return (*VARIANTS, "env") if extra else VARIANTS
+
+
+def _run(variant: str, scenario: str, messages: int, plugins: int, build: Path,
+         extra: dict[str, str]) -> float:  # fmt: skip
     command = [sys.executable, "-m", "bench.pathcost", "--child", scenario,
                "--messages", str(messages),
                "--plugins", str(plugins if variant == "plugins" else 0)]  # fmt: skip
-    done = subprocess.run(command, env=_env(variant, build), capture_output=True, text=True,
+    done = subprocess.run(command, env=_env(variant, build, extra), capture_output=True, text=True,
                           check=False, timeout=600)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"pathcost: the {variant} child failed: {done.stderr.strip()[-400:]}")
@@ -263,24 +274,24 @@ def _run(variant: str, scenario: str, messages: int, plugins: int, build: Path) 
 
 
 def _interleaved(scenario: str, slices: int, messages: int, plugins: int,
-                 build: Path) -> dict[str, list[float]]:
+                 build: Path, extra: dict[str, str]) -> dict[str, list[float]]:
     """One child per variant, all alive at once, taking turns slice by slice
     (in every order in turn): the machine's swings fall on all three alike.
     A process has a bias of its own (its memory layout: two children of one
     tree differed by 2% over 400 slices), so a run needs several rounds."""
     children: dict[str, subprocess.Popen[str]] = {}
     try:
-        for variant in VARIANTS:
+        for variant in variants(extra):
             command = [sys.executable, "-m", "bench.pathcost", "--serve", scenario,
                        "--messages", str(messages),
                        "--plugins", str(plugins if variant == "plugins" else 0)]  # fmt: skip
             children[variant] = subprocess.Popen(
-                command, env=_env(variant, build), stdin=subprocess.PIPE,
+                command, env=_env(variant, build, extra), stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, text=True)  # fmt: skip
         for variant, proc in children.items():
             _answer(variant, proc)  # ready
-        costs: dict[str, list[float]] = {v: [] for v in VARIANTS}
-        orders = list(itertools.permutations(VARIANTS))  # who goes first, and who after whom
+        costs: dict[str, list[float]] = {v: [] for v in variants(extra)}
+        orders = list(itertools.permutations(variants(extra)))  # who goes first, after whom
         for index in range(slices):
             for variant in orders[index % len(orders)]:
                 proc = children[variant]
@@ -326,14 +337,16 @@ def summary(scenario: str, costs: dict[str, list[float]]) -> dict[str, Any]:
                        for v, c in costs.items()},
         "metrics_on_vs_off": ratio("recorder_off", "base"),
         "plugins_vs_none": ratio("base", "plugins"),
+        **({"env_vs_base": ratio("base", "env")} if "env" in costs else {}),
     }
 
 
 def _round(scenario: str, index: int, args: argparse.Namespace, build: Path,
            costs: dict[str, list[float]]) -> None:  # fmt: skip
     """One child per variant, one after the other (each goes first in turn)."""
-    for variant in VARIANTS[index % 3 :] + VARIANTS[: index % 3]:
-        cost = _run(variant, scenario, args.messages, args.plugins, build)
+    names = variants(args.env)
+    for variant in names[index % len(names) :] + names[: index % len(names)]:
+        cost = _run(variant, scenario, args.messages, args.plugins, build, args.env)
         costs[variant].append(cost)
         line = {"scenario": scenario, "round": index + 1, "variant": variant,
                 "us_per_msg": round(cost, 3)}  # fmt: skip
@@ -343,11 +356,18 @@ def _round(scenario: str, index: int, args: argparse.Namespace, build: Path,
 def _sliced_round(scenario: str, index: int, args: argparse.Namespace, build: Path,
                   costs: dict[str, list[float]]) -> None:  # fmt: skip
     """Fresh children taking turns `--slices` times (`_interleaved`)."""
-    sliced = _interleaved(scenario, args.slices, args.messages, args.plugins, build)
+    sliced = _interleaved(scenario, args.slices, args.messages, args.plugins, build, args.env)
     for variant, more in sliced.items():
         costs[variant] += more
     print(json.dumps({"scenario": scenario, "round": index + 1, **summary(scenario, sliced)}),
           flush=True)  # fmt: skip
+
+
+def _variable(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,9 +379,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", choices=SCENARIOS, action="append")
     parser.add_argument("--slices", type=int, default=0,
                         help="interleaved: per round, this many slices of --messages each")
+    parser.add_argument("--env", type=_variable, action="append", default=[],
+                        help="NAME=VALUE: a fourth variant, base with these variables")
     parser.add_argument("--child", choices=SCENARIOS, help=argparse.SUPPRESS)
     parser.add_argument("--serve", choices=SCENARIOS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.env = dict(args.env)
     if args.rounds < 1 or args.messages < 1 or args.plugins < 0 or args.slices < 0:
         parser.error("--rounds and --messages must be positive, --plugins and --slices at least 0")
     if args.serve:
@@ -381,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             print("pathcost: the recorder-off build removed nothing", file=sys.stderr)
             return 1
         for scenario in args.scenario or SCENARIOS:
-            costs: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            costs: dict[str, list[float]] = {v: [] for v in variants(args.env)}
             for index in range(args.rounds):
                 if args.slices:
                     _sliced_round(scenario, index, args, build, costs)

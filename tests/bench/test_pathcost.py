@@ -37,10 +37,10 @@ def test_the_plugins_variant_runs_its_callbacks() -> None:
 
 
 def test_the_recorder_off_variant_imports_the_build_first(tmp_path: Path) -> None:
-    env = pathcost._env("recorder_off", tmp_path)
+    env = pathcost._env("recorder_off", tmp_path, {})
     assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), str(pathcost.ROOT)]
     assert env["PYTHONSAFEPATH"] == "1"
-    assert pathcost._env("base", tmp_path)["PYTHONPATH"] == str(pathcost.ROOT)
+    assert pathcost._env("base", tmp_path, {})["PYTHONPATH"] == str(pathcost.ROOT)
 
 
 def test_the_summary_is_each_variant_before_over_after() -> None:
@@ -60,6 +60,29 @@ def test_an_interleaved_run_gives_every_variant_its_slices(tmp_path: Path) -> No
     from bench import recorder_off
 
     assert recorder_off.build(tmp_path) > 0
-    costs = pathcost._interleaved("fan-in", 4, 500, 2, tmp_path)
+    costs = pathcost._interleaved("fan-in", 4, 500, 2, tmp_path, {})
     assert {v: len(c) for v, c in costs.items()} == dict.fromkeys(pathcost.VARIANTS, 4)
     assert all(cost > 0 for c in costs.values() for cost in c)
+
+
+def test_the_env_variant_runs_base_under_its_variables(tmp_path: Path) -> None:
+    """`--env PYTHONMALLOC=malloc`: a fourth child, this tree under the C
+    library's allocator; the other children keep the environment as it is."""
+    extra = {"PYTHONMALLOC": "malloc"}
+    env = pathcost._env("env", tmp_path, extra)
+    assert env["PYTHONMALLOC"] == "malloc" and env["PYTHONPATH"] == str(pathcost.ROOT)
+    assert pathcost._env("base", tmp_path, extra).get("PYTHONMALLOC") == os.environ.get(
+        "PYTHONMALLOC"
+    )
+    costs = pathcost._interleaved("fan-in", 2, 300, 0, tmp_path, extra)
+    assert sorted(costs) == sorted((*pathcost.VARIANTS, "env"))
+    line = pathcost.summary("fan-in", costs)
+    assert set(line["env_vs_base"]) == {"best", "median", "paired"}
+
+
+def test_a_variable_that_is_not_name_equals_value_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        pathcost.main(["--env", "PYTHONMALLOC"])
+    assert "'PYTHONMALLOC' is not NAME=VALUE" in capsys.readouterr().err

@@ -35,7 +35,8 @@ Report = tuple[Turn | None, int, int, "KafkaError | None"]
 class Counted:
     """Async mode's figures without a report per record: Kafka acknowledged
     what was produced and neither failed nor is still held by librdkafka
-    (`len(producer)`, which may count an event of its own for a moment:
+    (`len(producer)`, which counts its queued events too: the bridge caps it
+    by what was produced and is neither failed nor known acknowledged, and
     `stats` keeps `records` from going back). Bytes are records times the
     mean size of the records produced (exact when they are alike)."""
 

@@ -26,10 +26,10 @@ from services.broker.seams import Seams
 from services.config import Listeners
 from services.metrics.registry import Metrics
 from services.mqtt.packets import Pubcomp, Publish, Pubrec, Pubrel
+from services.ports import free_port
 from tests.integration.conftest import NodeRunner, Paho, clients, node_settings, raws
 from tests.integration.rawclient import V5, V311, Raw
 from tests.support.childenv import weir_env
-from tests.support.ports import free_port
 from tests.support.wait import wait_until
 
 __all__ = ["clients", "raws"]  # fixtures shared with the integration tests

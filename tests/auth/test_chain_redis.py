@@ -15,11 +15,11 @@ import redis
 from services.auth.api import ALLOW
 from services.auth.passwd import PasswordFile
 from services.auth.redisusers import FIELD, KEY_PREFIX, RedisUsers
+from services.ports import free_port
 from services.store.redis import connect
 from tests.auth.chainnode import ALLOWED, BAD, UNAVAILABLE, chain_node, refusal_lines
 from tests.auth.test_chain import Fixed
 from tests.auth.test_password_file import add, weir
-from tests.support.ports import free_port
 
 
 def redis_add(url: str, user: str, password: str) -> None:

@@ -17,9 +17,9 @@ import pytest
 
 from services.auth.api import ALLOW, ClientInfo, Decision
 from services.auth.webhook import HttpWebhook
+from services.ports import free_port
 from tests.auth.chainnode import ALLOWED, BAD, NOT_AUTHORIZED, UNAVAILABLE, chain_node
 from tests.auth.test_chain import Fixed
-from tests.support.ports import free_port
 
 
 class Hook:

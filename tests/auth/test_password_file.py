@@ -17,9 +17,9 @@ import pytest
 
 from services.auth.api import ClientInfo
 from services.auth.passwd import PasswordFile, PasswordFileError, parse, read, set_user
+from services.ports import free_port
 from tests.integration.conftest import Paho
 from tests.support.childenv import weir_env
-from tests.support.ports import free_port
 
 START_S = 20.0
 

@@ -46,6 +46,16 @@ async def settled(bridge: KafkaBridge, what: str) -> None:
     await until(lambda: bridge.stats().buffered_records == 0, what, WAIT_S, 0.05)
 
 
+def unreachable(name: str, timeout_s: float) -> tuple[KafkaOut, str]:
+    """An async table whose Kafka is a port nothing listens on, and that address."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{closed.getsockname()[1]}"
+    table = KafkaOut(name=name, filter="a/#", topic="nowhere", mode=Mode.ASYNC,
+                     value="${payload}", timeout_s=timeout_s, partitions=0)  # fmt: skip
+    return table, nowhere
+
+
 class EventAhead:
     """A producer whose count holds one event of its own besides the records
     (librdkafka's queue length counts its error events too)."""
@@ -61,11 +71,7 @@ class EventAhead:
 
 
 def test_an_event_in_librdkafka_count_is_not_a_buffered_record() -> None:
-    with socket.socket() as closed:  # a port nothing listens on
-        closed.bind(("127.0.0.1", 0))
-        nowhere = f"127.0.0.1:{closed.getsockname()[1]}"
-    table = KafkaOut(name="ahead", filter="a/#", topic="nowhere", mode=Mode.ASYNC,
-                     value="${payload}", timeout_s=10, partitions=0)  # fmt: skip
+    table, nowhere = unreachable("ahead", timeout_s=10)
 
     async def run() -> None:
         bridge = KafkaBridge(table, nowhere, asyncio.get_running_loop())
@@ -109,11 +115,7 @@ def test_acknowledged_records_are_counted_not_reported(kafka_bootstrap: str) -> 
 
 
 def test_failed_records_are_reported_and_counted() -> None:
-    with socket.socket() as closed:  # a port nothing listens on
-        closed.bind(("127.0.0.1", 0))
-        nowhere = f"127.0.0.1:{closed.getsockname()[1]}"
-    table = KafkaOut(name="nowhere", filter="a/#", topic="nowhere", mode=Mode.ASYNC,
-                     value="${payload}", timeout_s=0.5, partitions=0)  # fmt: skip
+    table, nowhere = unreachable("nowhere", timeout_s=0.5)
 
     async def run() -> None:
         bridge = KafkaBridge(table, nowhere, asyncio.get_running_loop())

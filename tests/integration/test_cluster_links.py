@@ -11,7 +11,7 @@ import pytest
 from services.cluster.frames import PROTOCOL_VERSION, LinkHandler, hello, parse_hello
 from services.cluster.links import Links
 from services.mqtt.packets import Message, Properties
-from tests.support.ports import free_port
+from services.ports import free_port
 from tests.support.wait import until
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from services.ports import free_port
 from tests.integration.conftest import Paho
-from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.redis]
 

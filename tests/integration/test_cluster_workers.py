@@ -16,8 +16,8 @@ import pytest
 
 from bench.proc import find_listener_pids
 from services.machine.pidfiles import NodeFiles, nodes_dir
+from services.ports import free_port
 from tests.integration.conftest import Paho
-from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.redis]
 

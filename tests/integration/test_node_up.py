@@ -9,9 +9,9 @@ import subprocess
 import sys
 from typing import Any
 
+from services.ports import free_port
 from tests.integration.conftest import Paho
 from tests.support.childenv import weir_env
-from tests.support.ports import free_port
 
 START_S = 20.0
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from services.ports import free_port
 from tests.hooks.webhook_server import Endpoint
 from tests.integration.conftest import Paho
 from tests.support.childenv import weir_env  # a free HTTP port, not 18083
-from tests.support.ports import free_port
 
 START_S = 20.0
 

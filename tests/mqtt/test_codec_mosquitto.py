@@ -37,7 +37,7 @@ from services.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
-from tests.support.ports import free_port
+from services.ports import free_port
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 DEADLINE_S = 5.0

@@ -114,7 +114,7 @@ def free_ports_in_a_row(count: int, attempts: int = 50) -> int:
     """The first of `count` consecutive loopback ports nothing listens on now."""
     import socket
 
-    from tests.support.ports import free_port
+    from services.ports import free_port
 
     for _ in range(attempts):
         base = free_port()

@@ -32,7 +32,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,23 +77,39 @@ class Probed(BackendNode):
     left: list[str]
     open_sockets: dict[str, int]
 
-    def __init__(self, settings: Settings, ports: tuple[int, int, int]) -> None:
+    def __init__(self, settings: Settings, ports: tuple[int, int, int], old: Baseline) -> None:
         super().__init__(settings)
         self.ports = ports
+        self.old = old
 
     async def _main(self) -> None:
         await super()._main()
         me = asyncio.current_task()
         self.left = sorted(t.get_name() for t in asyncio.all_tasks() if t is not me)
-        self.open_sockets = sockets(*self.ports)
+        self.open_sockets = sockets(self.ports, self.old.sockets)
 
 
 def _port(address: str) -> int:
     return int(address.rsplit(":", 1)[1], 16)
 
 
-def sockets(redis_port: int, kafka_port: int, hook_port: int) -> dict[str, int]:
-    """This process's sockets by what they lead to; the webhook's server side not counted."""
+@dataclass(frozen=True)
+class Baseline:
+    """What the process had before the first start, by identity: the counts below
+    leave it out, so only what a node opened and left can show. (Comparing counts
+    took something of an earlier test's that closed meanwhile for a change: once
+    in CI, a socket of its garbage, {'not tcp': 0} != {'not tcp': 1}.)"""
+
+    sockets: frozenset[str]  # inodes
+    threads: frozenset[int]  # Python idents and native thread ids
+    redis: frozenset[str]  # Redis client ids
+
+
+def baseline(redis_url: str) -> Baseline:
+    return Baseline(socket_inodes(), thread_ids(), frozenset(redis_client_ids(redis_url)))
+
+
+def socket_inodes() -> frozenset[str]:
     inodes: set[str] = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -102,6 +118,14 @@ def sockets(redis_port: int, kafka_port: int, hook_port: int) -> dict[str, int]:
             continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
+    return frozenset(inodes)
+
+
+def sockets(ports: tuple[int, int, int], old: frozenset[str]) -> dict[str, int]:
+    """This process's sockets opened since `old`, by what they lead to; the
+    webhook's server side not counted."""
+    redis_port, kafka_port, hook_port = ports
+    inodes = set(socket_inodes() - old)
     names = {redis_port: "redis", kafka_port: "kafka", hook_port: "webhook"}
     kinds: collections.Counter[str] = collections.Counter()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -115,19 +139,30 @@ def sockets(redis_port: int, kafka_port: int, hook_port: int) -> dict[str, int]:
                 if local == hook_port:
                     continue  # the webhook's own (the fixture's)
                 kinds["listening" if remote == 0 else names.get(remote, "tcp")] += 1
-    kinds["not tcp"] = len(inodes)
+    if inodes:
+        kinds["not tcp"] = len(inodes)
     return dict(kinds)
 
 
-def threads() -> dict[str, int]:
-    """Python threads by name (the webhook's handler threads not counted), and the
-    native ones (librdkafka's, named rdk:*) by their OS name."""
+def thread_ids() -> frozenset[int]:
+    ids = {t.ident for t in threading.enumerate() if t.ident is not None}
+    return frozenset(ids | {int(task) for task in os.listdir("/proc/self/task")})
+
+
+def threads(old: frozenset[int]) -> dict[str, int]:
+    """Threads started since `old`: Python threads by name (the webhook's handler
+    threads not counted), and the native ones (librdkafka's, named rdk:*) by
+    their OS name."""
     names = collections.Counter(
-        t.name for t in threading.enumerate() if "process_request_thread" not in t.name
+        t.name
+        for t in threading.enumerate()
+        if "process_request_thread" not in t.name and t.ident not in old
     )
     with open("/proc/self/comm") as f:
         mine = f.read().strip()
     for task in os.listdir("/proc/self/task"):
+        if int(task) in old:
+            continue
         try:
             with open(f"/proc/self/task/{task}/comm") as f:
                 name = f.read().strip()
@@ -138,14 +173,20 @@ def threads() -> dict[str, int]:
     return dict(names)
 
 
-def redis_clients(redis_url: str) -> list[str]:
-    """The other connections Redis has (CLIENT LIST), as "name/last command"."""
+def redis_client_ids(redis_url: str) -> list[str]:
+    with redis.Redis.from_url(redis_url, socket_timeout=5) as client:
+        return [str(c["id"]) for c in client.client_list()]
+
+
+def redis_clients(redis_url: str, old: frozenset[str]) -> list[str]:
+    """The other connections Redis has (CLIENT LIST) opened since `old`, as
+    "name/last command"."""
     with redis.Redis.from_url(redis_url, socket_timeout=5) as client:
         me = client.client_id()
         return sorted(
             f"{c.get('name') or '-'}/{c.get('cmd')}"
             for c in client.client_list()
-            if int(c["id"]) != me
+            if int(c["id"]) != me and str(c["id"]) not in old
         )
 
 
@@ -209,27 +250,31 @@ def test_start_and_stop_leave_nothing_behind(
     redis_port = int(redis_url.rsplit(":", 1)[1].split("/", maxsplit=1)[0])
     ports = (redis_port, int(kafka_bootstrap.rsplit(":", 1)[1]), hook_port)
     gc.collect()  # earlier tests' garbage (paho's socket pairs): a node start collects it
-    before = (sockets(*ports), threads(), redis_clients(redis_url))
+    old = baseline(redis_url)
+
+    def now() -> tuple[dict[str, int], dict[str, int], list[str]]:
+        return (
+            sockets(ports, old.sockets),
+            threads(old.threads),
+            redis_clients(redis_url, old.redis),
+        )
+
     for run in range(RUNS):
-        node = Probed(config, ports)
+        node = Probed(config, ports, old)
         node.start()
         try:
             use(node, run)
-            during = sockets(*ports)  # the count sees the node's connections
-            assert during.get("redis") and during.get("kafka") and during.get("webhook"), during
+            during = now()  # the counts see the node's connections and threads
+            assert during[0].get("redis") and during[0].get("kafka"), during
+            assert during[0].get("webhook") and during[1] and during[2], during
         finally:
             node.stop()
         assert node.left == [], f"run {run}: tasks left pending"
-        assert node.open_sockets == before[0], f"run {run}: sockets left open"
-
-        def back() -> bool:
-            return (sockets(*ports), threads(), redis_clients(redis_url)) == before
-
+        assert node.open_sockets == {}, f"run {run}: sockets left open"
         try:
-            wait_until(back, f"run {run}: back to the baseline", SETTLE_S)
+            wait_until(lambda: now() == ({}, {}, []), f"run {run}: back to the baseline", SETTLE_S)
         except AssertionError:
-            now = (sockets(*ports), threads(), redis_clients(redis_url))
-            raise AssertionError(f"run {run}: {now} != {before}") from None
+            raise AssertionError(f"run {run}: left {now()}") from None
 
 
 class Holder:
@@ -257,3 +302,39 @@ def test_a_node_start_leaves_earlier_garbage_collectable() -> None:
     runner.node = None
     gc.collect()
     assert broker() is None, "the stopped node's state is kept"
+
+
+def test_the_counts_see_what_opened_since_the_baseline_only() -> None:
+    """A socket that was open before and closes meanwhile is no change (the CI
+    failure above); one opened since and left open is."""
+    import socket
+
+    earlier = socket.socketpair()
+    old = Baseline(socket_inodes(), thread_ids(), frozenset())
+    ports = (1, 2, 3)  # no TCP here: what these lead to does not matter
+    for s in earlier:
+        s.close()
+    assert sockets(ports, old.sockets) == {}
+    later = socket.socketpair()
+    try:
+        assert sockets(ports, old.sockets) == {"not tcp": 2}
+    finally:
+        for s in later:
+            s.close()
+    assert sockets(ports, old.sockets) == {}
+    started = threading.Event()
+    done = threading.Event()
+
+    def hold() -> None:
+        started.set()
+        done.wait()
+
+    thread = threading.Thread(target=hold, name="later")
+    thread.start()
+    try:
+        started.wait()
+        assert threads(old.threads) == {"later": 1}
+    finally:
+        done.set()
+        thread.join()
+    assert threads(old.threads) == {}

@@ -30,7 +30,7 @@ from services.auth.api import ClientInfo
 from services.broker.ports import ConnectionPort, now_ms
 from services.hooks.api import Hooks
 from services.mqtt.packets import ReasonCode
-from services.state.view import SessionEntry
+from services.state.entries import SessionEntry
 
 CONN_STATES = ("connected", "disconnected")
 

@@ -35,7 +35,8 @@ from services.cluster.api import InboundLink
 from services.hooks.api import Hooks
 from services.metrics.registry import Metrics
 from services.mqtt.packets import Message
-from services.state.view import ClusterView, SessionEntry
+from services.state.entries import SessionEntry
+from services.state.view import ClusterView
 
 if TYPE_CHECKING:
     from services.cluster.router import ClusterRouter

@@ -64,7 +64,7 @@ from services.metrics.registry import Metrics
 from services.mqtt.packets import Message
 from services.queue.api import Inflight, QueueStore
 from services.session.api import Fenced, SessionError
-from services.state.view import SessionEntry
+from services.state.entries import SessionEntry
 
 log = logging.getLogger("weir.shared")
 

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Final
 
 from services.broker.ports import now_ms
 from services.state.clientsubs import SubscriptionOptions
+from services.state.entries import RetainedEntry, SessionEntry
 from services.state.live import LiveDump, LiveState, Positions
 from services.state.records import records_of
 from services.state.redis import RedisStateStore
 from services.state.store import StateStore, StateStoreError
-from services.state.view import RetainedEntry, SessionEntry
 from services.tasks import cancel_and_wait
 
 if TYPE_CHECKING:

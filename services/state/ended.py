@@ -25,11 +25,17 @@ shift back). Entries taken out at the front are cut off once they are
 many; once more entries are out than in anywhere, the buffers are rebuilt
 with the live ones: the memory held stays within about twice what the live
 entries need.
+
+`Ended` is rule 4's bookkeeping as a whole: every ended client in the order
+it ended, those that still hold more than their versions by name (the view
+looks at their state) and the others in an `EndedClients` table, one end
+sequence number across both.
 """
 
 from __future__ import annotations
 
 from array import array
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Final
 
@@ -230,3 +236,69 @@ class EndedClients:
         for pos in range(self._head, len(self._seqs)):
             if self._seqs[pos] != REMOVED:
                 yield pos, (self._client(pos), self._versions[pos], self._floors[pos])
+
+
+class Ended:
+    """Ended clients, longest-ended first: named (with their end numbers) while
+    they hold more than their versions, else in the flat table (`retire`)."""
+
+    __slots__ = ("_flat", "_named", "_seq")
+
+    def __init__(self) -> None:
+        self._named: OrderedDict[str, int] = OrderedDict()
+        self._flat = EndedClients()
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._named) + self._flat.size
+
+    def __contains__(self, client_id: object) -> bool:
+        """Named (not retired) and ended."""
+        return client_id in self._named
+
+    @property
+    def retired(self) -> int:
+        """How many are in the flat table (the view asks before each look-up)."""
+        return self._flat.size
+
+    def end(self, client_id: str) -> None:
+        """The client ended now (or shows a sign of life after its end)."""
+        self._seq += 1
+        self._named[client_id] = self._seq
+        self._named.move_to_end(client_id)
+
+    def discard(self, client_id: str) -> None:
+        """Named and back: not ended any more."""
+        self._named.pop(client_id, None)
+
+    def get(self, client_id: str) -> tuple[int, int] | None:
+        """A retired client's (version, floor)."""
+        return self._flat.get(client_id)
+
+    def retire(self, client_id: str, version: int, floor: int) -> None:
+        """A named client whose only state now is its versions, into the table."""
+        del self._named[client_id]
+        self._seq += 1  # above every number the table holds: it stays in order
+        self._flat.add(client_id, version, floor, self._seq)
+
+    def back(self, client_id: str) -> tuple[int, int] | None:
+        """A retired client out of the table, named again as ended now: its
+        (version, floor) for the view's dicts; None if it is not retired."""
+        held = self._flat.pop(client_id)
+        if held is not None:
+            self.end(client_id)
+        return held
+
+    def pop_oldest(self) -> tuple[str, int | None]:
+        """The longest-ended client taken out: (client id, version) if it was
+        retired, (client id, None) if named (the view looks at its state)."""
+        oldest = self._flat.oldest_seq()
+        named = self._named
+        if oldest is not None and (not named or oldest < next(iter(named.values()))):
+            return self._flat.pop_oldest()
+        client_id, _ = named.popitem(last=False)
+        return client_id, None
+
+    def retired_clients(self) -> Iterator[tuple[str, int, int]]:
+        """(client id, version, floor) of each retired client, oldest first."""
+        return self._flat.clients()

@@ -1,5 +1,6 @@
-"""What the cluster view holds per client and per retained topic, and its
-comparable snapshot (services.state.view)."""
+"""What the cluster view (services.state.view) holds per client and per
+retained topic, and its comparable snapshot: the values the node's parts
+read from it (the directory, dumps, the API, the state store's records)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from services.state.clientsubs import SubscriptionOptions
+from services.state.entries import RetainedEntry, SessionEntry
 from services.state.live import Record
-from services.state.view import ClusterView, RetainedEntry, SessionEntry
+from services.state.view import ClusterView
 
 DIGEST_BYTES: Final = 16  # blake2b digest size: 128 bits tell payloads apart
 

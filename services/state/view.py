@@ -90,11 +90,8 @@ from services.event.schema import (
     Unsubscribed,
 )
 from services.state.clientsubs import ClientSubs, SubscriptionOptions
-from services.state.ended import EndedClients
+from services.state.ended import Ended
 from services.state.entries import RetainedEntry, SessionEntry, ViewSnapshot
-
-__all__ = ["ClusterView", "RetainedEntry", "SessionEntry", "ViewSnapshot", "ends_session"]
-
 
 SubscribeHook = Callable[[str, str, SubscriptionOptions], None]
 UnsubscribeHook = Callable[[str, str], None]
@@ -141,12 +138,7 @@ class ClusterView:
         self._subs: dict[str, ClientSubs] = {}
         self._retained: dict[str, RetainedEntry] = {}
         self._retained_versions: dict[str, int] = {}
-        # Rule 4's ended clients, longest-ended first by their end sequence number:
-        # those whose only state is their versions in `_gone` (no object each; see
-        # services.state.ended), the others here, each with its number.
-        self._gone = EndedClients()
-        self._ended: OrderedDict[str, int] = OrderedDict()
-        self._end_seq = 0
+        self._ended = Ended()  # rule 4; a retired one has no entry in the dicts
         self._cleared: OrderedDict[str, None] = OrderedDict()  # topics, longest-cleared first
         self.keep_ended: int | None = None  # see rule 4; None: forget nothing
         self.applied = 0
@@ -170,23 +162,23 @@ class ClusterView:
 
     def version(self, client_id: str) -> int:
         """The version of the client's newest session event held (0: none)."""
-        held = self._gone.get(client_id)
+        held = self._ended.get(client_id)
         return held[0] if held is not None else self._session_versions.get(client_id, 0)
 
     def floor(self, client_id: str) -> int:
         """The client's subscription floor (rule 2; 0: none)."""
-        held = self._gone.get(client_id)
+        held = self._ended.get(client_id)
         subs = self._subs.get(client_id)
         return held[1] if held is not None else subs.floor if subs is not None else 0
 
     def known_clients(self) -> list[str]:
         """The clients whose versions the view holds (online, offline or ended)."""
-        return [*self._session_versions, *(c for c, _, _ in self._gone.clients())]
+        return [*self._session_versions, *(c for c, _, _ in self._ended.retired_clients())]
 
     @property
     def ended(self) -> int:
         """Ended clients whose versions are kept (rule 4)."""
-        return len(self._ended) + self._gone.size
+        return len(self._ended)
 
     def retained(self, topic: str) -> RetainedEntry | None:
         return self._retained.get(topic)
@@ -209,8 +201,9 @@ class ClusterView:
         """Fold one event in. True if it changed the view; False if it was
         stale (its version not above the one held) or a duplicate."""
         client_id: str | None = getattr(event, "client_id", None)  # retained: a topic
-        if client_id is not None and self._gone.size and client_id not in self._session_versions:
-            self._back(client_id)  # (a client in `_gone` has no entry in the dicts)
+        gone = client_id is not None and self._ended.retired  # retired: none in the dicts
+        if gone and client_id is not None and client_id not in self._session_versions:
+            self._back(client_id)
         changed = self._apply(event)
         if client_id is not None and client_id in self._ended:
             self._retire(client_id)
@@ -286,12 +279,12 @@ class ClusterView:
     def load_floor(self, client_id: str, version: int) -> bool:
         """A session end at `version` (its event may be older than the
         client's newest session event, so `apply` cannot carry it)."""
-        if self._gone.size:
+        if self._ended.retired:
             self._back(client_id)
         changed = self._clear_below(client_id, version)
         if client_id not in self._sessions:
             if client_id not in self._ended:
-                self._end(client_id)  # ended, as far as the snapshot says
+                self._ended.end(client_id)  # ended, as far as the snapshot says
             self._retire(client_id)
         self.applied += changed
         return changed
@@ -311,7 +304,7 @@ class ClusterView:
         subs = ClientSubs()
         batch: list[tuple[str, SubscriptionOptions]] = []
         for client_id, filter_, version, live, qos, nl, rap, rh, sid, _ts, _node in rows:
-            if self._gone.size and client_id != client:
+            if self._ended.retired and client_id != client:
                 self._back(client_id)  # its versions back in the dicts (an ended client's row)
             if client_id != client or not live:
                 if batch:  # hooks in row order: the batch before an unsubscribe
@@ -376,7 +369,7 @@ class ClusterView:
             return cleared
         self._session_versions[e.client_id] = e.version
         if isinstance(e, SessionOpened):
-            self._ended.pop(e.client_id, None)
+            self._ended.discard(e.client_id)
             self._sessions[e.client_id] = SessionEntry(
                 node=e.node,
                 online=True,
@@ -388,7 +381,7 @@ class ClusterView:
                 username=e.username,
             )
         elif isinstance(e, SessionClosed) and e.expiry_s > 0:
-            self._ended.pop(e.client_id, None)
+            self._ended.discard(e.client_id)
             self._sessions[e.client_id] = SessionEntry(
                 node=e.node,
                 online=False,
@@ -398,38 +391,29 @@ class ClusterView:
             )
         else:
             self._sessions.pop(e.client_id, None)
-            self._end(e.client_id)
+            self._ended.end(e.client_id)
             if self.keep_ended is not None and self.ended > self.keep_ended:
                 self.forget_ended()
         return True
 
-    def _end(self, client_id: str) -> None:
-        """The client ended now (or shows a sign of life after its end)."""
-        self._end_seq += 1
-        self._ended[client_id] = self._end_seq
-        self._ended.move_to_end(client_id)
-
     def _back(self, client_id: str) -> None:
-        """A client of `_gone` back in the dicts, before an event or row about it."""
-        held = self._gone.pop(client_id)
+        """A retired client back in the dicts, before an event or row about it."""
+        held = self._ended.back(client_id)
         if held is not None:
             version, floor = held
             if version:
                 self._session_versions[client_id] = version
             if floor:
                 self._subs[client_id] = ClientSubs(floor)
-            self._end(client_id)
 
     def _retire(self, client_id: str) -> None:
-        """An ended client whose only state is its versions goes to `_gone`."""
+        """An ended client whose only state is its versions: out of the dicts."""
         subs = self._subs.get(client_id)
         if client_id in self._sessions or (subs is not None and (subs.live or subs.gone)):
             return
-        del self._ended[client_id]
         self._subs.pop(client_id, None)
-        self._end_seq += 1  # above every number `_gone` holds: it stays in order
         version = self._session_versions.pop(client_id, 0)
-        self._gone.add(client_id, version, subs.floor if subs is not None else 0, self._end_seq)
+        self._ended.retire(client_id, version, subs.floor if subs is not None else 0)
 
     def forget_ended(self) -> int:
         """Forget the longest-ended clients past `keep_ended` (rule 4): their
@@ -437,14 +421,12 @@ class ClusterView:
         and the longest-cleared retained topics past it, unless set again."""
         keep = self.keep_ended
         ended = self._ended
-        gone = self._gone
         forgotten = 0
-        while keep is not None and len(ended) + gone.size > keep:
-            oldest = gone.oldest_seq()
-            if oldest is not None and (not ended or oldest < next(iter(ended.values()))):
-                client_id, version = gone.pop_oldest()
+        while keep is not None and len(ended) > keep:
+            client_id, retired = ended.pop_oldest()
+            if retired is not None:
+                version = retired
             else:
-                client_id, _ = ended.popitem(last=False)
                 if client_id in self._sessions:
                     continue
                 subs = self._subs.get(client_id)

@@ -32,13 +32,9 @@ from services.event.schema import (
     Subscribed,
     Unsubscribed,
 )
-from services.state.view import (
-    ClusterView,
-    RetainedEntry,
-    SessionEntry,
-    SubscriptionOptions,
-    ViewSnapshot,
-)
+from services.state.clientsubs import SubscriptionOptions
+from services.state.entries import RetainedEntry, SessionEntry, ViewSnapshot
+from services.state.view import ClusterView
 
 CLIENTS = ("c0", "c1", "c2")
 FILTERS = ("a/#", "a/+/b", "x")

@@ -133,8 +133,12 @@ class Delivery:
         self.schedule()
 
     def add(self, session: Session, message: Message) -> None:
-        """Queue `message` (in its delivered form) for `session`."""
+        """Queue `message` (in its delivered form) for `session`; the batch is
+        stored once this loop turn's routing is done (`schedule`, inline)."""
         self._batch.append((session.client_id, message))
+        if not self._batch_scheduled:
+            self._batch_scheduled = True
+            self.loop.call_soon(self._start_batch)
         conn = session.conn
         if conn is not None and session.ready:
             self._batch_takers.add(session)

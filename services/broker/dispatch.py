@@ -46,6 +46,7 @@ from services.broker.shared import Shared
 from services.event.api import EventLogError
 from services.event.schema import Event, RetainedCleared, RetainedSet
 from services.mqtt.actions import Route
+from services.mqtt.codec import encode_publish
 from services.mqtt.packets import Message, ReasonCode
 from services.mqtt.topics import matches, parse_shared
 from services.queue.api import IncomingMark, QueueStore
@@ -163,10 +164,15 @@ class Dispatch:
             self._held_routes[conn] = []
             self.spawn(self._publish_qos2(conn, conn.session, route))
             return
-        since = self.delivery.batched
-        bridged = self._bridge(conn, message) if self.seams.egress is not None else False
-        kafka = bridged if isinstance(bridged, asyncio.Future) else None
-        if message.retain and route.token is not None:
+        token = route.token
+        since = self.delivery.batched if token is not None else 0  # QoS 0: no token to gate
+        kafka: asyncio.Future[bool] | None = None
+        if self.seams.egress is None:
+            bridged: asyncio.Future[bool] | bool = False
+        else:
+            bridged = self._bridge(conn, message)
+            kafka = bridged if isinstance(bridged, asyncio.Future) else None
+        if message.retain and token is not None:
             delivered = self.publish_message(message, store_retained=False)
             if not delivered:
                 self.seams.metrics.messages_dropped["no_subscribers"] += 1
@@ -174,14 +180,14 @@ class Dispatch:
             self.spawn(self.retain_gate(message, gate))
             gate = gate if kafka is None else all_true((gate, kafka))
             none = delivered == 0 and bridged is False
-            self.delivery.token(conn, route.token, none, gate, since=since)
+            self.delivery.token(conn, token, none, gate, since=since)
             return
         delivered = self.publish_message(message)
         if not delivered:
             self.seams.metrics.messages_dropped["no_subscribers"] += 1
-        if route.token is not None:
+        if token is not None:
             none = delivered == 0 and bridged is False
-            self.delivery.token(conn, route.token, none, kafka, since=since)
+            self.delivery.token(conn, token, none, kafka, since=since)
 
     def _bridge(self, conn: ConnectionPort, message: Message) -> asyncio.Future[bool] | bool:
         """Hand a client's PUBLISH to the data bridges (this node received it, so
@@ -322,8 +328,7 @@ class Dispatch:
                 count += 1
         if remote:
             count += self.remote.deliver(message, remote)
-        self.turn.work += count
-        self.delivery.schedule()
+        self.turn.work += count  # a copy queued has scheduled its batch (`Delivery.add`)
         if count == 0 and self.seams.hooks.has("message.dropped"):
             self.seams.hooks.run("message.dropped", message, "no_subscribers", None)
         return count
@@ -387,7 +392,9 @@ class Dispatch:
                 key = (v5, retain, sub_ids if v5 else ())
                 data = encoded.get(key)
                 if data is None:
-                    data = encode_qos0(message, retain, v5, sub_ids)
+                    data = (encode_qos0(message, retain, v5, sub_ids) if v5 else  # 3.x: bare
+                            encode_publish(message.topic.encode(), message.payload, 0, retain,
+                                           False, None, None))  # fmt: skip
                     encoded[key] = data
                 limit = conn.max_outgoing_packet
                 if limit is not None and len(data) > limit:

@@ -331,12 +331,12 @@ class Connection(asyncio.Protocol):
                         tally[packet.qos] += 1  # registry.SENT + qos
                         tally[3 + packet.qos] += len(packet.payload)  # SENT_BYTES + qos
                     self.write(codec.encode(packet, self.channel.protocol_level))
+                case Acked():  # the three of every QoS 1 message first
+                    broker.acked(self, action.packet_id)
                 case StartTimer():
                     self.start_timer(action.name, action.delay_s)
                 case CancelTimer():
                     setattr(self, _TIMER_SLOTS[action.name], None)
-                case Acked():
-                    broker.acked(self, action.packet_id)
                 case Received():
                     broker.received(self, action.packet_id)
                 case Released():

@@ -238,8 +238,11 @@ class Channel:
         link = self._link
         state = link.state
         link.last_rx = now  # the keep alive counts from the latest packet (a monotonic clock)
-        if state is State.CONNECTED and type(packet) is Publish:
-            return self._inbound.on_publish(packet)  # the one packet per message: no table
+        if state is State.CONNECTED:  # the packets of every message: no table, no state change
+            if type(packet) is Publish:
+                return self._inbound.on_publish(packet)
+            if type(packet) is Puback:
+                return self._out.on_ack(packet.packet_id, PUBACK_STAGE)
         if state is State.CLOSED:
             return []
         ptype = PACKET_TYPES[type(packet)]

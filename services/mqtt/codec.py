@@ -86,6 +86,7 @@ MAX_PACKET_SIZE: Final = VARINT_MAX + 5
 
 _PROTOCOLS: Final = {("MQIsdp", 3), ("MQTT", 4), ("MQTT", 5)}
 _T = PacketType
+_NAMES: Final = {t.value: t.name for t in PacketType}  # names for messages, no enum call per packet
 
 
 # A decoded PUBLISH is built through its slots: the frozen __init__ spends
@@ -334,7 +335,7 @@ _ACKS: Final[dict[int, tuple[_AckClass, frozenset[int]]]] = {
 def _decode_ack(buf: Buffer, first: int, pos: int, end: int, level: int) -> Packet:
     ptype = first >> 4
     cls, codes = _ACKS[ptype]
-    what = _T(ptype).name
+    what = _NAMES[ptype]
     size = end - pos
     if size < 2 or (size != 2 and level != 5):
         raise MalformedPacket(f"{what} of {size} bytes")
@@ -432,7 +433,7 @@ def _decode_unsuback(buf: Buffer, first: int, pos: int, end: int, level: int) ->
 
 def _decode_empty(buf: Buffer, first: int, pos: int, end: int, level: int) -> Packet:
     ptype = first >> 4
-    _expect_end(pos, end, _T(ptype).name)
+    _expect_end(pos, end, _NAMES[ptype])
     return Pingreq() if ptype == _T.PINGREQ else Pingresp()
 
 
@@ -440,7 +441,7 @@ def _decode_disconnect(
     buf: Buffer, first: int, pos: int, end: int, level: int
 ) -> Disconnect | Auth:
     ptype = first >> 4
-    what = _T(ptype).name
+    what = _NAMES[ptype]
     if level != 5:
         _expect_end(pos, end, what)
         return Disconnect()

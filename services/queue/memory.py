@@ -53,6 +53,15 @@ class _State:
     drops: int = 0
 
 
+def _acked(inflight: dict[int, _Entry], packet_ids: Sequence[int]) -> int:
+    """Drop the acknowledged ids from a window; how many were in it."""
+    known = 0
+    for pid in packet_ids:
+        if inflight.pop(pid, None) is not None:
+            known += 1
+    return known
+
+
 def _state(rec: ClientRecord) -> _State:
     if rec.queue is None:
         rec.queue = _State()
@@ -145,7 +154,7 @@ class MemoryQueueStore:
         fenced: set[str] = set()
         for client_id, (epoch, window) in takers.items():
             try:
-                taken[client_id] = await self.take(client_id, epoch, window)
+                taken[client_id] = self._take_now(client_id, epoch, window)
             except Fenced:
                 fenced.add(client_id)
         accepted = dropped = 0
@@ -159,7 +168,7 @@ class MemoryQueueStore:
                     gone.append((client_id, lost))
             if client_id in taken:
                 epoch, window = takers[client_id]
-                taken[client_id].extend(await self.take(client_id, epoch, window))
+                taken[client_id].extend(self._take_now(client_id, epoch, window))
         return TakeResult(
             accepted,
             dropped,
@@ -218,17 +227,28 @@ class MemoryQueueStore:
         return left_out
 
     async def take(self, client_id: str, epoch: int, window: int) -> list[Inflight]:
+        return self._take_now(client_id, epoch, window)
+
+    def _take_now(self, client_id: str, epoch: int, window: int) -> list[Inflight]:
+        """`take` without a coroutine (per message: `enqueue_and_take`, acks)."""
         st = self._peeked(client_id, epoch)
+        return [] if st is None else self._take(st, client_id, window)
+
+    def _take(self, st: _State, client_id: str, window: int) -> list[Inflight]:
         out: list[Inflight] = []
-        if st is None:
-            return out
-        now = self._wall_ms()
-        while st.queue:
-            seq, message = next(iter(st.queue.items()))
-            expired = message.expires_at_ms is not None and message.expires_at_ms <= now
-            if message.qos > 0 and not expired and len(st.inflight) >= min(window, MAX_PACKET_ID):
+        queue, inflight = st.queue, st.inflight
+        limit = min(window, MAX_PACKET_ID)
+        now = None  # the wall clock, read once a message has an expiry
+        while queue:
+            seq, message = next(iter(queue.items()))
+            expired = False
+            if message.expires_at_ms is not None:
+                if now is None:
+                    now = self._wall_ms()
+                expired = message.expires_at_ms <= now
+            if message.qos > 0 and not expired and len(inflight) >= limit:
                 break
-            del st.queue[seq]
+            del queue[seq]
             if message.qos == 0:
                 assert st.qos0 is not None  # queued with its seq
                 st.qos0.popleft()
@@ -242,10 +262,10 @@ class MemoryQueueStore:
             pid = st.last_pid
             while True:
                 pid = pid % MAX_PACKET_ID + 1
-                if pid not in st.inflight:
+                if pid not in inflight:
                     break
             st.last_pid = pid
-            st.inflight[pid] = _Entry(message)
+            inflight[pid] = _Entry(message)
             out.append(Inflight(pid, message, dup=False))
         return out
 
@@ -260,15 +280,16 @@ class MemoryQueueStore:
 
     async def ack_many(self, client_id: str, epoch: int, packet_ids: Sequence[int]) -> int:
         st = self._peeked(client_id, epoch)
-        if st is None:
-            return 0
-        return sum(st.inflight.pop(pid, None) is not None for pid in packet_ids)
+        return 0 if st is None else _acked(st.inflight, packet_ids)
 
     async def ack_and_take(
         self, client_id: str, epoch: int, packet_ids: Sequence[int], window: int
     ) -> list[Inflight]:
-        await self.ack_many(client_id, epoch, packet_ids)
-        return await self.take(client_id, epoch, window)
+        st = self._peeked(client_id, epoch)  # one look-up, no coroutine of its own for each
+        if st is None:
+            return []
+        _acked(st.inflight, packet_ids)
+        return self._take(st, client_id, window)
 
     async def received(self, client_id: str, epoch: int, packet_id: int) -> bool:
         return await self.received_many(client_id, epoch, (packet_id,)) == 1

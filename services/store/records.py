@@ -70,7 +70,9 @@ class ClientRecords:
             del self._leftovers[client_id]
 
     def check(self, client_id: str, epoch: int) -> ClientRecord:
-        rec = self.record(client_id)
+        rec = self._clients.get(client_id)  # per message: `record` only if it may have expired
+        if rec is not None and rec.expires_at is not None:
+            rec = self.record(client_id)
         if rec is None or rec.epoch != epoch:
             raise Fenced(client_id)
         return rec

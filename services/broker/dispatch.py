@@ -424,6 +424,8 @@ class Dispatch:
                 else:
                     self._deferred.append(functools.partial(_write_qos0, conn, data))
                     written += 1  # sent once the QoS 2 publisher's id is stored
+            elif qos == qos_in and retain == retain_in and as_sent and not sub_ids:
+                self.deliver(session, message)  # as it came: `adjusted` would answer it
             else:
                 self.deliver(session, adjusted(message, qos, retain, sub_ids))
         if written:  # per message, not per subscriber

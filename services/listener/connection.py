@@ -126,7 +126,7 @@ class Connection(asyncio.Protocol):
         self.session: Session | None = None
         self.client: ClientInfo | None = None
         self.budget: Budget | None = None  # per-client read rates (services.auth.limits)
-        self._buf: bytearray | None = None
+        self._buf: bytes | bytearray | None = None  # what is read and not yet handled
         self._out: list[bytes] | None = None
         self._out_bytes = 0
         self._busy = False
@@ -172,13 +172,18 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self.metrics.bytes_received += len(data)
-        if self._buf:
-            self._buf += data
-        else:
-            self._buf = bytearray(data)
+        buf = self._buf
+        if not buf:
+            buf = data if type(data) is bytes else bytes(data)  # kept as read: decoded fastest
+        elif type(buf) is bytes and len(buf) < HELD_INPUT_BYTES:
+            buf = buf + data  # a packet cut at the end of the last read
+        else:  # a large packet arriving read by read: appended, not copied each time
+            buf = buf if type(buf) is bytearray else bytearray(buf)
+            buf += data
+        self._buf = buf
         if not self._busy and not self._deferred and self.hold.blocked_on is None:
             self._process()
-        elif self._busy and len(self._buf) > HELD_INPUT_BYTES:
+        elif self._busy and len(buf) > HELD_INPUT_BYTES:
             self._pause_reading()  # resume_processing reads again
 
     def eof_received(self) -> bool | None:
@@ -231,7 +236,6 @@ class Connection(asyncio.Protocol):
         buf = self._buf
         if not buf:
             return
-        view = memoryview(buf)
         used = 0
         broker = self.broker
         max_size = broker.flow.max_packet_size
@@ -249,7 +253,7 @@ class Connection(asyncio.Protocol):
                 if turn.work > budget:
                     self._defer()
                     break
-                result = codec.decode(view[used:], proto, max_size)
+                result = codec.decode(buf, proto, max_size, used)
                 if result is None:
                     break
                 packet, size = result
@@ -266,21 +270,19 @@ class Connection(asyncio.Protocol):
                     self.block_on(self)  # frees a place (re-checked each PUBLISHER_STALL_S)
         except MQTTError as err:
             # A CONNECT the codec refused: its level byte says whether a CONNACK can tell why.
-            level = None if channel.protocol_level else codec.peek_connect_level(view[used:])
+            level = None if channel.protocol_level else codec.peek_connect_level(buf[used:])
             turn.handled(outer)
-            view.release()
             self._buf = None
             self._carry_out(channel.protocol_error(err, level))
             if not self.closed:
                 self.close()
             return
         turn.handled(outer)
-        view.release()
         if self._buf is not None:
             if used == len(buf):
                 self._buf = None
-            elif used:
-                del buf[:used]
+            elif used:  # the rest waits: a cut packet, or packets held while busy
+                self._buf = buf[used:]
         if rate is not None:
             wait_s = rate.settle(over)
             if over:

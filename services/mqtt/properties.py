@@ -151,7 +151,7 @@ _CACHE_ENTRIES: Final = 1024
 _decoded: dict[tuple[int, bytes], Properties] = {}
 
 
-def read_varint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
+def read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     value = 0
     shift = 0
     for i in range(4):
@@ -184,13 +184,13 @@ def encode_varint(value: int) -> bytes:
             return bytes(out)
 
 
-def read_u16(buf: Buffer, pos: int, end: int) -> int:
+def read_u16(buf: bytes, pos: int, end: int) -> int:
     if pos + 2 > end:
         raise MalformedPacket("two-byte integer runs past the end of the packet")
     return (buf[pos] << 8) | buf[pos + 1]
 
 
-def read_binary(buf: Buffer, pos: int, end: int) -> tuple[bytes, int]:
+def read_binary(buf: bytes, pos: int, end: int) -> tuple[bytes, int]:
     if pos + 2 > end:
         raise MalformedPacket("length prefix runs past the end of the packet")
     stop = pos + 2 + ((buf[pos] << 8) | buf[pos + 1])
@@ -199,7 +199,7 @@ def read_binary(buf: Buffer, pos: int, end: int) -> tuple[bytes, int]:
     return bytes(buf[pos + 2 : stop]), stop
 
 
-def decode_utf8(raw: Buffer) -> str:
+def decode_utf8(raw: bytes) -> str:
     """A UTF-8 encoded string's text: well-formed, no surrogates, no U+0000 (1.5.4)."""
     try:
         text = str(raw, "utf-8")
@@ -210,7 +210,7 @@ def decode_utf8(raw: Buffer) -> str:
     return text
 
 
-def read_utf8(buf: Buffer, pos: int, end: int) -> tuple[str, int]:
+def read_utf8(buf: bytes, pos: int, end: int) -> tuple[str, int]:
     if pos + 2 > end:
         raise MalformedPacket("length prefix runs past the end of the packet")
     stop = pos + 2 + ((buf[pos] << 8) | buf[pos + 1])
@@ -234,7 +234,7 @@ def _name(packet_type: int) -> str:
     return "will properties" if packet_type == WILL else PacketType(packet_type).name
 
 
-def decode_properties(buf: Buffer, pos: int, end: int, packet_type: int) -> tuple[Properties, int]:
+def decode_properties(buf: bytes, pos: int, end: int, packet_type: int) -> tuple[Properties, int]:
     """Read a property length and the properties it covers, validating them."""
     length, pos = read_varint(buf, pos, end)
     if not length:
@@ -256,7 +256,7 @@ def decode_properties(buf: Buffer, pos: int, end: int, packet_type: int) -> tupl
     return props, stop
 
 
-def _parse(buf: Buffer, pos: int, stop: int, packet_type: int) -> Properties:
+def _parse(buf: bytes, pos: int, stop: int, packet_type: int) -> Properties:
     values: dict[str, Any] = {}
     users: list[tuple[str, str]] = []
     sub_ids: list[int] = []

@@ -259,6 +259,35 @@ def test_a_stream_decodes_packet_by_packet(case: tuple[int, list[Packet]]) -> No
         pos += used
     assert got == sent
     assert pos == len(stream)
+    for buffer in (bytes(stream), bytearray(stream)):  # in place, from where the last one ended
+        pos, got = 0, []
+        while (result := decode(buffer, level, start=pos)) is not None:
+            got.append(result[0])
+            pos += result[1]
+        assert got == sent
+        assert pos == len(stream)
+
+
+def _outcome(buf: bytes | bytearray | memoryview, level: int, start: int) -> object:
+    from services.mqtt.errors import MQTTError
+
+    try:
+        return decode(buf, level, start=start)
+    except MQTTError as err:
+        return type(err), str(err)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64), st.binary(max_size=8), st.sampled_from((0, 3, 4, 5)))
+def test_decoding_at_an_offset_is_decoding_the_rest(data: bytes, before: bytes, level: int) -> None:
+    """`start` (the node decodes its read in place) and the buffer's type (bytes
+    are decoded as they are; a bytearray or memoryview from copies of the fixed
+    header and the packet) change nothing: the same packet and size, the same
+    "need more", the same error."""
+    expected = _outcome(data, level, 0)
+    whole = before + data
+    for buf in (whole, bytearray(whole), memoryview(whole)):
+        assert _outcome(buf, level, len(before)) == expected
 
 
 @settings(max_examples=200, deadline=None)

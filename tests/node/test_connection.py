@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import random
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -217,6 +218,34 @@ async def test_partial_packet_buffer_is_only_what_arrived(harness: Harness) -> N
     header = b"\x30\x80\x80\x20"  # PUBLISH of 524,288 bytes, under the 1 MiB limit
     conn.data_received(header + b"\x00\x01t" + b"y" * 10)
     assert conn._buf is not None and len(conn._buf) == len(header) + 13
+
+
+async def test_packets_cut_anywhere_across_reads_arrive_whole(harness: Harness) -> None:
+    """Reads are kept as they come (bytes) and decoded in place: a packet cut at
+    any point, a large one over many reads (appended to one bytearray), and a
+    read handed over in a buffer its caller reuses all come out whole, in order."""
+    sub, sub_t = await harness.connected("cut-sub", level=4)
+    sub.data_received(codec.encode(Subscribe(1, (Subscription("cut/#", 0),)), 4))
+    await wait_for(lambda: any(isinstance(p, Suback) for p in sub_t.packets(4)), "suback")
+    pub, _ = await harness.connected("cut-pub", level=4)
+    sizes = [1, 300, 70_000, 5, 200_000, 17, 2]
+    payloads = [bytes([65 + i]) * size for i, size in enumerate(sizes)]
+    stream = b"".join(codec.encode(Publish(f"cut/{i}", p), 4) for i, p in enumerate(payloads))
+    rng = random.Random(7)
+    pos = 0
+    while pos < len(stream):
+        step = rng.choice((1, 3, 50, 1000, 30_000))
+        read = bytearray(stream[pos : pos + step])
+        pub.data_received(read)  # type: ignore[arg-type]  # a caller's reused buffer
+        read[:] = b"\xff" * len(read)  # overwritten after the call: nothing may change
+        pos += step
+
+    def got() -> list[bytes]:
+        return [p.payload for p in sub_t.packets(4) if isinstance(p, Publish)]
+
+    await wait_for(lambda: len(got()) == len(payloads), "every message")
+    assert got() == payloads
+    assert pub._buf is None
 
 
 Pair = tuple[Connection, FakeTransport, Connection, FakeTransport]

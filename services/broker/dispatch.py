@@ -29,7 +29,6 @@ after authorization (`services.broker.inside`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Coroutine, Sequence
@@ -222,7 +221,7 @@ class Dispatch:
             if route.token is not None:
                 conn.routed(route.token, True, True)
             return None
-        return dataclasses.replace(route, message=changed)
+        return Route(changed, route.token, route.qos2_packet_id)
 
     async def retain_gate(self, message: Message, gate: asyncio.Future[bool]) -> None:
         ok = False

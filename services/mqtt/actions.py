@@ -20,7 +20,8 @@ Everything else is fire-and-forget for the node.
 
 from __future__ import annotations
 
-from services.mqtt.packets import Connect, Message, Packet, Subscription, Will
+from services.mqtt.packets import Connect, Packet, Subscription, Will
+from services.mqtt.route import Route as Route  # noqa: PLC0414  # re-exported: compiled, see there
 from services.mqtt.values import value
 
 
@@ -91,21 +92,6 @@ class OpenSession:
     client_id: str
     clean_start: bool
     session_expiry_s: int
-
-
-@value
-class Route:
-    """Route an application message published by this client.
-
-    When `token` is not None the node must call `channel.routed(token, ok)`
-    once every durable enqueue is confirmed (ok=True) or has failed. For an
-    incoming QoS 2 message, `qos2_packet_id` must be stored as awaiting
-    PUBREL in the same durable step.
-    """
-
-    message: Message
-    token: int | None = None
-    qos2_packet_id: int | None = None
 
 
 @value

@@ -134,11 +134,9 @@ class Delivery:
 
     def add(self, session: Session, message: Message) -> None:
         """Queue `message` (in its delivered form) for `session`; the batch is
-        stored once this loop turn's routing is done (`schedule`, inline)."""
+        stored once this loop turn's routing is done."""
         self._batch.append((session.client_id, message))
-        if not self._batch_scheduled:
-            self._batch_scheduled = True
-            self.loop.call_soon(self._start_batch)
+        self.schedule()
         conn = session.conn
         if conn is not None and session.ready:
             self._batch_takers.add(session)

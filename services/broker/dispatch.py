@@ -45,7 +45,6 @@ from services.broker.shared import Shared
 from services.event.api import EventLogError
 from services.event.schema import Event, RetainedCleared, RetainedSet
 from services.mqtt.actions import Route
-from services.mqtt.codec import encode_publish
 from services.mqtt.packets import Message, ReasonCode
 from services.mqtt.topics import matches, parse_shared
 from services.queue.api import IncomingMark, QueueStore
@@ -391,9 +390,7 @@ class Dispatch:
                 key = (v5, retain, sub_ids if v5 else ())
                 data = encoded.get(key)
                 if data is None:
-                    data = (encode_qos0(message, retain, v5, sub_ids) if v5 else  # 3.x: bare
-                            encode_publish(message.topic.encode(), message.payload, 0, retain,
-                                           False, None, None))  # fmt: skip
+                    data = encode_qos0(message, retain, v5, sub_ids)
                     encoded[key] = data
                 limit = conn.max_outgoing_packet
                 if limit is not None and len(data) > limit:
@@ -423,8 +420,6 @@ class Dispatch:
                 else:
                     self._deferred.append(functools.partial(_write_qos0, conn, data))
                     written += 1  # sent once the QoS 2 publisher's id is stored
-            elif qos == qos_in and retain == retain_in and as_sent and not sub_ids:
-                self.deliver(session, message)  # as it came: `adjusted` would answer it
             else:
                 self.deliver(session, adjusted(message, qos, retain, sub_ids))
         if written:  # per message, not per subscriber
